@@ -1,0 +1,23 @@
+/* service: the sandbox.v1.Sandbox service: authentication and dispatch.
+ *
+ * Every method is guarded by the bearer secret (CLOUD_RUN_SANDBOX_GATEWAY_
+ * SECRET): with no secret configured every call fails UNAVAILABLE ("gateway
+ * secret not configured"), fail closed; a missing or wrong token fails
+ * UNAUTHENTICATED. Only then is the method's handler run.
+ *
+ * Threading: handlers run on the call layer's threads; the secret is set
+ * once before the server starts.
+ */
+#ifndef SBX_GATEWAY_SERVICE_H
+#define SBX_GATEWAY_SERVICE_H
+
+#include "common/rpc.h"
+
+/* Registers every sandbox.v1.Sandbox method on `server`. `secret` (may be
+ * NULL or empty) is borrowed for the program's lifetime. */
+int service_register (rpc_server_t *server, const char *secret, err_t *err);
+
+/* The full name of the service, as health and reflection report it. */
+#define SERVICE_NAME "sandbox.v1.Sandbox"
+
+#endif
