@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/config.h"
 #include "common/err.h"
@@ -22,6 +23,7 @@
 #include "common/rpc.h"
 #include "gateway/health.h"
 #include "gateway/reflection.h"
+#include "gateway/sbx_runtime.h"
 #include "gateway/service.h"
 
 extern const unsigned char gateway_descriptor_set[];
@@ -37,6 +39,17 @@ static struct
   char *tls_cert;
   char *tls_key;
   char *tls_client_ca;
+  char *state_dir;
+  char *rootfs;
+  char *helper;
+  long disk_mb;
+  long max_sandboxes;
+  long pids_max;
+  long memory_mb;
+  char *cpus;
+  long idle_ttl;
+  bool allow_egress;
+  char *volume_mounts;
 } cfg;
 
 static const cfg_var_t gateway_vars[] = {
@@ -57,6 +70,29 @@ static const cfg_var_t gateway_vars[] = {
     {"SANDBOX_TLS_KEY", CFG_STRING, NULL, "PEM private key for SANDBOX_TLS_CERT", 0, 0, &cfg.tls_key, NULL, false},
     {"SANDBOX_TLS_CLIENT_CA", CFG_STRING, NULL, "PEM CA bundle; when set, clients must present a certificate it signed",
      0, 0, &cfg.tls_client_ca, NULL, false},
+    {"SANDBOX_STATE_DIR", CFG_STRING, "/var/lib/sandbox-gateway", "where sandboxes keep their state (disks, mount points)",
+     0, 0, &cfg.state_dir, NULL, false},
+    {"SANDBOX_ROOTFS", CFG_STRING, "/", "the image sandboxes see read-only under their writable overlay", 0, 0,
+     &cfg.rootfs, NULL, false},
+    {"SANDBOX_DISK_MB", CFG_INT, "2048", "writable overlay quota per sandbox, in MiB (a tmpfs)", 16, 1048576,
+     &cfg.disk_mb, NULL, false},
+    {"SANDBOX_MAX", CFG_INT, "256", "most live sandboxes; more: RESOURCE_EXHAUSTED", 1, 100000, &cfg.max_sandboxes,
+     NULL, false},
+    {"SANDBOX_PIDS_MAX", CFG_INT, "512", "most processes per sandbox", 8, 4194304, &cfg.pids_max, NULL, false},
+    {"SANDBOX_MEMORY_MB", CFG_INT, "2048", "memory limit per sandbox, in MiB", 16, 16777216, &cfg.memory_mb, NULL,
+     false},
+    {"SANDBOX_CPUS", CFG_STRING, NULL, "CPU limit per sandbox, in CPUs (e.g. 1.5); unset: unlimited", 0, 0, &cfg.cpus,
+     NULL, false},
+    {"SANDBOX_IDLE_TTL", CFG_INT, "0", "delete a sandbox unused for this many seconds; 0: never", 0, 31536000,
+     &cfg.idle_ttl, NULL, false},
+    {"ALLOW_EGRESS", CFG_BOOL, "false",
+     "let sandboxes launched with allow_egress reach the network (never the host's loopback or link-local)", 0, 0,
+     &cfg.allow_egress, NULL, false},
+    {"SANDBOX_VOLUME_MOUNTS", CFG_STRING, NULL,
+     "host paths bound into every sandbox: host:sandbox[:ro],...; ~ is the gateway's home; missing hosts skipped", 0,
+     0, &cfg.volume_mounts, NULL, false},
+    {"SANDBOX_HELPER", CFG_STRING, NULL, "path of sandbox-helper; unset: next to this program", 0, 0, &cfg.helper,
+     NULL, false},
 };
 
 #define N_VARS (sizeof gateway_vars / sizeof gateway_vars[0])
@@ -75,6 +111,61 @@ static const char usage[]
       "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
       "Configuration comes from the environment only.";
 
+static char *volumes[33];
+static long cpu_millis;
+
+/* Parses SANDBOX_VOLUME_MOUNTS into `volumes`, expanding ~ and skipping
+ * (with a warning) host paths that do not exist. */
+static int
+parse_volumes (err_t *err)
+{
+  if (cfg.volume_mounts == NULL)
+    return 0;
+  size_t n = 0;
+  char *save = NULL;
+  for (char *tok = strtok_r (cfg.volume_mounts, ",", &save); tok != NULL; tok = strtok_r (NULL, ",", &save))
+    {
+      char *host = tok, *dst = strchr (tok, ':');
+      if (dst == NULL)
+        return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: `%s` is not host:sandbox[:ro]", tok);
+      *dst++ = '\0';
+      char *mode = strchr (dst, ':');
+      if (mode != NULL)
+        {
+          *mode++ = '\0';
+          if (strcmp (mode, "ro") != 0 && strcmp (mode, "rw") != 0)
+            return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: mode `%s` is not ro or rw", mode);
+        }
+      if (dst[0] != '/' || strstr (dst, "..") != NULL || strcmp (dst, "/") == 0)
+        return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: `%s` is not an absolute sandbox path", dst);
+      char *expanded = NULL;
+      if (host[0] == '~')
+        {
+          const char *home = getenv ("HOME");
+          if (asprintf (&expanded, "%s%s", home != NULL ? home : "/root", host + 1) < 0)
+            return err_make (err, ENOMEM, "out of memory");
+        }
+      else if (asprintf (&expanded, "%s", host) < 0)
+        return err_make (err, ENOMEM, "out of memory");
+      if (access (expanded, F_OK) != 0)
+        {
+          log_fields (SEV_WARNING, json_pack ("{s:s}", "host_path", expanded),
+                      "SANDBOX_VOLUME_MOUNTS: host path missing, skipped");
+          free (expanded);
+          continue;
+        }
+      if (n == 32)
+        return err_make (err, E2BIG, "SANDBOX_VOLUME_MOUNTS: more than 32 mounts");
+      char *spec = NULL;
+      if (asprintf (&spec, "%s:%s%s", expanded, dst, mode != NULL && strcmp (mode, "ro") == 0 ? ":ro" : "") < 0)
+        return err_make (err, ENOMEM, "out of memory");
+      free (expanded);
+      volumes[n++] = spec;
+    }
+  volumes[n] = NULL;
+  return 0;
+}
+
 static int
 load_config (err_t *err)
 {
@@ -91,7 +182,28 @@ load_config (err_t *err)
     return err_make (err, EINVAL, "SANDBOX_TLS_CERT and SANDBOX_TLS_KEY must be set together");
   if (cfg.tls_client_ca != NULL && cfg.tls_cert == NULL)
     return err_make (err, EINVAL, "SANDBOX_TLS_CLIENT_CA needs SANDBOX_TLS_CERT and SANDBOX_TLS_KEY");
-  return 0;
+  if (cfg.cpus != NULL)
+    {
+      char *end = NULL;
+      double cpus = strtod (cfg.cpus, &end);
+      if (end == cfg.cpus || *end != '\0' || cpus < 0.01 || cpus > 4096)
+        return err_make (err, EINVAL, "SANDBOX_CPUS: `%s` is not a number of CPUs in [0.01, 4096]", cfg.cpus);
+      cpu_millis = (long) (cpus * 1000 + 0.5);
+    }
+  if (cfg.state_dir[0] != '/' || cfg.rootfs[0] != '/')
+    return err_make (err, EINVAL, "SANDBOX_STATE_DIR and SANDBOX_ROOTFS must be absolute paths");
+  if (cfg.helper == NULL)
+    {
+      char self[4096];
+      ssize_t n = readlink ("/proc/self/exe", self, sizeof self - 1);
+      if (n <= 0)
+        return err_make_sys (err, errno, "find this program's path");
+      self[n] = '\0';
+      *strrchr (self, '/') = '\0';
+      if (asprintf (&cfg.helper, "%s/sandbox-helper", self) < 0)
+        return err_make (err, ENOMEM, "out of memory");
+    }
+  return parse_volumes (err);
 }
 
 int
@@ -134,11 +246,28 @@ main (int argc, char **argv)
       .tls_key_file = cfg.tls_key,
       .tls_ca_file = cfg.tls_client_ca,
   };
+  sbx_config_t rcfg = {
+      .state_dir = cfg.state_dir,
+      .rootfs = cfg.rootfs,
+      .helper = cfg.helper,
+      .cgroup_mount = "/sys/fs/cgroup",
+      .disk_mb = cfg.disk_mb,
+      .max_sandboxes = cfg.max_sandboxes,
+      .pids_max = cfg.pids_max,
+      .memory_mb = cfg.memory_mb,
+      .cpu_millis = cpu_millis,
+      .idle_ttl_seconds = cfg.idle_ttl,
+      .allow_egress = cfg.allow_egress,
+      .volumes = (const char *const *) volumes,
+  };
+  sbx_runtime_t *rt = NULL;
   rpc_server_t *server = NULL;
   int port = 0;
-  int rc = rpc_server_new (&opts, &server, &err);
+  int rc = sbx_runtime_new (&rcfg, &rt, &err);
   if (rc == 0)
-    rc = service_register (server, cfg.secret, &err);
+    rc = rpc_server_new (&opts, &server, &err);
+  if (rc == 0)
+    rc = service_register (server, cfg.secret, rt, &err);
   if (rc == 0)
     rc = health_register (server, served_services, &err);
   if (rc == 0)
@@ -150,6 +279,7 @@ main (int argc, char **argv)
       log_msg (SEV_ERROR, "start: %s", err_msg (&err));
       err_release (&err);
       rpc_server_destroy (server);
+      sbx_runtime_destroy (rt);
       reflection_release ();
       rpc_shutdown ();
       return 1;
@@ -164,6 +294,7 @@ main (int argc, char **argv)
   health_shutdown ();
   rpc_server_shutdown (server, cfg.grace_seconds * 1000);
   rpc_server_destroy (server);
+  sbx_runtime_destroy (rt);
   reflection_release ();
   rpc_shutdown ();
   log_msg (SEV_INFO, "stopped");

@@ -12,10 +12,11 @@
 #define SBX_GATEWAY_SERVICE_H
 
 #include "common/rpc.h"
+#include "gateway/sbx_runtime.h"
 
 /* Registers every sandbox.v1.Sandbox method on `server`. `secret` (may be
- * NULL or empty) is borrowed for the program's lifetime. */
-int service_register (rpc_server_t *server, const char *secret, err_t *err);
+ * NULL or empty) and `rt` are borrowed for the program's lifetime. */
+int service_register (rpc_server_t *server, const char *secret, sbx_runtime_t *rt, err_t *err);
 
 /* The full name of the service, as health and reflection report it. */
 #define SERVICE_NAME "sandbox.v1.Sandbox"

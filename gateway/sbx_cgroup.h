@@ -1,0 +1,99 @@
+/* sbx_cgroup: the cgroups of sandboxes, on cgroup v2 or v1.
+ *
+ * Layout, below every hierarchy we use (v2: the unified one; v1: pids,
+ * memory, cpu and freezer):
+ *
+ *     <root>/sandbox-gateway/<id>/          limits of the sandbox
+ *     <root>/sandbox-gateway/<id>/holder    the sandbox's pid 1
+ *     <root>/sandbox-gateway/<id>/exec-<n>  what exec number n started
+ *
+ * One group per exec lets a timeout kill everything that exec started,
+ * background children included, without touching the rest of the sandbox.
+ * Limits are hierarchical, so they bind the whole sandbox.
+ *
+ * Creation, limits and joining happen in the single-threaded helper; the
+ * gateway only reads counters and kills. No state beyond the detected
+ * layout, which is computed once (sbx_cg_detect) and read-only after.
+ */
+#ifndef SBX_GATEWAY_CGROUP_H
+#define SBX_GATEWAY_CGROUP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+#define SBX_CG_GROUP "sandbox-gateway"
+#define SBX_CG_MAX_HIER 4
+
+typedef struct sbx_cg_layout_s
+{
+  bool v2;
+  /* Hierarchy roots of our group, e.g. /sys/fs/cgroup/pids/sandbox-gateway.
+   * Index 0 is the tracking hierarchy (pids on v1): processes are listed
+   * and counted there. */
+  char roots[SBX_CG_MAX_HIER][128];
+  size_t n;
+  int freezer;   /* index of the hierarchy with the freezer, -1 none */
+  int memory;    /* index of the memory hierarchy, -1 none */
+  int cpu;       /* index of the cpu hierarchy, -1 none */
+} sbx_cg_layout_t;
+
+/* Limits of one sandbox. 0 means unlimited. */
+typedef struct sbx_cg_limits_s
+{
+  long pids_max;
+  long memory_mb;
+  long cpu_millis; /* 1000 = one CPU */
+} sbx_cg_limits_t;
+
+/* Finds the hierarchies under `mount` (normally /sys/fs/cgroup). */
+int sbx_cg_detect (const char *mount, sbx_cg_layout_t *out, err_t *err);
+
+/* Creates <root>/sandbox-gateway (and on v2 enables the controllers). */
+int sbx_cg_prepare (const sbx_cg_layout_t *l, err_t *err);
+
+/* Creates the sandbox's group with its limits and its holder group. */
+int sbx_cg_create (const sbx_cg_layout_t *l, const char *id, const sbx_cg_limits_t *lim, err_t *err);
+
+/* Creates <id>/<sub> in every hierarchy. */
+int sbx_cg_create_sub (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t *err);
+
+/* Opens <id>/<sub>/cgroup.procs for writing in every hierarchy; fds[] gets
+ * n descriptors (O_CLOEXEC). Writing "0" to each moves the writer. */
+int sbx_cg_open_procs (const sbx_cg_layout_t *l, const char *id, const char *sub, int *fds, size_t *n,
+                       err_t *err);
+
+/* Moves the calling process into <id>/<sub> in every hierarchy. */
+int sbx_cg_join (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t *err);
+
+/* Kills every process in <id>/<sub> (sub NULL: the whole sandbox), freezing
+ * the group first so nothing forks away, until none is left (bounded). */
+int sbx_cg_kill (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t *err);
+
+/* Removes <id>/<sub> (sub NULL: the sandbox and all its sub-groups) in every
+ * hierarchy. Groups that still hold processes are left (EBUSY). */
+int sbx_cg_remove (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t *err);
+
+/* Freezes (true) or thaws (false) the whole sandbox. */
+int sbx_cg_freeze (const sbx_cg_layout_t *l, const char *id, bool frozen, err_t *err);
+
+/* Number of processes in the sandbox (or in <id>/<sub>). */
+long sbx_cg_count (const sbx_cg_layout_t *l, const char *id, const char *sub);
+
+/* Counters that say a limit was hit: times the pids limit refused a fork,
+ * and processes the memory limit killed. */
+typedef struct sbx_cg_events_s
+{
+  long pids_max_hits;
+  long oom_kills;
+} sbx_cg_events_t;
+
+void sbx_cg_events (const sbx_cg_layout_t *l, const char *id, sbx_cg_events_t *out);
+
+/* Ids of sandbox groups found under our roots (to clean after a crash).
+ * Returns a NULL-terminated array the caller frees (each entry and it). */
+char **sbx_cg_list (const sbx_cg_layout_t *l);
+
+#endif

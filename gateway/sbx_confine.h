@@ -1,0 +1,20 @@
+/* sbx_confine: the last steps before a sandboxed command runs.
+ *
+ * In bubblewrap's order: capabilities are cut to a small set (a root that
+ * can own files, install packages and bind low ports inside its sandbox, but
+ * cannot mount, load modules, trace, reboot, make device nodes or
+ * administer the network), PR_SET_NO_NEW_PRIVS is set, and a seccomp
+ * deny-list in the spirit of Docker's default profile is loaded last.
+ *
+ * Called only in the single-threaded helper, in the child about to exec.
+ */
+#ifndef SBX_GATEWAY_CONFINE_H
+#define SBX_GATEWAY_CONFINE_H
+
+#include "common/err.h"
+
+/* Applies capabilities, no_new_privs and the seccomp filter to the calling
+ * process. */
+int sbx_confine_apply (err_t *err);
+
+#endif
