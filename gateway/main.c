@@ -50,6 +50,7 @@ static struct
   long idle_ttl;
   bool allow_egress;
   char *volume_mounts;
+  char *slirp4netns;
 } cfg;
 
 static const cfg_var_t gateway_vars[] = {
@@ -91,6 +92,8 @@ static const cfg_var_t gateway_vars[] = {
     {"SANDBOX_VOLUME_MOUNTS", CFG_STRING, NULL,
      "host paths bound into every sandbox: host:sandbox[:ro],...; ~ is the gateway's home; missing hosts skipped", 0,
      0, &cfg.volume_mounts, NULL, false},
+    {"SANDBOX_SLIRP4NETNS", CFG_STRING, "slirp4netns", "user-mode networking program for egress sandboxes", 0, 0,
+     &cfg.slirp4netns, NULL, false},
     {"SANDBOX_HELPER", CFG_STRING, NULL, "path of sandbox-helper; unset: next to this program", 0, 0, &cfg.helper,
      NULL, false},
 };
@@ -251,6 +254,7 @@ main (int argc, char **argv)
       .rootfs = cfg.rootfs,
       .helper = cfg.helper,
       .cgroup_mount = "/sys/fs/cgroup",
+      .slirp4netns = cfg.slirp4netns,
       .disk_mb = cfg.disk_mb,
       .max_sandboxes = cfg.max_sandboxes,
       .pids_max = cfg.pids_max,

@@ -27,6 +27,8 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <linux/limits.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
 #include <net/if.h>
 #include <sched.h>
 #include <signal.h>
@@ -65,6 +67,7 @@ typedef struct helper_opts_s
   long disk_inodes;
   sbx_cg_limits_t limits;
   pid_t pid;          /* exec: the holder */
+  bool egress;        /* launch: the sandbox gets user-mode networking */
   const char *volumes[MAX_VOLUMES];
   size_t n_volumes;
   char **argv;        /* exec: the command */
@@ -269,6 +272,71 @@ loopback_up (err_t *err)
   return 0;
 }
 
+/* With egress, slirp4netns routes everything out; the link-local range
+ * (169.254.0.0/16, the cloud metadata server) is made unreachable inside
+ * the sandbox, whose root cannot change routes (no CAP_NET_ADMIN). */
+static int
+block_link_local (err_t *err)
+{
+  cleanup_close int nl = socket (AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+  if (nl < 0)
+    return err_make_sys (err, errno, "netlink socket");
+  struct
+  {
+    struct nlmsghdr nh;
+    struct rtmsg rt;
+    char attrs[64];
+  } req;
+  memset (&req, 0, sizeof req);
+  req.nh.nlmsg_type = RTM_NEWROUTE;
+  req.nh.nlmsg_flags = NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK;
+  req.rt.rtm_family = AF_INET;
+  req.rt.rtm_dst_len = 16;
+  req.rt.rtm_table = RT_TABLE_MAIN;
+  req.rt.rtm_protocol = RTPROT_STATIC;
+  req.rt.rtm_scope = RT_SCOPE_NOWHERE;
+  req.rt.rtm_type = RTN_UNREACHABLE;
+  struct rtattr *rta = (struct rtattr *) req.attrs;
+  rta->rta_type = RTA_DST;
+  rta->rta_len = RTA_LENGTH (4);
+  unsigned char dst[4] = {169, 254, 0, 0};
+  memcpy (RTA_DATA (rta), dst, 4);
+  req.nh.nlmsg_len = NLMSG_LENGTH (sizeof req.rt) + RTA_ALIGN (rta->rta_len);
+  if (send (nl, &req, req.nh.nlmsg_len, 0) < 0)
+    return err_make_sys (err, errno, "netlink send");
+  char buf[512];
+  ssize_t n = recv (nl, buf, sizeof buf, 0);
+  if (n < (ssize_t) NLMSG_LENGTH (sizeof (struct nlmsgerr)))
+    return err_make (err, EIO, "netlink: short answer");
+  struct nlmsghdr *h = (struct nlmsghdr *) buf;
+  if (h->nlmsg_type == NLMSG_ERROR)
+    {
+      struct nlmsgerr *e = NLMSG_DATA (h);
+      if (e->error != 0)
+        return err_make_sys (err, -e->error, "make 169.254.0.0/16 unreachable");
+    }
+  return 0;
+}
+
+/* Egress sandboxes resolve names through slirp4netns's DNS forwarder. */
+static int
+write_resolv_conf (const char *root, err_t *err)
+{
+  char path[PATH_MAX * 2];
+  snprintf (path, sizeof path, "%s/etc", root);
+  if (mkdir_p (path, 0755, err) < 0)
+    return -1;
+  snprintf (path, sizeof path, "%s/etc/resolv.conf", root);
+  unlink (path);
+  cleanup_close int fd = open (path, O_CREAT | O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return err_make_sys (err, errno, "create `%s`", path);
+  static const char text[] = "nameserver 10.0.2.3\n";
+  if (write (fd, text, sizeof text - 1) != (ssize_t) sizeof text - 1)
+    return err_make_sys (err, errno, "write `%s`", path);
+  return 0;
+}
+
 /* Runs as pid 1 of the new pid namespace, still in the helper's mount
  * namespace until it unshares its own. */
 static int
@@ -289,6 +357,8 @@ holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
     return err_make_sys (err, errno, "mount the overlay on `%s` (lower `%s`)", root, o->lower);
   if (setup_proc (root, err) < 0 || setup_dev (root, err) < 0 || setup_volumes (o, root, err) < 0)
     return -1;
+  if (o->egress && write_resolv_conf (root, err) < 0)
+    return -1;
   char path[PATH_MAX * 2];
   snprintf (path, sizeof path, "%s/root", root);
   if (mkdir_p (path, 0700, err) < 0)
@@ -308,7 +378,9 @@ holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
   const char *hn = o->hostname != NULL ? o->hostname : "sandbox";
   if (sethostname (hn, strlen (hn)) < 0)
     return err_make_sys (err, errno, "sethostname");
-  return loopback_up (err);
+  if (loopback_up (err) < 0)
+    return -1;
+  return o->egress ? block_link_local (err) : 0;
 }
 
 static void
@@ -599,6 +671,7 @@ main (int argc, char **argv)
       {"pids", required_argument, NULL, 'p'},    {"memory-mb", required_argument, NULL, 'm'},
       {"cpu-millis", required_argument, NULL, 'u'}, {"pid", required_argument, NULL, 'P'},
       {"volume", required_argument, NULL, 'v'},  {"hostname", required_argument, NULL, 'h'},
+      {"egress", no_argument, NULL, 'e'},
       {NULL, 0, NULL, 0},
   };
   optind = 2;
@@ -619,6 +692,7 @@ main (int argc, char **argv)
       case 'u': o.limits.cpu_millis = num (optarg); break;
       case 'P': o.pid = (pid_t) num (optarg); break;
       case 'h': o.hostname = optarg; break;
+      case 'e': o.egress = true; break;
       case 'v':
         if (o.n_volumes < MAX_VOLUMES)
           o.volumes[o.n_volumes++] = optarg;

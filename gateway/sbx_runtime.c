@@ -43,6 +43,8 @@ typedef struct sbx_s
   bool ready;    /* launch finished */
   bool deleting; /* removed from lookups */
   int refs;      /* execs using it */
+  pid_t slirp;   /* slirp4netns, when egress is on */
+  int slirp_exit_fd; /* closing it tells slirp4netns to exit */
   unsigned exec_seq;
   struct sbx_s *next;
 } sbx_t;
@@ -199,6 +201,74 @@ unlink_locked (sbx_runtime_t *rt, sbx_t *s)
         rt->count--;
         return;
       }
+}
+
+/* Starts slirp4netns for the sandbox whose pid 1 is `holder` and waits until
+ * its network is configured. The host's loopback is refused
+ * (--disable-host-loopback); slirp4netns runs in its own mount namespace
+ * with its capabilities dropped and a seccomp filter. */
+static int
+start_slirp (sbx_runtime_t *rt, sbx_t *s, err_t *err)
+{
+  int ready[2], ex[2];
+  if (pipe2 (ready, O_CLOEXEC) < 0)
+    return err_make_sys (err, errno, "pipe");
+  if (pipe2 (ex, O_CLOEXEC) < 0)
+    {
+      close (ready[0]);
+      close (ready[1]);
+      return err_make_sys (err, errno, "pipe");
+    }
+  char pid[24];
+  snprintf (pid, sizeof pid, "%d", (int) s->holder);
+  const char *argv[] = {rt->cfg.slirp4netns, "--configure", "--mtu=65520", "--disable-host-loopback",
+                        "--enable-sandbox", "--enable-seccomp", "--ready-fd=3", "--exit-fd=4", pid, "tap0", NULL};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init (&fa);
+  posix_spawn_file_actions_addopen (&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen (&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2 (&fa, ready[1], 3);
+  posix_spawn_file_actions_adddup2 (&fa, ex[0], 4);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init (&attr);
+  sigset_t none, all;
+  sigemptyset (&none);
+  sigfillset (&all);
+  posix_spawnattr_setsigmask (&attr, &none);
+  posix_spawnattr_setsigdefault (&attr, &all);
+  posix_spawnattr_setflags (&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  int rc = posix_spawnp (&s->slirp, rt->cfg.slirp4netns, &fa, &attr, (char *const *) argv, environ);
+  posix_spawn_file_actions_destroy (&fa);
+  posix_spawnattr_destroy (&attr);
+  close (ready[1]);
+  close (ex[0]);
+  if (rc != 0)
+    {
+      close (ready[0]);
+      close (ex[1]);
+      s->slirp = 0;
+      return err_make_sys (err, rc, "start `%s` for egress", rt->cfg.slirp4netns);
+    }
+  s->slirp_exit_fd = ex[1];
+  struct pollfd p = {.fd = ready[0], .events = POLLIN};
+  char c = 0;
+  int ok = TEMP_FAILURE_RETRY (poll (&p, 1, 10000)) == 1 && read (ready[0], &c, 1) == 1;
+  close (ready[0]);
+  if (!ok)
+    return err_make (err, EIO, "slirp4netns did not configure the sandbox's network");
+  return 0;
+}
+
+static void
+stop_slirp (pid_t slirp, int exit_fd)
+{
+  if (exit_fd >= 0)
+    close (exit_fd);
+  if (slirp > 0)
+    {
+      kill (slirp, SIGTERM);
+      reap (slirp);
+    }
 }
 
 /* Kills and releases everything of a sandbox that is no longer in the
@@ -442,6 +512,7 @@ sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *ou
   snprintf (s->id, sizeof s->id, "%s", id);
   snprintf (s->state, sizeof s->state, "%s/%s", rt->sandboxes_dir, id);
   s->holder_pidfd = -1;
+  s->slirp_exit_fd = -1;
   s->allow_egress = allow_egress && rt->cfg.allow_egress;
   s->created_ms = s->last_used_ms = now_ms ();
 
@@ -477,6 +548,8 @@ sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *ou
       argv[n++] = "--volume";
       argv[n++] = rt->cfg.volumes[i];
     }
+  if (s->allow_egress)
+    argv[n++] = "--egress";
   argv[n] = NULL;
 
   int rc = -1;
@@ -491,7 +564,7 @@ sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *ou
         {
           s->holder = r.a;
           s->holder_pidfd = (int) syscall (SYS_pidfd_open, s->holder, 0);
-          rc = 0;
+          rc = s->allow_egress ? start_slirp (rt, s, err) : 0;
         }
       else if (got == 1 && r.type == SBX_REPORT_ERROR)
         err_make (err, r.status, "launch `%s`: %s", id, r.text);
@@ -504,6 +577,7 @@ sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *ou
 
   if (rc < 0)
     {
+      stop_slirp (s->slirp, s->slirp_exit_fd);
       teardown (rt, id, s->state, s->holder_pidfd);
       pthread_mutex_lock (&rt->mu);
       unlink_locked (rt, s);
@@ -541,11 +615,16 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
   s->deleting = true;
   int pidfd = s->holder_pidfd;
   s->holder_pidfd = -1;
+  pid_t slirp = s->slirp;
+  int slirp_exit_fd = s->slirp_exit_fd;
+  s->slirp = 0;
+  s->slirp_exit_fd = -1;
   char state[sizeof s->state];
   snprintf (state, sizeof state, "%s", s->state);
   pthread_mutex_unlock (&rt->mu);
 
   /* Kill first: execs in flight see their command die and let go. */
+  stop_slirp (slirp, slirp_exit_fd);
   teardown (rt, id, state, pidfd);
 
   pthread_mutex_lock (&rt->mu);
