@@ -51,6 +51,7 @@ static struct
   bool allow_egress;
   char *volume_mounts;
   char *slirp4netns;
+  char *cgroup_group;
 } cfg;
 
 static const cfg_var_t gateway_vars[] = {
@@ -92,6 +93,9 @@ static const cfg_var_t gateway_vars[] = {
     {"SANDBOX_VOLUME_MOUNTS", CFG_STRING, NULL,
      "host paths bound into every sandbox: host:sandbox[:ro],...; ~ is the gateway's home; missing hosts skipped", 0,
      0, &cfg.volume_mounts, NULL, false},
+    {"SANDBOX_CGROUP_GROUP", CFG_STRING, "sandbox-gateway",
+     "this instance's cgroup (under each hierarchy); instances sharing a machine need different ones", 0, 0,
+     &cfg.cgroup_group, NULL, false},
     {"SANDBOX_SLIRP4NETNS", CFG_STRING, "slirp4netns", "user-mode networking program for egress sandboxes", 0, 0,
      &cfg.slirp4netns, NULL, false},
     {"SANDBOX_HELPER", CFG_STRING, NULL, "path of sandbox-helper; unset: next to this program", 0, 0, &cfg.helper,
@@ -254,6 +258,7 @@ main (int argc, char **argv)
       .rootfs = cfg.rootfs,
       .helper = cfg.helper,
       .cgroup_mount = "/sys/fs/cgroup",
+      .cgroup_group = cfg.cgroup_group,
       .slirp4netns = cfg.slirp4netns,
       .disk_mb = cfg.disk_mb,
       .max_sandboxes = cfg.max_sandboxes,

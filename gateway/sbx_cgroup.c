@@ -68,8 +68,10 @@ path_of (char *out, size_t cap, const char *root, const char *id, const char *su
 }
 
 int
-sbx_cg_detect (const char *mount, sbx_cg_layout_t *out, err_t *err)
+sbx_cg_detect (const char *mount, const char *group, sbx_cg_layout_t *out, err_t *err)
 {
+  if (group[0] == '\0' || strchr (group, '/') != NULL || strcmp (group, ".") == 0 || strcmp (group, "..") == 0)
+    return err_make (err, EINVAL, "cgroup group `%s` is not a single path component", group);
   memset (out, 0, sizeof *out);
   out->freezer = out->memory = out->cpu = -1;
   char probe[256];
@@ -77,7 +79,7 @@ sbx_cg_detect (const char *mount, sbx_cg_layout_t *out, err_t *err)
   if (access (probe, F_OK) == 0)
     {
       out->v2 = true;
-      snprintf (out->roots[0], sizeof out->roots[0], "%s/%s", mount, SBX_CG_GROUP);
+      snprintf (out->roots[0], sizeof out->roots[0], "%s/%s", mount, group);
       out->n = 1;
       out->freezer = out->memory = out->cpu = 0;
       return 0;
@@ -92,7 +94,7 @@ sbx_cg_detect (const char *mount, sbx_cg_layout_t *out, err_t *err)
             return err_make (err, ENOTSUP, "no cgroup v2 at `%s` and no v1 pids hierarchy", mount);
           continue;
         }
-      snprintf (out->roots[out->n], sizeof out->roots[0], "%s/%s/%s", mount, names[i], SBX_CG_GROUP);
+      snprintf (out->roots[out->n], sizeof out->roots[0], "%s/%s/%s", mount, names[i], group);
       if (i == 1)
         out->memory = (int) out->n;
       else if (i == 2)

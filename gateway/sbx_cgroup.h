@@ -3,9 +3,13 @@
  * Layout, below every hierarchy we use (v2: the unified one; v1: pids,
  * memory, cpu and freezer):
  *
- *     <root>/sandbox-gateway/<id>/          limits of the sandbox
- *     <root>/sandbox-gateway/<id>/holder    the sandbox's pid 1
- *     <root>/sandbox-gateway/<id>/exec-<n>  what exec number n started
+ *     <root>/<group>/<id>/          limits of the sandbox
+ *     <root>/<group>/<id>/holder    the sandbox's pid 1
+ *     <root>/<group>/<id>/exec-<n>  what exec number n started
+ *
+ * <group> is one gateway instance's (SANDBOX_CGROUP_GROUP, by default
+ * "sandbox-gateway"), so instances sharing a machine never touch each
+ * other's sandboxes.
  *
  * One group per exec lets a timeout kill everything that exec started,
  * background children included, without touching the rest of the sandbox.
@@ -24,7 +28,6 @@
 
 #include "common/err.h"
 
-#define SBX_CG_GROUP "sandbox-gateway"
 #define SBX_CG_MAX_HIER 4
 
 typedef struct sbx_cg_layout_s
@@ -33,7 +36,7 @@ typedef struct sbx_cg_layout_s
   /* Hierarchy roots of our group, e.g. /sys/fs/cgroup/pids/sandbox-gateway.
    * Index 0 is the tracking hierarchy (pids on v1): processes are listed
    * and counted there. */
-  char roots[SBX_CG_MAX_HIER][128];
+  char roots[SBX_CG_MAX_HIER][192];
   size_t n;
   int freezer;   /* index of the hierarchy with the freezer, -1 none */
   int memory;    /* index of the memory hierarchy, -1 none */
@@ -48,10 +51,11 @@ typedef struct sbx_cg_limits_s
   long cpu_millis; /* 1000 = one CPU */
 } sbx_cg_limits_t;
 
-/* Finds the hierarchies under `mount` (normally /sys/fs/cgroup). */
-int sbx_cg_detect (const char *mount, sbx_cg_layout_t *out, err_t *err);
+/* Finds the hierarchies under `mount` (normally /sys/fs/cgroup) and names
+ * `group` (a single path component) as this instance's. */
+int sbx_cg_detect (const char *mount, const char *group, sbx_cg_layout_t *out, err_t *err);
 
-/* Creates <root>/sandbox-gateway (and on v2 enables the controllers). */
+/* Creates <root>/<group> (and on v2 enables the controllers). */
 int sbx_cg_prepare (const sbx_cg_layout_t *l, err_t *err);
 
 /* Creates the sandbox's group with its limits and its holder group. */

@@ -60,6 +60,7 @@ typedef struct helper_opts_s
   const char *state;  /* the sandbox's state directory */
   const char *lower;  /* the image root */
   const char *cgroup_mount;
+  const char *cgroup_group;
   const char *group;  /* exec: the exec's cgroup name */
   const char *cwd;
   const char *hostname;
@@ -419,7 +420,7 @@ do_launch (const helper_opts_t *o)
 {
   err_t err = ERR_INIT;
   sbx_cg_layout_t cg;
-  if (sbx_cg_detect (o->cgroup_mount, &cg, &err) < 0 || sbx_cg_prepare (&cg, &err) < 0
+  if (sbx_cg_detect (o->cgroup_mount, o->cgroup_group, &cg, &err) < 0 || sbx_cg_prepare (&cg, &err) < 0
       || sbx_cg_create (&cg, o->id, &o->limits, &err) < 0)
     goto fail;
 
@@ -569,7 +570,7 @@ do_exec (const helper_opts_t *o)
   /* Die with the gateway: the command itself lives on in the sandbox until
    * it ends or the sandbox is deleted. */
   prctl (PR_SET_PDEATHSIG, SIGKILL);
-  if (sbx_cg_detect (o->cgroup_mount, &cg, &err) < 0 || sbx_cg_create_sub (&cg, o->id, o->group, &err) < 0
+  if (sbx_cg_detect (o->cgroup_mount, o->cgroup_group, &cg, &err) < 0 || sbx_cg_create_sub (&cg, o->id, o->group, &err) < 0
       || sbx_cg_open_procs (&cg, o->id, o->group, cg_fds, &n_cg, &err) < 0)
     goto fail;
 
@@ -660,6 +661,7 @@ main (int argc, char **argv)
   helper_opts_t o;
   memset (&o, 0, sizeof o);
   o.cgroup_mount = "/sys/fs/cgroup";
+  o.cgroup_group = "sandbox-gateway";
   o.lower = "/";
   o.cwd = "/root";
   o.disk_mb = 2048;
@@ -671,7 +673,7 @@ main (int argc, char **argv)
       {"pids", required_argument, NULL, 'p'},    {"memory-mb", required_argument, NULL, 'm'},
       {"cpu-millis", required_argument, NULL, 'u'}, {"pid", required_argument, NULL, 'P'},
       {"volume", required_argument, NULL, 'v'},  {"hostname", required_argument, NULL, 'h'},
-      {"egress", no_argument, NULL, 'e'},
+      {"egress", no_argument, NULL, 'e'},        {"cgroup-group", required_argument, NULL, 'G'},
       {NULL, 0, NULL, 0},
   };
   optind = 2;
@@ -693,6 +695,7 @@ main (int argc, char **argv)
       case 'P': o.pid = (pid_t) num (optarg); break;
       case 'h': o.hostname = optarg; break;
       case 'e': o.egress = true; break;
+      case 'G': o.cgroup_group = optarg; break;
       case 'v':
         if (o.n_volumes < MAX_VOLUMES)
           o.volumes[o.n_volumes++] = optarg;

@@ -440,7 +440,7 @@ sbx_runtime_new (const sbx_config_t *cfg, sbx_runtime_t **out, err_t *err)
       err_make_sys (err, errno, "sandbox helper `%s`", cfg->helper);
       goto fail;
     }
-  if (sbx_cg_detect (cfg->cgroup_mount, &rt->cg, err) < 0)
+  if (sbx_cg_detect (cfg->cgroup_mount, cfg->cgroup_group, &rt->cg, err) < 0)
     goto fail;
   snprintf (rt->sandboxes_dir, sizeof rt->sandboxes_dir, "%s/sandboxes", cfg->state_dir);
   if ((mkdir (cfg->state_dir, 0700) < 0 && errno != EEXIST) || (mkdir (rt->sandboxes_dir, 0700) < 0 && errno != EEXIST))
@@ -539,11 +539,11 @@ sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *ou
   snprintf (pids, sizeof pids, "%ld", rt->cfg.pids_max);
   snprintf (mem, sizeof mem, "%ld", rt->cfg.memory_mb);
   snprintf (cpu, sizeof cpu, "%ld", rt->cfg.cpu_millis);
-  const char *argv[64] = {"sandbox-helper", "launch", "--id", id, "--state", s->state, "--lower", rt->cfg.rootfs,
-                          "--cgroup-mount", rt->cfg.cgroup_mount, "--disk-mb", disk_mb, "--pids", pids,
-                          "--memory-mb", mem, "--cpu-millis", cpu};
-  size_t n = 18;
-  for (size_t i = 0; rt->cfg.volumes != NULL && rt->cfg.volumes[i] != NULL && n < 60; i++)
+  const char *argv[96] = {"sandbox-helper", "launch", "--id", id, "--state", s->state, "--lower", rt->cfg.rootfs,
+                          "--cgroup-mount", rt->cfg.cgroup_mount, "--cgroup-group", rt->cfg.cgroup_group,
+                          "--disk-mb", disk_mb, "--pids", pids, "--memory-mb", mem, "--cpu-millis", cpu};
+  size_t n = 20;
+  for (size_t i = 0; rt->cfg.volumes != NULL && rt->cfg.volumes[i] != NULL && n < 90; i++)
     {
       argv[n++] = "--volume";
       argv[n++] = rt->cfg.volumes[i];
@@ -818,7 +818,8 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
     }
   size_t k = 0;
   const char *head[] = {"sandbox-helper", "exec",   "--id", req->id, "--pid", holder_s, "--group", group,
-                        "--cwd",          cwd,      "--cgroup-mount", rt->cfg.cgroup_mount, "--"};
+                        "--cwd",          cwd,      "--cgroup-mount", rt->cfg.cgroup_mount, "--cgroup-group",
+                        rt->cfg.cgroup_group, "--"};
   for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
     argv[k++] = head[i];
   for (size_t i = 0; i < argc; i++)
