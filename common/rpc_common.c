@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/slice.h>
+#include <grpc/support/log.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,10 +15,24 @@
 #include <unistd.h>
 
 #include "common/cleanup.h"
+#include "common/log.h"
+
+/* gRPC core's own log lines go through our JSON logger, so stderr stays one
+ * JSON object per line. */
+static void
+core_log (gpr_log_func_args *args)
+{
+  log_level_t level = args->severity == GPR_LOG_SEVERITY_ERROR ? SEV_ERROR
+                      : args->severity == GPR_LOG_SEVERITY_INFO ? SEV_INFO
+                                                                : SEV_DEBUG;
+  log_fields (level, json_pack ("{s:s, s:s, s:i}", "component", "grpc", "file", args->file, "line", args->line),
+              "%s", args->message);
+}
 
 void
 rpc_init (void)
 {
+  gpr_set_log_function (core_log);
   grpc_init ();
 }
 
@@ -161,6 +176,9 @@ rpc_channel_args_init (rpc_channel_args_t *a, const rpc_opts_t *opts, bool serve
   ARG_INT (GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   if (server)
     {
+      /* Never share a port with another process (SO_REUSEPORT would let a
+       * second server silently take half the calls). */
+      ARG_INT (GRPC_ARG_ALLOW_REUSEPORT, 0);
       /* Accept the peer's keepalive pings at our own interval without
        * counting them as abuse. */
       ARG_INT (GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, keepalive / 2);

@@ -50,7 +50,8 @@ health_check (rpc_call_t *call, void *user, err_t *err)
   pthread_mutex_unlock (&health_mu);
   if (st == SERVICE_UNKNOWN)
     {
-      rc = err_make (err, ENOENT, "unknown service `%s`", req->service);
+      /* Quote at most 128 characters of a name we do not know. */
+      rc = err_make (err, ENOENT, "unknown service `%.128s`", req->service);
       protobuf_c_message_free_unpacked (m, NULL);
       return rc;
     }

@@ -183,8 +183,12 @@ load_config (err_t *err)
     return err_make (err, EINVAL, "SANDBOX_LOG_LEVEL: `%s` is not one of debug, info, warning, error",
                      cfg.log_level);
   log_set_level (level);
-  if (strrchr (cfg.listen, ':') == NULL)
-    return err_make (err, EINVAL, "SANDBOX_LISTEN: `%s` is not host:port", cfg.listen);
+  const char *colon = strrchr (cfg.listen, ':');
+  char *port_end = NULL;
+  long port = colon != NULL ? strtol (colon + 1, &port_end, 10) : -1;
+  if (colon == NULL || colon == cfg.listen || port_end == colon + 1 || *port_end != '\0' || port < 0
+      || port > 65535)
+    return err_make (err, EINVAL, "SANDBOX_LISTEN: `%s` is not host:port with a port in 0..65535", cfg.listen);
   if ((cfg.tls_cert != NULL) != (cfg.tls_key != NULL))
     return err_make (err, EINVAL, "SANDBOX_TLS_CERT and SANDBOX_TLS_KEY must be set together");
   if (cfg.tls_client_ca != NULL && cfg.tls_cert == NULL)
@@ -281,8 +285,8 @@ main (int argc, char **argv)
     rc = health_register (server, served_services, &err);
   if (rc == 0)
     rc = reflection_register (server, gateway_descriptor_set, gateway_descriptor_set_len, &err);
-  if (rc == 0)
-    rc = rpc_server_start (server, cfg.listen, &port, &err);
+  if (rc == 0 && (rc = rpc_server_start (server, cfg.listen, &port, &err)) < 0)
+    err_wrap (&err, "SANDBOX_LISTEN");
   if (rc < 0)
     {
       log_msg (SEV_ERROR, "start: %s", err_msg (&err));

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package the build and the tests need. Idempotent:
+# when everything is already installed it changes nothing and does not touch
+# the network.
+set -euo pipefail
+
+PACKAGES=(
+  # Build
+  bazel-bootstrap bazel-rules-java
+  gcc g++ clang pkg-config ca-certificates
+  # gRPC and protobuf (C core, protobuf-c, code generators, standard protos)
+  libgrpc-dev grpc-proto
+  protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
+  protobuf-c-compiler libprotobuf-c-dev
+  # Libraries of the gateway and the shim
+  libssl-dev openssl libarchive-dev libcurl4-openssl-dev libmicrohttpd-dev
+  libjansson-dev libseccomp-dev
+  # Sandbox runtime: user-mode networking for egress
+  slirp4netns
+  # Tests
+  iproute2 procps
+  libcmocka-dev python3 python3-grpcio python3-protobuf python3-pytest
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)
+  if [[ "$status" != "installed" ]]; then
+    missing+=("$pkg")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+if [[ $(id -u) -eq 0 ]]; then
+  SUDO=()
+else
+  SUDO=(sudo)
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"

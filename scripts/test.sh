@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The single test command: installs the dependencies, builds everything, runs
+# the Bazel unit tests (plain and under AddressSanitizer/UBSan), then the
+# Python integration tests against the built binaries. Exits non-zero on any
+# failure; the last line printed is pytest's summary.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON=/usr/bin/python3  # Debian's interpreter, which has python3-grpcio
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "Installing dependencies"
+scripts/install-deps.sh
+
+step "Building"
+bazel build //...
+
+step "Unit tests"
+bazel test //...
+
+step "Unit tests under AddressSanitizer and UndefinedBehaviorSanitizer"
+bazel test --config=asan //...
+
+# After --config=asan, bazel-bin points at the sanitizer build: point it back
+# at the plain binaries (already built) so the integration tests run what
+# `bazel build` ships.
+step "Selecting the plain build for the integration tests"
+bazel build //...
+
+step "Integration tests"
+exec "$PYTHON" -m pytest -v tests/integration

@@ -1,0 +1,205 @@
+"""Configuration from the environment, --help, JSON logs, and exit codes."""
+
+import signal
+import socket
+import subprocess
+
+import grpc
+import pytest
+
+from gateway_fixture import (EXIT_MARGIN_S, assert_all_json_lines, free_port, gateway_env,
+                             require_gateway_binary, run_to_completion)
+from grpc_clients import HealthClient, ReflectionClient, sandbox_modules
+
+VARIABLES_AND_DEFAULTS = {
+    "SANDBOX_LISTEN": "127.0.0.1:50051",
+    "CLOUD_RUN_SANDBOX_GATEWAY_SECRET": None,
+    "SANDBOX_LOG_LEVEL": "info",
+    "SANDBOX_MAX_MESSAGE_MB": "16",
+    "SANDBOX_SHUTDOWN_GRACE_SECONDS": "10",
+    "SANDBOX_TLS_CERT": None,
+    "SANDBOX_TLS_KEY": None,
+    "SANDBOX_TLS_CLIENT_CA": None,
+}
+
+
+def test_help_lists_every_variable_with_its_default_and_exits_zero():
+    result = run_to_completion([require_gateway_binary(), "--help"], gateway_env())
+    assert result.returncode == 0, result.stderr
+    text = result.stdout + result.stderr
+    lines = text.splitlines()
+    for var, default in VARIABLES_AND_DEFAULTS.items():
+        mentions = [l for l in lines if var in l]
+        assert mentions, f"--help does not mention {var}:\n{text}"
+        if default is not None:
+            # The default is on the variable's line or in the few lines after.
+            i = lines.index(mentions[0])
+            nearby = "\n".join(lines[i:i + 4])
+            assert default in nearby, f"--help does not show {var}'s default {default}:\n{nearby}"
+
+
+@pytest.mark.parametrize("var,value", [
+    ("SANDBOX_MAX_MESSAGE_MB", "abc"),
+    ("SANDBOX_MAX_MESSAGE_MB", "0"),
+    ("SANDBOX_MAX_MESSAGE_MB", "1025"),
+    ("SANDBOX_MAX_MESSAGE_MB", "-1"),
+    ("SANDBOX_MAX_MESSAGE_MB", "16MB"),
+    ("SANDBOX_MAX_MESSAGE_MB", "99999999999999999999999"),
+    ("SANDBOX_LISTEN", "nonsense-without-port"),
+    ("SANDBOX_LISTEN", "127.0.0.1:notaport"),
+    ("SANDBOX_LISTEN", "127.0.0.1:70000"),
+    ("SANDBOX_LOG_LEVEL", "loud"),
+    ("SANDBOX_SHUTDOWN_GRACE_SECONDS", "abc"),
+    ("SANDBOX_SHUTDOWN_GRACE_SECONDS", "-1"),
+    ("SANDBOX_SHUTDOWN_GRACE_SECONDS", "3601"),  # --help documents 0..3600
+])
+def test_bad_value_is_refused_at_start_naming_the_variable(var, value):
+    env = gateway_env({var: value}, secret="s")
+    try:
+        result = run_to_completion([require_gateway_binary()], env, timeout=10)
+    except subprocess.TimeoutExpired as e:
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+        pytest.fail(f"{var}={value!r} was accepted: the gateway kept running\n{stderr}")
+    assert result.returncode != 0, f"{var}={value!r} was accepted:\n{result.stderr}"
+    assert var in result.stderr, f"the error does not name {var}:\n{result.stderr}"
+
+
+def test_tls_files_that_do_not_exist_are_refused_at_start(tmp_path):
+    env = gateway_env({"SANDBOX_TLS_CERT": str(tmp_path / "missing-cert.pem"),
+                       "SANDBOX_TLS_KEY": str(tmp_path / "missing-key.pem")}, secret="s")
+    result = run_to_completion([require_gateway_binary()], env)
+    assert result.returncode != 0, result.stderr
+    assert "SANDBOX_TLS_CERT" in result.stderr or "missing-cert.pem" in result.stderr, \
+        result.stderr
+
+
+def test_address_in_use_is_refused_at_start(gateway):
+    # gRPC servers set SO_REUSEPORT by default, which would let a second
+    # gateway share the port and split the traffic silently.
+    env = gateway_env({"SANDBOX_LISTEN": gateway.target}, secret="s")
+    try:
+        result = run_to_completion([require_gateway_binary()], env, timeout=10)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"a second gateway started on {gateway.target}, which is in use")
+    assert result.returncode != 0, result.stderr
+
+
+def test_listen_failure_exits_nonzero_with_json_error_lines():
+    # A plain socket (no SO_REUSEPORT) holding the port makes the bind fail.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        env = gateway_env({"SANDBOX_LISTEN": f"127.0.0.1:{port}"}, secret="s")
+        result = run_to_completion([require_gateway_binary()], env)
+    assert result.returncode != 0, result.stderr
+    records = assert_all_json_lines(result.stderr.splitlines())
+    assert any(r["severity"] == "ERROR" for r in records), result.stderr
+
+
+@pytest.mark.parametrize("value", ["1", "1024"])
+def test_max_message_size_boundaries_are_accepted(gateways, value):
+    gw = gateways.gateway({"SANDBOX_MAX_MESSAGE_MB": value}, secret="s")
+    assert gw.port > 0
+
+
+@pytest.mark.parametrize("level", ["debug", "info", "warning", "error"])
+def test_every_log_level_is_accepted(gateways, level):
+    port = free_port()
+    gw = gateways.gateway({"SANDBOX_LOG_LEVEL": level, "SANDBOX_LISTEN": f"127.0.0.1:{port}"},
+                          secret="s", wait=False)
+    # The listening line may be below the level: wait for the port instead.
+    gw.wait_accepting(port)
+    assert gw.alive()
+
+
+def test_listening_line_reports_the_kernel_chosen_port(gateway, health, std_protos):
+    rec = gateway.listening_record
+    assert rec["severity"] == "INFO"
+    assert 0 < rec["port"] < 65536
+    assert health.check("").status == std_protos.ServingStatus.SERVING
+
+
+def test_explicit_listen_port_is_used(gateways):
+    port = free_port()
+    gw = gateways.gateway({"SANDBOX_LISTEN": f"127.0.0.1:{port}"}, secret="s")
+    assert gw.port == port
+
+
+def test_every_stderr_line_is_json_with_severity_and_message(gateways, std_protos):
+    gw = gateways.gateway({"SANDBOX_LOG_LEVEL": "debug"}, secret="s")
+    ch = gw.channel()
+    HealthClient(ch, std_protos).check("")
+    ReflectionClient(ch, std_protos, "v1").list_services()
+    pb2, pb2_grpc = sandbox_modules()
+    with pytest.raises(grpc.RpcError):
+        pb2_grpc.SandboxStub(ch).List(pb2.ListRequest(), timeout=10)
+    rc = gw.stop()
+    assert rc == 0
+    records = assert_all_json_lines(gw.logs.snapshot())
+    assert any(r["message"] == "listening" for r in records)
+    assert gw.stdout.snapshot() == [], "the gateway wrote to stdout"
+
+
+def test_log_level_error_hides_info_and_debug_lines(gateways, std_protos):
+    port = free_port()
+    gw = gateways.gateway({"SANDBOX_LOG_LEVEL": "error", "SANDBOX_LISTEN": f"127.0.0.1:{port}"},
+                          secret="s", wait=False)
+    gw.wait_accepting(port)
+    health = HealthClient(gw.channel(), std_protos)
+    assert health.check("").status == std_protos.ServingStatus.SERVING
+    assert gw.stop() == 0
+    records = assert_all_json_lines(gw.logs.snapshot())
+    assert [r for r in records if r["severity"] in ("DEBUG", "INFO")] == []
+
+
+def test_sigterm_exits_zero_within_grace_period(gateways):
+    gw = gateways.gateway({"SANDBOX_SHUTDOWN_GRACE_SECONDS": "3"}, secret="s")
+    gw.send_signal(signal.SIGTERM)
+    assert gw.wait(timeout=3 + EXIT_MARGIN_S) == 0
+
+
+def test_sigint_exits_zero(gateways):
+    gw = gateways.gateway({"SANDBOX_SHUTDOWN_GRACE_SECONDS": "3"}, secret="s")
+    gw.send_signal(signal.SIGINT)
+    assert gw.wait(timeout=3 + EXIT_MARGIN_S) == 0
+
+
+def _check_with_padding(gw, std_protos, size):
+    """A HealthCheckRequest for "" carrying `size` bytes in an unknown field
+    (which a proto3 server skips): the answer is SERVING unless the message
+    is refused for its size."""
+    pad_field = (15 << 3) | 2  # field 15, length-delimited
+    payload = bytes([pad_field]) + _varint(size) + b"p" * size
+    check = gw.channel().unary_unary("/grpc.health.v1.Health/Check",
+                                     request_serializer=lambda b: b,
+                                     response_deserializer=std_protos.HealthCheckResponse.FromString)
+    try:
+        return check(payload, timeout=30).status
+    except grpc.RpcError as e:
+        return e.code()
+
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def test_max_message_size_limits_incoming_messages(gateways, std_protos):
+    serving = std_protos.ServingStatus.SERVING
+    small = gateways.gateway({"SANDBOX_MAX_MESSAGE_MB": "1"}, secret="s")
+    assert _check_with_padding(small, std_protos, 2 * 1024 * 1024) == \
+        grpc.StatusCode.RESOURCE_EXHAUSTED
+    # Under the limit, whether MB means 10^6 or 2^20 bytes.
+    assert _check_with_padding(small, std_protos, 900 * 1000) == serving
+    default = gateways.gateway(secret="s")
+    assert _check_with_padding(default, std_protos, 2 * 1024 * 1024) == serving
+    assert _check_with_padding(default, std_protos, 17 * 1024 * 1024) == \
+        grpc.StatusCode.RESOURCE_EXHAUSTED
