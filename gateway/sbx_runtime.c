@@ -961,7 +961,9 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
       char line[sizeof start_error + 16];
       int len = snprintf (line, sizeof line, "sandbox: %s\n", start_error);
       sink->output (sink->ctx, 2, (const uint8_t *) line, (size_t) len);
-      snprintf (res->message, sizeof res->message, "%s", start_error);
+      size_t cut = strnlen (start_error, sizeof res->message - 1); /* cut to fit */
+      memcpy (res->message, start_error, cut);
+      res->message[cut] = 0;
     }
   for (int i = 0; i < 2; i++)
     if (pumps[i].fd >= 0)
