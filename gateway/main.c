@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "common/config.h"
@@ -25,6 +26,8 @@
 #include "gateway/reflection.h"
 #include "gateway/sbx_runtime.h"
 #include "gateway/service.h"
+#include "gateway/snap_rpc.h"
+#include "gateway/snap_store.h"
 
 extern const unsigned char gateway_descriptor_set[];
 extern const size_t gateway_descriptor_set_len;
@@ -52,6 +55,9 @@ static struct
   char *volume_mounts;
   char *slirp4netns;
   char *cgroup_group;
+  char *snapshot_dir;
+  char *snapshot_prefix;
+  long snapshot_max_entries;
 } cfg;
 
 static const cfg_var_t gateway_vars[] = {
@@ -96,6 +102,12 @@ static const cfg_var_t gateway_vars[] = {
     {"SANDBOX_CGROUP_GROUP", CFG_STRING, "sandbox-gateway",
      "this instance's cgroup (under each hierarchy); instances sharing a machine need different ones", 0, 0,
      &cfg.cgroup_group, NULL, false},
+    {"SANDBOX_SNAPSHOT_DIR", CFG_STRING, NULL, "the local snapshot store's directory; unset: $SANDBOX_STATE_DIR/snapshots",
+     0, 0, &cfg.snapshot_dir, NULL, false},
+    {"CLOUD_RUN_SANDBOX_SNAPSHOT_PREFIX", CFG_STRING, "sandbox-snapshots/", "prefix of snapshot object names", 0, 0,
+     &cfg.snapshot_prefix, NULL, false},
+    {"SANDBOX_SNAPSHOT_MAX_ENTRIES", CFG_INT, "1000000", "most entries a restored snapshot may have", 1, 100000000,
+     &cfg.snapshot_max_entries, NULL, false},
     {"SANDBOX_SLIRP4NETNS", CFG_STRING, "slirp4netns", "user-mode networking program for egress sandboxes", 0, 0,
      &cfg.slirp4netns, NULL, false},
     {"SANDBOX_HELPER", CFG_STRING, NULL, "path of sandbox-helper; unset: next to this program", 0, 0, &cfg.helper,
@@ -214,6 +226,11 @@ load_config (err_t *err)
       if (asprintf (&cfg.helper, "%s/sandbox-helper", self) < 0)
         return err_make (err, ENOMEM, "out of memory");
     }
+  if (cfg.snapshot_dir == NULL && asprintf (&cfg.snapshot_dir, "%s/snapshots", cfg.state_dir) < 0)
+    return err_make (err, ENOMEM, "out of memory");
+  if (strstr (cfg.snapshot_prefix, "..") != NULL || cfg.snapshot_prefix[0] == '/')
+    return err_make (err, EINVAL, "CLOUD_RUN_SANDBOX_SNAPSHOT_PREFIX: `%s` must be relative, without ..",
+                     cfg.snapshot_prefix);
   return parse_volumes (err);
 }
 
@@ -250,6 +267,10 @@ main (int argc, char **argv)
   pthread_sigmask (SIG_BLOCK, &sigs, NULL);
   signal (SIGPIPE, SIG_IGN);
 
+  /* Sandboxes' pid 1s outlive the helper that forks them: adopt them, so
+   * that deleting a sandbox reaps its pid 1 at once. */
+  prctl (PR_SET_CHILD_SUBREAPER, 1);
+
   rpc_init ();
   rpc_opts_t opts = {
       .max_message_bytes = (size_t) cfg.max_message_mb * 1024 * 1024,
@@ -272,11 +293,17 @@ main (int argc, char **argv)
       .idle_ttl_seconds = cfg.idle_ttl,
       .allow_egress = cfg.allow_egress,
       .volumes = (const char *const *) volumes,
+      .snapshot_max_entries = cfg.snapshot_max_entries,
   };
   sbx_runtime_t *rt = NULL;
   rpc_server_t *server = NULL;
   int port = 0;
+  snap_store_t *store = NULL;
   int rc = sbx_runtime_new (&rcfg, &rt, &err);
+  if (rc == 0)
+    rc = snap_store_local_new (cfg.snapshot_dir, cfg.snapshot_prefix, &store, &err);
+  if (rc == 0)
+    snap_rpc_init (rt, store);
   if (rc == 0)
     rc = rpc_server_new (&opts, &server, &err);
   if (rc == 0)
@@ -293,6 +320,8 @@ main (int argc, char **argv)
       err_release (&err);
       rpc_server_destroy (server);
       sbx_runtime_destroy (rt);
+      if (store != NULL)
+        store->ops->destroy (store);
       reflection_release ();
       rpc_shutdown ();
       return 1;
@@ -305,9 +334,11 @@ main (int argc, char **argv)
   log_fields (SEV_INFO, json_pack ("{s:s, s:i}", "signal", strsignal (sig), "grace_seconds", (int) cfg.grace_seconds),
               "shutting down");
   health_shutdown ();
+  sbx_runtime_stop (rt);
   rpc_server_shutdown (server, cfg.grace_seconds * 1000);
   rpc_server_destroy (server);
   sbx_runtime_destroy (rt);
+  store->ops->destroy (store);
   reflection_release ();
   rpc_shutdown ();
   log_msg (SEV_INFO, "stopped");

@@ -24,6 +24,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
 #include "common/cleanup.h"
 #include "common/log.h"
 #include "gateway/sbx_cgroup.h"
@@ -43,6 +47,7 @@ typedef struct sbx_s
   bool ready;    /* launch finished */
   bool deleting; /* removed from lookups */
   int refs;      /* execs using it */
+  pid_t helper;  /* the launch helper, while launching */
   pid_t slirp;   /* slirp4netns, when egress is on */
   int slirp_exit_fd; /* closing it tells slirp4netns to exit */
   unsigned exec_seq;
@@ -182,6 +187,9 @@ reap (pid_t pid)
 
 /* ---- registry ---------------------------------------------------------------- */
 
+static struct sbx_s *acquire (sbx_runtime_t *rt, const char *id);
+static void release (sbx_runtime_t *rt, struct sbx_s *s);
+
 static sbx_t *
 find_locked (sbx_runtime_t *rt, const char *id)
 {
@@ -280,6 +288,11 @@ teardown (sbx_runtime_t *rt, const char *id, const char *state, int pidfd)
   if (pidfd >= 0)
     {
       syscall (SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
+      /* The gateway is the holders' subreaper: reap this one now, so its
+       * group empties at once (ECHILD if another process adopted it). */
+      siginfo_t si;
+      while (waitid ((idtype_t) P_PIDFD, (id_t) pidfd, &si, WEXITED) < 0 && errno == EINTR)
+        ;
       close (pidfd);
     }
   if (sbx_cg_kill (&rt->cg, id, NULL, &err) < 0)
@@ -468,16 +481,37 @@ fail:
 }
 
 void
+sbx_runtime_stop (sbx_runtime_t *rt)
+{
+  pthread_mutex_lock (&rt->mu);
+  rt->stopping = true;
+  for (sbx_t *s = rt->list; s != NULL; s = s->next)
+    if (!s->ready && s->helper > 0)
+      kill (s->helper, SIGKILL); /* its launch fails and tears down */
+  pthread_cond_broadcast (&rt->cv);
+  pthread_mutex_unlock (&rt->mu);
+}
+
+void
 sbx_runtime_destroy (sbx_runtime_t *rt)
 {
   if (rt == NULL)
     return;
-  pthread_mutex_lock (&rt->mu);
-  rt->stopping = true;
-  pthread_cond_broadcast (&rt->cv);
-  pthread_mutex_unlock (&rt->mu);
+  sbx_runtime_stop (rt);
   if (rt->reaper_running)
     pthread_join (rt->reaper, NULL);
+  /* Launches in flight end (their helpers were killed) and clean up. */
+  pthread_mutex_lock (&rt->mu);
+  for (;;)
+    {
+      bool launching = false;
+      for (sbx_t *s = rt->list; s != NULL; s = s->next)
+        launching = launching || !s->ready;
+      if (!launching)
+        break;
+      pthread_cond_wait (&rt->cv, &rt->mu);
+    }
+  pthread_mutex_unlock (&rt->mu);
   for (;;)
     {
       pthread_mutex_lock (&rt->mu);
@@ -501,8 +535,56 @@ sbx_runtime_destroy (sbx_runtime_t *rt)
 
 /* ---- launch, delete, get, list ---------------------------------------------- */
 
+/* Feeds the tar from `src` into the helper's stdin until the source ends,
+ * watching the report socket: an early report means the helper refused the
+ * stream (its reason comes with it). 0 fed; -1 with *err. */
+static int
+feed_tar (int pipe_fd, int report_fd, sbx_source_fn src, void *src_ctx, sbx_report_t *early, bool *got_early,
+          err_t *err)
+{
+  *got_early = false;
+  for (;;)
+    {
+      const uint8_t *data = NULL;
+      ssize_t n = src (src_ctx, &data, err);
+      if (n < 0)
+        return -1;
+      if (n == 0)
+        return 0;
+      size_t off = 0;
+      while (off < (size_t) n)
+        {
+          struct pollfd p[2] = {{.fd = pipe_fd, .events = POLLOUT}, {.fd = report_fd, .events = POLLIN}};
+          if (TEMP_FAILURE_RETRY (poll (p, 2, -1)) < 0)
+            return err_make_sys (err, errno, "restore: poll");
+          if (p[1].revents != 0)
+            {
+              *got_early = read_report (report_fd, early, 0) == 1;
+              return 0;
+            }
+          ssize_t w = TEMP_FAILURE_RETRY (write (pipe_fd, data + off, (size_t) n - off));
+          if (w < 0 && errno == EAGAIN)
+            continue;
+          if (w < 0)
+            {
+              /* The helper stopped reading; its report says why. */
+              *got_early = read_report (report_fd, early, 10000) == 1;
+              return 0;
+            }
+          off += (size_t) w;
+        }
+    }
+}
+
 int
 sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *out, err_t *err)
+{
+  return sbx_restore (rt, id, allow_egress, NULL, NULL, out, err);
+}
+
+int
+sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn src, void *src_ctx, sbx_info_t *out,
+             err_t *err)
 {
   if (!sbx_id_valid (id))
     return err_make (err, EINVAL, "invalid sandbox id: ids match ^[A-Za-z0-9][A-Za-z0-9_-]*$, at most 64 characters");
@@ -517,6 +599,12 @@ sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *ou
   s->created_ms = s->last_used_ms = now_ms ();
 
   pthread_mutex_lock (&rt->mu);
+  if (rt->stopping)
+    {
+      pthread_mutex_unlock (&rt->mu);
+      free (s);
+      return err_make (err, ESHUTDOWN, "the gateway is shutting down");
+    }
   if (find_locked (rt, id) != NULL)
     {
       pthread_mutex_unlock (&rt->mu);
@@ -550,30 +638,74 @@ sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *ou
     }
   if (s->allow_egress)
     argv[n++] = "--egress";
+  char max_entries[24];
+  snprintf (max_entries, sizeof max_entries, "%ld", rt->cfg.snapshot_max_entries);
+  if (src != NULL)
+    {
+      argv[n++] = "--restore";
+      argv[n++] = "--max-entries";
+      argv[n++] = max_entries;
+    }
   argv[n] = NULL;
 
   int rc = -1;
   cleanup_close int null = open ("/dev/null", O_RDWR | O_CLOEXEC);
+  int tar_pipe[2] = {-1, -1};
   pid_t helper = -1;
   cleanup_close int report_fd = -1;
-  if (spawn_helper (rt, (char *const *) argv, environ, null, null, STDERR_FILENO, &helper, &report_fd, err) == 0)
+  if (src != NULL && pipe2 (tar_pipe, O_CLOEXEC) < 0)
+    err_make_sys (err, errno, "restore: pipe");
+  else if (spawn_helper (rt, (char *const *) argv, environ, src != NULL ? tar_pipe[0] : null, null, STDERR_FILENO,
+                         &helper, &report_fd, err)
+           == 0)
     {
+      pthread_mutex_lock (&rt->mu);
+      s->helper = helper;
+      bool stopping = rt->stopping;
+      pthread_mutex_unlock (&rt->mu);
+      if (stopping)
+        kill (helper, SIGKILL);
       sbx_report_t r;
-      int got = read_report (report_fd, &r, 60000);
-      if (got == 1 && r.type == SBX_REPORT_READY)
+      int got = 0;
+      bool fed_ok = true;
+      if (src != NULL)
+        {
+          close (tar_pipe[0]);
+          tar_pipe[0] = -1;
+          bool early = false;
+          fed_ok = feed_tar (tar_pipe[1], report_fd, src, src_ctx, &r, &early, err) == 0;
+          close (tar_pipe[1]);
+          tar_pipe[1] = -1;
+          if (!fed_ok)
+            kill (helper, SIGKILL);
+          got = early ? 1 : 0;
+        }
+      if (fed_ok && got == 0)
+        got = read_report (report_fd, &r, 60000);
+      if (!fed_ok)
+        {
+          /* *err says why the source failed */
+        }
+      else if (got == 1 && r.type == SBX_REPORT_READY)
         {
           s->holder = r.a;
           s->holder_pidfd = (int) syscall (SYS_pidfd_open, s->holder, 0);
           rc = s->allow_egress ? start_slirp (rt, s, err) : 0;
         }
       else if (got == 1 && r.type == SBX_REPORT_ERROR)
-        err_make (err, r.status, "launch `%s`: %s", id, r.text);
+        err_make (err, r.status, "%s `%s`: %s", src != NULL ? "restore" : "launch", id, r.text);
       else
         err_make (err, EIO, "launch `%s`: the helper ended without a report", id);
       reap (helper);
+      pthread_mutex_lock (&rt->mu);
+      s->helper = 0;
+      pthread_mutex_unlock (&rt->mu);
     }
   else
     err_wrap (err, "launch `%s`", id);
+  for (int i = 0; i < 2; i++)
+    if (tar_pipe[i] >= 0)
+      close (tar_pipe[i]);
 
   if (rc < 0)
     {
@@ -581,10 +713,14 @@ sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *ou
       teardown (rt, id, s->state, s->holder_pidfd);
       pthread_mutex_lock (&rt->mu);
       unlink_locked (rt, s);
+      pthread_cond_broadcast (&rt->cv);
       pthread_mutex_unlock (&rt->mu);
       free (s);
-      /* A failure to build the sandbox is the gateway's, not the caller's. */
-      if (err->status == EINVAL || err->status == ENOENT || err->status == EEXIST)
+      /* A failure to build the sandbox is the gateway's, not the caller's;
+       * a bad snapshot (EINVAL) or one over the quota (ENOSPC) is the
+       * caller's. */
+      bool callers = src != NULL && (err->status == EINVAL || err->status == ENOSPC || err->status == ECANCELED);
+      if (!callers && (err->status == EINVAL || err->status == ENOENT || err->status == EEXIST))
         err->status = EIO;
       return -1;
     }
@@ -596,8 +732,35 @@ sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *ou
   pthread_mutex_unlock (&rt->mu);
   log_fields (SEV_INFO, json_pack ("{s:s, s:b, s:i}", "sandbox_id", id, "allow_egress", s->allow_egress, "holder_pid",
                                    (int) s->holder),
-              "sandbox launched");
+              src != NULL ? "sandbox restored" : "sandbox launched");
   return 0;
+}
+
+int
+sbx_with_layer (sbx_runtime_t *rt, const char *id, bool freeze, sbx_layer_fn fn, void *ctx, err_t *err)
+{
+  if (!sbx_id_valid (id))
+    return err_make (err, EINVAL, "invalid sandbox id");
+  sbx_t *s = acquire (rt, id);
+  if (s == NULL)
+    return err_make (err, ENOENT, "sandbox `%s` not found", id);
+  char upper[sizeof s->state + 16];
+  snprintf (upper, sizeof upper, "%s/disk/upper", s->state);
+  int rc = 0;
+  if (freeze && sbx_cg_freeze (&rt->cg, id, true, err) < 0)
+    rc = err_wrap (err, "freeze `%s`", id);
+  if (rc == 0)
+    rc = fn (upper, ctx, err);
+  if (freeze)
+    {
+      /* Thaw whatever happened, including a consumer that went away. */
+      err_t terr = ERR_INIT;
+      if (sbx_cg_freeze (&rt->cg, id, false, &terr) < 0)
+        log_msg (SEV_ERROR, "thaw `%s`: %s", id, err_msg (&terr));
+      err_release (&terr);
+    }
+  release (rt, s);
+  return rc;
 }
 
 int

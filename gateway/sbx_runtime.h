@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "common/err.h"
 
@@ -39,6 +40,7 @@ typedef struct sbx_config_s
   long memory_mb;
   long cpu_millis;          /* 0: unlimited */
   long idle_ttl_seconds;    /* 0: never */
+  long snapshot_max_entries; /* most entries a restored tar may have */
   bool allow_egress;        /* ALLOW_EGRESS: the gateway permits egress */
   const char *const *volumes; /* "host:sandbox[:ro]", NULL-terminated, already checked */
 } sbx_config_t;
@@ -65,11 +67,32 @@ bool sbx_id_valid (const char *id);
  * borrowed for the runtime's lifetime. */
 int sbx_runtime_new (const sbx_config_t *cfg, sbx_runtime_t **out, err_t *err);
 
-/* Deletes every sandbox and frees the runtime. */
+/* Starts shutting down: launches in flight are aborted (and clean up after
+ * themselves) and new ones fail with ESHUTDOWN. */
+void sbx_runtime_stop (sbx_runtime_t *rt);
+
+/* Stops, deletes every sandbox and frees the runtime. */
 void sbx_runtime_destroy (sbx_runtime_t *rt);
 
 /* Creates an empty sandbox. EINVAL bad id, EEXIST live id, EAGAIN too many. */
 int sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *out, err_t *err);
+
+/* Pulls the next piece of a tar stream: >0 bytes at *data (valid until the
+ * next call), 0 at the end, -1 with *err. */
+typedef ssize_t (*sbx_source_fn) (void *ctx, const uint8_t **data, err_t *err);
+
+/* Creates a sandbox whose writable layer is unpacked from the tar stream
+ * `src` (plain, gzip or zstd; OCI whiteouts become overlay whiteouts) before
+ * the sandbox starts. The stream is unpacked as it arrives by a helper
+ * chrooted in the new layer. EINVAL for a hostile or broken tar, ENOSPC
+ * over the disk quota, and as sbx_launch. */
+int sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn src, void *ctx,
+                 sbx_info_t *out, err_t *err);
+
+/* Runs fn(upper directory path) while holding the sandbox, with its
+ * processes frozen when `freeze` (thawed afterwards whatever happens). */
+typedef int (*sbx_layer_fn) (const char *upper, void *ctx, err_t *err);
+int sbx_with_layer (sbx_runtime_t *rt, const char *id, bool freeze, sbx_layer_fn fn, void *ctx, err_t *err);
 
 /* Kills everything in the sandbox and releases all it holds. ENOENT unknown. */
 int sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err);

@@ -11,6 +11,7 @@
 #include "common/cleanup.h"
 #include "common/log.h"
 #include "gateway/sbx_runtime.h"
+#include "gateway/snap_rpc.h"
 #include "sandbox/v1/sandbox.pb-c.h"
 
 static const char *service_secret;
@@ -22,13 +23,6 @@ typedef struct service_method_s
   const char *path;
   rpc_handler_fn fn;
 } service_method_t;
-
-/* Methods whose runtime has not landed yet answer UNIMPLEMENTED, and say so. */
-static int
-not_implemented (rpc_call_t *call, void *user, err_t *err)
-{
-  return err_make (err, ENOSYS, "%s is not implemented yet", rpc_call_method (call));
-}
 
 /* Receives the single request message of a unary or server-streaming call. */
 static int
@@ -95,11 +89,21 @@ static int
 handle_delete (rpc_call_t *call, void *user, err_t *err)
 {
   RECV (call, Sandbox__V1__DeleteRequest, sandbox__v1__delete_request__descriptor, req, err);
-  int rc = req->delete_snapshot ? err_make (err, ENOSYS, "delete_snapshot: snapshot stores are not implemented yet")
-                                : sbx_delete (service_rt, req->sandbox_id, err);
+  int rc = sbx_delete (service_rt, req->sandbox_id, err);
+  bool snapshot_deleted = false;
+  if (req->delete_snapshot && (rc == 0 || err->status == ENOENT))
+    {
+      /* The snapshot goes too; NOT_FOUND only when neither existed. */
+      bool live = rc == 0;
+      err_release (err);
+      rc = snap_rpc_delete_snapshot (req->sandbox_id, &snapshot_deleted, err);
+      if (rc == 0 && !live && !snapshot_deleted)
+        rc = err_make (err, ENOENT, "sandbox `%s` not found, and no stored snapshot", req->sandbox_id);
+    }
   if (rc == 0)
     {
       Sandbox__V1__DeleteResponse resp = SANDBOX__V1__DELETE_RESPONSE__INIT;
+      resp.snapshot_deleted = snapshot_deleted;
       rc = rpc_call_reply (call, &resp.base, err);
     }
   protobuf_c_message_free_unpacked (req_msg, NULL);
@@ -158,7 +162,9 @@ static bool
 exec_cancelled (void *ctx)
 {
   rpc_call_t *call = ctx;
-  return rpc_call_cancelled (call) || rpc_server_shutting_down (rpc_call_server (call));
+  /* At shutdown, calls still running after the grace period are cancelled,
+   * which this sees too. */
+  return rpc_call_cancelled (call);
 }
 
 static int
@@ -233,11 +239,11 @@ out:
 
 static const service_method_t service_methods[] = {
     {"/sandbox.v1.Sandbox/Launch", handle_launch},
-    {"/sandbox.v1.Sandbox/Restore", not_implemented},
+    {"/sandbox.v1.Sandbox/Restore", snap_rpc_restore},
     {"/sandbox.v1.Sandbox/Exec", handle_exec},
-    {"/sandbox.v1.Sandbox/ExportSnapshot", not_implemented},
-    {"/sandbox.v1.Sandbox/PersistSnapshot", not_implemented},
-    {"/sandbox.v1.Sandbox/Connect", not_implemented},
+    {"/sandbox.v1.Sandbox/ExportSnapshot", snap_rpc_export},
+    {"/sandbox.v1.Sandbox/PersistSnapshot", snap_rpc_persist},
+    {"/sandbox.v1.Sandbox/Connect", snap_rpc_connect},
     {"/sandbox.v1.Sandbox/Delete", handle_delete},
     {"/sandbox.v1.Sandbox/Get", handle_get},
     {"/sandbox.v1.Sandbox/List", handle_list},

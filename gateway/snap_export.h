@@ -1,0 +1,48 @@
+/* snap_export: a sandbox's writable layer as a tar stream (an OCI layer).
+ *
+ * Walks the overlay's upper directory with openat(2) and O_NOFOLLOW only —
+ * never following a link, never leaving the tree, so what a sandbox plants
+ * in its layer (symlinks, hard links, swapped directories) cannot make the
+ * export read anything outside it — and writes a POSIX pax tar with
+ * libarchive: overlay whiteouts (0:0 character devices) become OCI
+ * whiteouts (".wh.NAME"), opaque directories get ".wh..wh..opq"; modes,
+ * owners, times, symlinks, hard links inside the tree, empty directories and
+ * extended attributes other than overlay's own are kept. FIFOs and sockets
+ * cannot be restored and are left out.
+ *
+ * The stream goes to a sink in chunks of at most `chunk` bytes as it is
+ * produced, with its SHA-256 computed on the way: memory stays flat
+ * whatever the layer's size.
+ *
+ * Threading: no shared state; one export per calling thread.
+ */
+#ifndef SBX_GATEWAY_SNAP_EXPORT_H
+#define SBX_GATEWAY_SNAP_EXPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+typedef enum snap_compression_e
+{
+  SNAP_COMPRESSION_NONE = 0,
+  SNAP_COMPRESSION_GZIP = 1,
+  SNAP_COMPRESSION_ZSTD = 2,
+} snap_compression_t;
+
+/* Receives the next piece of the stream. -1 with *err stops the export. */
+typedef int (*snap_sink_fn) (void *ctx, const uint8_t *data, size_t len, err_t *err);
+
+typedef struct snap_export_result_s
+{
+  uint64_t total_bytes;
+  char sha256[65]; /* lowercase hex */
+  uint64_t entries;
+} snap_export_result_t;
+
+/* Streams the tree at `upper` (an overlay upper directory) to `sink`. */
+int snap_export (const char *upper, snap_compression_t compression, size_t chunk, snap_sink_fn sink, void *ctx,
+                 snap_export_result_t *res, err_t *err);
+
+#endif
