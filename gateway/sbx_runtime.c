@@ -100,6 +100,15 @@ sbx_id_valid (const char *id)
   return true;
 }
 
+size_t
+sbx_count (sbx_runtime_t *rt)
+{
+  pthread_mutex_lock (&rt->mu);
+  size_t n = rt->count;
+  pthread_mutex_unlock (&rt->mu);
+  return n;
+}
+
 const sbx_config_t *
 sbx_runtime_config (const sbx_runtime_t *rt)
 {

@@ -143,6 +143,9 @@ typedef struct sbx_exec_result_s
 int sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *sink, sbx_exec_result_t *res,
               err_t *err);
 
+/* Number of live sandboxes (launching ones included). */
+size_t sbx_count (sbx_runtime_t *rt);
+
 /* The runtime's configuration. */
 const sbx_config_t *sbx_runtime_config (const sbx_runtime_t *rt);
 

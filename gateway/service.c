@@ -237,6 +237,21 @@ out:
   return rc;
 }
 
+static int
+handle_status (rpc_call_t *call, void *user, err_t *err)
+{
+  RECV (call, Sandbox__V1__StatusRequest, sandbox__v1__status_request__descriptor, req, err);
+  protobuf_c_message_free_unpacked (req_msg, NULL);
+  (void) req;
+  const sbx_config_t *cfg = sbx_runtime_config (service_rt);
+  Sandbox__V1__StatusResponse resp = SANDBOX__V1__STATUS_RESPONSE__INIT;
+  resp.allow_egress = cfg->allow_egress;
+  resp.sandboxes = (uint32_t) sbx_count (service_rt);
+  resp.max_sandboxes = (uint32_t) cfg->max_sandboxes;
+  resp.store = (char *) snap_rpc_store_kind ();
+  return rpc_call_reply (call, &resp.base, err);
+}
+
 static const service_method_t service_methods[] = {
     {"/sandbox.v1.Sandbox/Launch", handle_launch},
     {"/sandbox.v1.Sandbox/Restore", snap_rpc_restore},
@@ -247,6 +262,7 @@ static const service_method_t service_methods[] = {
     {"/sandbox.v1.Sandbox/Delete", handle_delete},
     {"/sandbox.v1.Sandbox/Get", handle_get},
     {"/sandbox.v1.Sandbox/List", handle_list},
+    {"/sandbox.v1.Sandbox/Status", handle_status},
 };
 
 static int

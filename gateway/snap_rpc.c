@@ -35,6 +35,12 @@ snap_rpc_init (sbx_runtime_t *rt, snap_store_t *store)
   snap_store = store;
 }
 
+const char *
+snap_rpc_store_kind (void)
+{
+  return snap_store != NULL ? snap_store->kind : "";
+}
+
 static int
 recv_request (rpc_call_t *call, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err)
 {

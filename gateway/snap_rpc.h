@@ -16,6 +16,9 @@ int snap_rpc_export (rpc_call_t *call, void *user, err_t *err);
 int snap_rpc_persist (rpc_call_t *call, void *user, err_t *err);
 int snap_rpc_connect (rpc_call_t *call, void *user, err_t *err);
 
+/* "local" or "gcs". */
+const char *snap_rpc_store_kind (void);
+
 /* Deletes the stored snapshot of sandbox `id` (a valid id); *deleted says
  * whether there was one. */
 int snap_rpc_delete_snapshot (const char *id, bool *deleted, err_t *err);

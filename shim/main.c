@@ -1,25 +1,159 @@
 /* sandbox-shim: the HTTP server that serves the existing REST contract and
  * translates it into gRPC calls to sandbox-gateway.
  *
- * Not yet implemented: this program only documents itself. It exits with a
- * non-zero status when asked to serve, so that nothing mistakes it for a
- * working shim.
+ * main() reads the configuration from the environment (see --help), opens
+ * the channel to the gateway, starts the HTTP server and stops on SIGTERM
+ * or SIGINT (no new connections; requests in flight end with the daemon).
+ *
+ * Threading: signals are blocked before any thread starts and taken with
+ * sigwait() on the main thread.
  */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "common/config.h"
+#include "common/log.h"
+#include "shim/shim.h"
+
+struct MHD_Daemon *shim_server_start (const struct sockaddr *addr, err_t *err);
+
+static const cfg_var_t shim_vars[] = {
+    {"SHIM_HOST", CFG_STRING, "127.0.0.1", "address to listen on (containers: 0.0.0.0)", 0, 0, &shim.cfg.host, NULL,
+     false},
+    {"PORT", CFG_INT, "8080", "port to listen on", 1, 65535, &shim.cfg.port, NULL, false},
+    {"CLOUD_RUN_SANDBOX_GATEWAY_SECRET", CFG_STRING, NULL,
+     "bearer secret clients must present; unset: every endpoint but /health answers 503", 0, 0, &shim.cfg.secret,
+     NULL, true},
+    {"SHIM_GATEWAY_TARGET", CFG_STRING, "127.0.0.1:50051", "the gateway's gRPC address", 0, 0,
+     &shim.cfg.gateway_target, NULL, false},
+    {"SHIM_GATEWAY_SECRET", CFG_STRING, NULL, "bearer secret sent to the gateway", 0, 0, &shim.cfg.gateway_secret,
+     "CLOUD_RUN_SANDBOX_GATEWAY_SECRET", true},
+    {"SHIM_MAX_EXEC_OUTPUT", CFG_INT, "67108864",
+     "bytes of stdout (and of stderr) an exec answer keeps; past it, \"truncated\": true", 1024, 1073741824,
+     &shim.cfg.max_exec_output, NULL, false},
+    {"SHIM_MAX_RESTORE_BYTES", CFG_INT, "4294967296", "largest restore body; above it: 413", 1024,
+     1099511627776L, &shim.cfg.max_restore_bytes, NULL, false},
+    {"SHIM_MAX_CONNECTIONS", CFG_INT, "1024", "most simultaneous HTTP connections", 4, 100000,
+     &shim.cfg.max_connections, NULL, false},
+    {"SHIM_CONNECTION_TIMEOUT", CFG_INT, "120", "seconds an idle HTTP connection is kept", 1, 86400,
+     &shim.cfg.connection_timeout, NULL, false},
+    {"SHIM_GATEWAY_TLS", CFG_BOOL, "false", "speak TLS to the gateway", 0, 0, &shim.cfg.gateway_tls, NULL, false},
+    {"SHIM_GATEWAY_TLS_CA", CFG_STRING, NULL, "PEM roots to verify the gateway with; unset: the system's", 0, 0,
+     &shim.cfg.gateway_tls_ca, NULL, false},
+    {"SHIM_GATEWAY_TLS_CERT", CFG_STRING, NULL, "PEM client certificate for mutual TLS", 0, 0,
+     &shim.cfg.gateway_tls_cert, NULL, false},
+    {"SHIM_GATEWAY_TLS_KEY", CFG_STRING, NULL, "PEM key of SHIM_GATEWAY_TLS_CERT", 0, 0, &shim.cfg.gateway_tls_key,
+     NULL, false},
+    {"SHIM_GATEWAY_TLS_SERVER_NAME", CFG_STRING, NULL, "name to verify the gateway's certificate against", 0, 0,
+     &shim.cfg.gateway_tls_server_name, NULL, false},
+    {"SHIM_LOG_LEVEL", CFG_STRING, "info", "lowest log severity written: debug, info, warning or error", 0, 0,
+     &shim.cfg.log_level, NULL, false},
+};
+
+#define N_VARS (sizeof shim_vars / sizeof shim_vars[0])
+
 static const char usage[] = "Usage: sandbox-shim [--help]\n\n"
-                            "Serves the sandbox REST contract over HTTP and translates it into gRPC\n"
-                            "calls to sandbox-gateway. Not implemented yet.\n";
+                            "Serves the sandbox REST contract over HTTP and translates it into gRPC calls\n"
+                            "to sandbox-gateway. Configuration comes from the environment only.";
 
 int
 main (int argc, char **argv)
 {
-  if (argc > 1 && (strcmp (argv[1], "--help") == 0 || strcmp (argv[1], "-h") == 0))
+  log_set_program ("sandbox-shim");
+  for (int i = 1; i < argc; i++)
     {
-      fputs (usage, stdout);
-      return 0;
+      if (strcmp (argv[i], "--help") == 0 || strcmp (argv[i], "-h") == 0)
+        {
+          cfg_print_help (stdout, usage, shim_vars, N_VARS);
+          return 0;
+        }
+      fprintf (stderr, "sandbox-shim: unknown argument `%s` (see --help)\n", argv[i]);
+      return 2;
     }
-  fputs ("sandbox-shim: not implemented yet (see --help)\n", stderr);
-  return 1;
+  err_t err = ERR_INIT;
+  if (cfg_load (shim_vars, N_VARS, &err) < 0)
+    {
+      log_msg (SEV_ERROR, "configuration: %s", err_msg (&err));
+      return 2;
+    }
+  log_level_t level;
+  if (log_parse_level (shim.cfg.log_level, &level) < 0)
+    {
+      log_msg (SEV_ERROR, "configuration: SHIM_LOG_LEVEL: `%s` is not one of debug, info, warning, error",
+               shim.cfg.log_level);
+      return 2;
+    }
+  log_set_level (level);
+
+  struct sockaddr_storage ss;
+  memset (&ss, 0, sizeof ss);
+  struct sockaddr_in *in4 = (struct sockaddr_in *) &ss;
+  struct sockaddr_in6 *in6 = (struct sockaddr_in6 *) &ss;
+  if (inet_pton (AF_INET, shim.cfg.host, &in4->sin_addr) == 1)
+    {
+      in4->sin_family = AF_INET;
+      in4->sin_port = htons ((uint16_t) shim.cfg.port);
+    }
+  else if (inet_pton (AF_INET6, shim.cfg.host, &in6->sin6_addr) == 1)
+    {
+      in6->sin6_family = AF_INET6;
+      in6->sin6_port = htons ((uint16_t) shim.cfg.port);
+    }
+  else
+    {
+      log_msg (SEV_ERROR, "configuration: SHIM_HOST: `%s` is not an IPv4 or IPv6 address", shim.cfg.host);
+      return 2;
+    }
+  if (shim.cfg.secret == NULL)
+    log_msg (SEV_WARNING, "CLOUD_RUN_SANDBOX_GATEWAY_SECRET is not set: every endpoint but /health answers 503");
+
+  sigset_t sigs;
+  sigemptyset (&sigs);
+  sigaddset (&sigs, SIGTERM);
+  sigaddset (&sigs, SIGINT);
+  pthread_sigmask (SIG_BLOCK, &sigs, NULL);
+  signal (SIGPIPE, SIG_IGN);
+
+  rpc_init ();
+  rpc_opts_t opts = {
+      .tls = shim.cfg.gateway_tls,
+      .tls_ca_file = shim.cfg.gateway_tls_ca,
+      .tls_cert_file = shim.cfg.gateway_tls_cert,
+      .tls_key_file = shim.cfg.gateway_tls_key,
+      .tls_server_name = shim.cfg.gateway_tls_server_name,
+      .max_message_bytes = 64u * 1024 * 1024,
+  };
+  if (shim.cfg.gateway_secret != NULL && asprintf (&shim.auth_header, "Bearer %s", shim.cfg.gateway_secret) >= 0)
+    {
+      shim.md[0] = (rpc_metadata_t){"authorization", shim.auth_header};
+      shim.n_md = 1;
+    }
+  struct MHD_Daemon *d = NULL;
+  if (rpc_channel_new (shim.cfg.gateway_target, &opts, &shim.channel, &err) < 0 || watch_start (&err) < 0
+      || (d = shim_server_start ((const struct sockaddr *) &ss, &err)) == NULL)
+    {
+      log_msg (SEV_ERROR, "start: %s", err_msg (&err));
+      err_release (&err);
+      rpc_channel_destroy (shim.channel);
+      rpc_shutdown ();
+      return 1;
+    }
+  log_fields (SEV_INFO,
+              json_pack ("{s:s, s:i, s:s}", "host", shim.cfg.host, "port", (int) shim.cfg.port, "gateway",
+                         shim.cfg.gateway_target),
+              "listening");
+  int sig = 0;
+  sigwait (&sigs, &sig);
+  log_fields (SEV_INFO, json_pack ("{s:s}", "signal", strsignal (sig)), "shutting down");
+  MHD_stop_daemon (d);
+  rpc_channel_destroy (shim.channel);
+  rpc_shutdown ();
+  free (shim.auth_header);
+  log_msg (SEV_INFO, "stopped");
+  return 0;
 }

@@ -148,11 +148,9 @@ on_header (char *data, size_t size, size_t n, void *user)
   return size * n;
 }
 
-static size_t
-on_body (char *data, size_t size, size_t n, void *user)
+int
+gcs_resp_body_append (gcs_resp_t *resp, const char *data, size_t len)
 {
-  gcs_resp_t *resp = user;
-  size_t len = size * n;
   size_t room = resp->body_max > resp->body_len ? resp->body_max - resp->body_len : 0;
   size_t take = len < room ? len : room;
   if (take < len)
@@ -161,13 +159,20 @@ on_body (char *data, size_t size, size_t n, void *user)
     {
       char *nb = realloc (resp->body, resp->body_len + take + 1);
       if (nb == NULL)
-        return 0; /* curl fails the transfer with CURLE_WRITE_ERROR */
+        return -1;
       memcpy (nb + resp->body_len, data, take);
       resp->body = nb;
       resp->body_len += take;
       resp->body[resp->body_len] = '\0';
     }
-  return len;
+  return 0;
+}
+
+static size_t
+on_body (char *data, size_t size, size_t n, void *user)
+{
+  /* Returning less than given fails the transfer (CURLE_WRITE_ERROR). */
+  return gcs_resp_body_append (user, data, size * n) < 0 ? 0 : size * n;
 }
 
 /* ---- requests ------------------------------------------------------------ */

@@ -81,6 +81,10 @@ void gcs_resp_clear (gcs_resp_t *resp);
  * a status line starts a new response, the known headers are parsed. */
 void gcs_resp_header_line (gcs_resp_t *resp, const char *line, size_t len);
 
+/* Appends response body bytes to *resp up to resp->body_max (beyond it sets
+ * body_truncated and drops them). 0 ok, -1 out of memory. */
+int gcs_resp_body_append (gcs_resp_t *resp, const char *data, size_t len);
+
 /* Sets up `h` (reset first) for `req`, collecting into `resp` (cleared
  * first). Callers that drive the transfer themselves (the reader, with
  * curl_multi) may replace CURLOPT_WRITEFUNCTION/WRITEDATA afterwards.

@@ -1,0 +1,26 @@
+/* metrics: the shim's counters, exposed in the Prometheus text format.
+ *
+ * Requests by route and status, exec durations (a histogram), bytes
+ * streamed in each direction, and gateway errors by gRPC status. Counters
+ * are atomics updated from request threads; rendering reads them without
+ * stopping anyone.
+ */
+#ifndef SBX_SHIM_METRICS_H
+#define SBX_SHIM_METRICS_H
+
+#include <stdint.h>
+
+#include "common/rpc.h"
+
+/* Counts a finished request: `route` is the route's template (e.g.
+ * "/sandboxes/{id}/exec"), one of a fixed set. */
+void metrics_request (const char *method, const char *route, unsigned status, double seconds);
+
+void metrics_exec_duration (double seconds);
+void metrics_bytes (bool upload, uint64_t n);
+void metrics_gateway_error (grpc_status_code code);
+
+/* The text exposition (caller frees). */
+char *metrics_render (void);
+
+#endif

@@ -1,0 +1,117 @@
+/* shim: what the HTTP server (server.c) and the REST routes (routes.c)
+ * share: the configuration, the gateway channel, the request state and the
+ * response helpers.
+ *
+ * Threading: `shim` is filled at start-up and read-only after; each request
+ * state belongs to its connection's thread.
+ */
+#ifndef SBX_SHIM_SHIM_H
+#define SBX_SHIM_SHIM_H
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/rpc.h"
+#include "shim/validate.h"
+#include "shim/watch.h"
+
+typedef struct shim_config_s
+{
+  char *host;
+  long port;
+  char *secret;         /* CLOUD_RUN_SANDBOX_GATEWAY_SECRET: clients must present it */
+  char *gateway_target;
+  char *gateway_secret; /* sent to the gateway */
+  long max_exec_output;
+  long long max_restore_bytes;
+  long max_connections;
+  long connection_timeout;
+  bool gateway_tls;
+  char *gateway_tls_ca;
+  char *gateway_tls_cert;
+  char *gateway_tls_key;
+  char *gateway_tls_server_name;
+  char *log_level;
+} shim_config_t;
+
+typedef struct shim_s
+{
+  shim_config_t cfg;
+  rpc_channel_t *channel;
+  rpc_metadata_t md[1];
+  size_t n_md;
+  char *auth_header; /* "Bearer <gateway secret>" */
+} shim_t;
+
+extern shim_t shim;
+
+typedef struct shim_req_s shim_req_t;
+
+/* How a route takes its request body. */
+typedef enum shim_body_e
+{
+  SHIM_BODY_NONE,   /* ignored */
+  SHIM_BODY_JSON,   /* buffered (at most SHIM_MAX_JSON_BODY), then the handler runs */
+  SHIM_BODY_STREAM, /* handed to route->upload piece by piece as it arrives */
+} shim_body_t;
+
+#define SHIM_MAX_JSON_BODY (1024 * 1024)
+
+typedef struct shim_route_s
+{
+  const char *method;
+  const char *path; /* template, e.g. "/sandboxes/{id}/exec"; also the metrics label */
+  shim_body_t body;
+  bool auth;
+  /* Answers the request: returns the response and sets *status. */
+  struct MHD_Response *(*handle) (shim_req_t *r, unsigned *status);
+  /* SHIM_BODY_STREAM: takes the next piece of the body. On failure it
+   * stores the answer with shim_req_fail and returns -1; the rest of the
+   * body is then discarded. */
+  int (*upload) (shim_req_t *r, const char *data, size_t len);
+  /* Frees route state on every path (may be NULL). */
+  void (*cleanup) (shim_req_t *r);
+} shim_route_t;
+
+struct shim_req_s
+{
+  struct MHD_Connection *conn;
+  const shim_route_t *route;
+  char id[SHIM_ID_MAX + 1];
+  char *body;
+  size_t len, cap;
+  uint64_t body_bytes;
+  /* an answer decided before the handler (auth, validation, limits) */
+  struct MHD_Response *early;
+  unsigned early_status;
+  bool discard;
+  /* route state */
+  void *state;
+  /* access log */
+  const char *method;
+  int64_t start_ns;
+  unsigned status;
+};
+
+/* Responses. All return a new response (never NULL) and set *status. */
+struct MHD_Response *shim_json (json_t *body, unsigned code, unsigned *status); /* takes body */
+struct MHD_Response *shim_detail (unsigned code, const char *detail, unsigned *status);
+struct MHD_Response *shim_empty (unsigned code, unsigned *status);
+
+/* Stores an early answer (a detail message) that ends the request. */
+void shim_req_fail (shim_req_t *r, unsigned code, const char *detail);
+void shim_req_fail_json (shim_req_t *r, unsigned code, json_t *body);
+
+/* The HTTP answer for a failed gateway call (status mapping table). */
+struct MHD_Response *shim_gateway_error (grpc_status_code code, const char *details, unsigned *status);
+
+/* The client connection's socket (for watch_add), or -1. */
+int shim_req_fd (shim_req_t *r);
+
+/* The route table (routes.c). */
+extern const shim_route_t shim_routes[];
+extern const size_t shim_n_routes;
+
+#endif

@@ -1,0 +1,64 @@
+/* validate: checks of REST inputs, answering as the reference service does.
+ *
+ * Validation failures are reported FastAPI-style, since that is what agent
+ * backends already parse: a 422 whose "detail" is a list of
+ * {"type", "loc", "msg"} objects. Pure functions over their inputs, no
+ * state; safe from any thread (and fuzzed).
+ */
+#ifndef SBX_SHIM_VALIDATE_H
+#define SBX_SHIM_VALIDATE_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#define SHIM_ID_MAX 64
+#define SHIM_TIMEOUT_DEFAULT 1800
+#define SHIM_TIMEOUT_MAX 3600
+
+/* A validation error list (a JSON array) under construction. */
+typedef struct shim_errors_s
+{
+  json_t *list;
+} shim_errors_t;
+
+void shim_errors_init (shim_errors_t *e);
+void shim_errors_add (shim_errors_t *e, const char *type, const char *where, const char *field, const char *msg);
+bool shim_errors_any (const shim_errors_t *e);
+/* {"detail": [...]} — takes the list; the caller owns the result. */
+json_t *shim_errors_take (shim_errors_t *e);
+void shim_errors_release (shim_errors_t *e);
+
+/* Checks a sandbox id (the pattern and the 64-character limit), adding an
+ * error at loc [where, field] when it fails. */
+bool shim_check_id (const char *id, const char *where, const char *field, shim_errors_t *e);
+
+/* Parses a boolean as pydantic does in lax mode (true/false, 1/0, "yes",
+ * "on", ...). 0 ok, -1 not a boolean. */
+int shim_parse_bool_text (const char *text, bool *out);
+
+/* POST /sandboxes body. */
+typedef struct shim_launch_body_s
+{
+  char id[SHIM_ID_MAX + 1];
+  bool allow_egress;
+} shim_launch_body_t;
+
+/* POST /sandboxes/{id}/exec body; argv is owned (free with
+ * shim_exec_body_release). */
+typedef struct shim_exec_body_s
+{
+  char **argv;
+  size_t argc;
+  long timeout;
+} shim_exec_body_t;
+
+/* Parses and validates a JSON body. `content_type` may be NULL (taken as
+ * JSON). Returns true when valid; otherwise fills `e`. */
+bool shim_parse_launch (const char *content_type, const char *body, size_t len, shim_launch_body_t *out,
+                        shim_errors_t *e);
+bool shim_parse_exec (const char *content_type, const char *body, size_t len, shim_exec_body_t *out,
+                      shim_errors_t *e);
+void shim_exec_body_release (shim_exec_body_t *b);
+
+#endif
