@@ -22,6 +22,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/rpc.h"
+#include "gateway/gcs/gcs.h"
 #include "gateway/health.h"
 #include "gateway/reflection.h"
 #include "gateway/sbx_runtime.h"
@@ -56,6 +57,12 @@ static struct
   char *slirp4netns;
   char *cgroup_group;
   char *snapshot_dir;
+  char *gcs_bucket;
+  char *gcs_emulator;
+  char *gcs_credentials;
+  char *gcs_metadata_host;
+  long gcs_chunk_mb;
+  long gcs_retry_seconds;
   char *snapshot_prefix;
   long snapshot_max_entries;
 } cfg;
@@ -106,6 +113,20 @@ static const cfg_var_t gateway_vars[] = {
      0, 0, &cfg.snapshot_dir, NULL, false},
     {"CLOUD_RUN_SANDBOX_SNAPSHOT_PREFIX", CFG_STRING, "sandbox-snapshots/", "prefix of snapshot object names", 0, 0,
      &cfg.snapshot_prefix, NULL, false},
+    {"CLOUD_RUN_SANDBOX_GCS_BUCKET", CFG_STRING, NULL,
+     "persist snapshots to this Google Cloud Storage bucket; unset: the local store", 0, 0, &cfg.gcs_bucket, NULL,
+     false},
+    {"STORAGE_EMULATOR_HOST", CFG_STRING, NULL, "GCS: talk to this emulator (host:port or URL), without credentials",
+     0, 0, &cfg.gcs_emulator, NULL, false},
+    {"GOOGLE_APPLICATION_CREDENTIALS", CFG_STRING, NULL,
+     "GCS: service-account key file; unset: the metadata server's credentials", 0, 0, &cfg.gcs_credentials, NULL,
+     false},
+    {"GCE_METADATA_HOST", CFG_STRING, "metadata.google.internal", "GCS: the metadata server", 0, 0,
+     &cfg.gcs_metadata_host, NULL, false},
+    {"SANDBOX_GCS_CHUNK_MB", CFG_INT, "8", "GCS: resumable upload chunk, in MiB", 1, 1024, &cfg.gcs_chunk_mb, NULL,
+     false},
+    {"SANDBOX_GCS_RETRY_SECONDS", CFG_INT, "60", "GCS: how long one step is retried before it fails", 1, 3600,
+     &cfg.gcs_retry_seconds, NULL, false},
     {"SANDBOX_SNAPSHOT_MAX_ENTRIES", CFG_INT, "1000000", "most entries a restored snapshot may have", 1, 100000000,
      &cfg.snapshot_max_entries, NULL, false},
     {"SANDBOX_SLIRP4NETNS", CFG_STRING, "slirp4netns", "user-mode networking program for egress sandboxes", 0, 0,
@@ -131,6 +152,7 @@ static const char usage[]
       "Configuration comes from the environment only.";
 
 static char *volumes[33];
+static char *unpacker;
 static long cpu_millis;
 
 /* Parses SANDBOX_VOLUME_MOUNTS into `volumes`, expanding ~ and skipping
@@ -231,6 +253,10 @@ load_config (err_t *err)
   if (strstr (cfg.snapshot_prefix, "..") != NULL || cfg.snapshot_prefix[0] == '/')
     return err_make (err, EINVAL, "CLOUD_RUN_SANDBOX_SNAPSHOT_PREFIX: `%s` must be relative, without ..",
                      cfg.snapshot_prefix);
+  /* sandbox-unpack lives beside sandbox-helper. */
+  char *slash = strrchr (cfg.helper, '/');
+  if (asprintf (&unpacker, "%.*ssandbox-unpack", slash != NULL ? (int) (slash - cfg.helper + 1) : 0, cfg.helper) < 0)
+    return err_make (err, ENOMEM, "out of memory");
   return parse_volumes (err);
 }
 
@@ -282,6 +308,7 @@ main (int argc, char **argv)
       .state_dir = cfg.state_dir,
       .rootfs = cfg.rootfs,
       .helper = cfg.helper,
+      .unpacker = unpacker,
       .cgroup_mount = "/sys/fs/cgroup",
       .cgroup_group = cfg.cgroup_group,
       .slirp4netns = cfg.slirp4netns,
@@ -300,8 +327,26 @@ main (int argc, char **argv)
   int port = 0;
   snap_store_t *store = NULL;
   int rc = sbx_runtime_new (&rcfg, &rt, &err);
-  if (rc == 0)
+  if (rc == 0 && cfg.gcs_bucket != NULL)
+    {
+      gcs_config_t g;
+      gcs_config_from_env (&g);
+      g.bucket = cfg.gcs_bucket;
+      g.prefix = cfg.snapshot_prefix;
+      g.emulator_host = cfg.gcs_emulator;
+      g.credentials_file = cfg.gcs_credentials;
+      g.metadata_host = cfg.gcs_metadata_host;
+      g.chunk_size = (size_t) cfg.gcs_chunk_mb * 1024 * 1024;
+      g.retry_budget_ms = (unsigned) cfg.gcs_retry_seconds * 1000;
+      rc = gcs_store_new (&g, &store, &err);
+    }
+  else if (rc == 0)
     rc = snap_store_local_new (cfg.snapshot_dir, cfg.snapshot_prefix, &store, &err);
+  if (rc == 0)
+    log_fields (SEV_INFO,
+                json_pack ("{s:s, s:s}", "store", store->kind, "where",
+                           cfg.gcs_bucket != NULL ? cfg.gcs_bucket : cfg.snapshot_dir),
+                "snapshot store");
   if (rc == 0)
     snap_rpc_init (rt, store);
   if (rc == 0)

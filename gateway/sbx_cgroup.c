@@ -206,24 +206,16 @@ sbx_cg_create_sub (const sbx_cg_layout_t *l, const char *id, const char *sub, er
 }
 
 int
-sbx_cg_open_procs (const sbx_cg_layout_t *l, const char *id, const char *sub, int *fds, size_t *n, err_t *err)
+sbx_cg_open_track (const sbx_cg_layout_t *l, const char *id, const char *sub, int *fd, err_t *err)
 {
   char path[300];
-  *n = 0;
-  for (size_t i = 0; i < l->n; i++)
-    {
-      path_of (path, sizeof path, l->roots[i], id, sub, "cgroup.procs");
-      int fd = open (path, O_WRONLY | O_CLOEXEC);
-      if (fd < 0)
-        {
-          int saved = errno;
-          for (size_t j = 0; j < *n; j++)
-            close (fds[j]);
-          *n = 0;
-          return err_make_sys (err, saved, "open `%s`", path);
-        }
-      fds[(*n)++] = fd;
-    }
+  path_of (path, sizeof path, l->roots[0], id, sub, NULL);
+  if (mkdir (path, 0755) < 0 && errno != EEXIST)
+    return err_make_sys (err, errno, "mkdir `%s`", path);
+  path_of (path, sizeof path, l->roots[0], id, sub, "cgroup.procs");
+  *fd = open (path, O_WRONLY | O_CLOEXEC);
+  if (*fd < 0)
+    return err_make_sys (err, errno, "open `%s`", path);
   return 0;
 }
 

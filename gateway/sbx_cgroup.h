@@ -64,10 +64,12 @@ int sbx_cg_create (const sbx_cg_layout_t *l, const char *id, const sbx_cg_limits
 /* Creates <id>/<sub> in every hierarchy. */
 int sbx_cg_create_sub (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t *err);
 
-/* Opens <id>/<sub>/cgroup.procs for writing in every hierarchy; fds[] gets
- * n descriptors (O_CLOEXEC). Writing "0" to each moves the writer. */
-int sbx_cg_open_procs (const sbx_cg_layout_t *l, const char *id, const char *sub, int *fds, size_t *n,
-                       err_t *err);
+/* Creates <id>/<sub> in the tracking hierarchy only and opens its
+ * cgroup.procs for writing (*fd, O_CLOEXEC): writing "0" moves the writer.
+ * An exec's group needs no more: its processes keep the holder's groups in
+ * the other hierarchies (under the sandbox's limits), and one move is all a
+ * command start costs (moves are slow on cgroup v1). */
+int sbx_cg_open_track (const sbx_cg_layout_t *l, const char *id, const char *sub, int *fd, err_t *err);
 
 /* Moves the calling process into <id>/<sub> in every hierarchy. */
 int sbx_cg_join (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t *err);

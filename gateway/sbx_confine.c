@@ -9,6 +9,9 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <linux/seccomp.h>
+#include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -69,8 +72,8 @@ static const char *const denied_syscalls[] = {
     "query_module", "create_module", "pciconfig_read", "pciconfig_write", "pciconfig_iobase",
 };
 
-static int
-load_seccomp (err_t *err)
+int
+sbx_confine_prepare (sbx_confine_t *out, err_t *err)
 {
   scmp_filter_ctx ctx = seccomp_init (SCMP_ACT_ALLOW);
   if (ctx == NULL)
@@ -97,20 +100,41 @@ load_seccomp (err_t *err)
   if (rc == 0)
     rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), SCMP_SYS (ioctl), 1,
                            SCMP_A1 (SCMP_CMP_MASKED_EQ, 0xFFFFFFFFu, 0x5412u /* TIOCSTI */));
+  /* Export the compiled BPF once; children load it with one syscall. */
+  int mfd = rc == 0 ? memfd_create ("seccomp", MFD_CLOEXEC) : -1;
+  if (rc == 0 && mfd < 0)
+    rc = -errno;
   if (rc == 0)
-    rc = seccomp_load (ctx);
+    rc = seccomp_export_bpf (ctx, mfd);
   seccomp_release (ctx);
   if (rc < 0)
-    return err_make_sys (err, -rc, "load the seccomp filter");
+    {
+      if (mfd >= 0)
+        close (mfd);
+      return err_make_sys (err, -rc, "compile the seccomp filter");
+    }
+  off_t size = lseek (mfd, 0, SEEK_END);
+  struct sock_filter *insns = size > 0 ? malloc ((size_t) size) : NULL;
+  if (insns == NULL || pread (mfd, insns, (size_t) size, 0) != size)
+    {
+      free (insns);
+      close (mfd);
+      return err_make (err, EIO, "read back the compiled seccomp filter");
+    }
+  close (mfd);
+  out->prog.len = (unsigned short) ((size_t) size / sizeof *insns);
+  out->prog.filter = insns;
   return 0;
 }
 
 int
-sbx_confine_apply (err_t *err)
+sbx_confine_apply (const sbx_confine_t *c, err_t *err)
 {
   if (set_caps (err) < 0)
     return -1;
   if (prctl (PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
     return err_make_sys (err, errno, "PR_SET_NO_NEW_PRIVS");
-  return load_seccomp (err);
+  if (syscall (SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &c->prog) < 0)
+    return err_make_sys (err, errno, "load the seccomp filter");
+  return 0;
 }

@@ -13,8 +13,20 @@
 
 #include "common/err.h"
 
-/* Applies capabilities, no_new_privs and the seccomp filter to the calling
- * process. */
-int sbx_confine_apply (err_t *err);
+#include <linux/filter.h>
+
+/* The seccomp filter, compiled once (by the sandbox's pid 1) and loaded by
+ * every command it starts without compiling again. */
+typedef struct sbx_confine_s
+{
+  struct sock_fprog prog; /* owned */
+} sbx_confine_t;
+
+/* Compiles the filter. */
+int sbx_confine_prepare (sbx_confine_t *out, err_t *err);
+
+/* Applies capabilities, no_new_privs and the filter to the calling process
+ * (a child about to exec; async-signal-safe system calls only). */
+int sbx_confine_apply (const sbx_confine_t *c, err_t *err);
 
 #endif

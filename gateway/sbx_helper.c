@@ -1,30 +1,26 @@
-/* sandbox-helper: the single-threaded program that does the gateway's
- * namespace, mount, cgroup and seccomp work.
+/* sandbox-helper: the single-threaded program that makes a sandbox.
  *
- * The gateway is multi-threaded, so it never forks to do this itself: it
- * spawns this helper (posix_spawn) with a report socket as fd 3 and reads
- * typed reports (sbx_report.h). Two modes:
+ * The gateway is multi-threaded, so it never forks to do namespace, mount
+ * or cgroup work itself: it spawns this helper (posix_spawn) with a report
+ * socket as fd 3 and reads typed reports (sbx_report.h). The helper creates
+ * the sandbox's cgroups and its disk (a size-limited tmpfs holding the
+ * overlay's upper and work directories, in the host's mount namespace so
+ * snapshots can read it), unpacks a snapshot into it when restoring (with
+ * sandbox-unpack), then forks the holder: pid 1 of new pid, mount, network,
+ * ipc, uts and cgroup namespaces, whose root is an overlay of the image
+ * under that upper layer, with a fresh /proc (sensitive parts read-only or
+ * masked), a minimal /dev, no /sys and no host mount visible. It reports
+ * READY with the holder's pid and control socket, or ERROR, and exits.
  *
- *   launch  creates the sandbox's cgroups and its disk (a size-limited tmpfs
- *           holding the overlay's upper and work directories, in the host's
- *           mount namespace so snapshots can read it), then forks the holder:
- *           pid 1 of new pid, mount, network, ipc, uts and cgroup namespaces,
- *           whose root is an overlay of the image under that upper layer,
- *           with a fresh /proc (sensitive parts read-only or masked), a
- *           minimal /dev, no /sys and no host mount visible. The holder
- *           reaps orphans until the sandbox is deleted. Reports READY with
- *           the holder's pid, or ERROR.
- *   exec    joins a sandbox's namespaces, forks the command into its own
- *           cgroup (one per exec, so a timeout can kill all it started),
- *           confines it (sbx_confine) and execs it on the stdin/stdout/stderr
- *           it was given; reports EXIT with the status, or ERROR when the
- *           command could not be started.
+ * The holder stays: it reaps orphans and starts commands on the gateway's
+ * request (serve_request): it forks each one from inside the sandbox into
+ * the exec's own cgroup (so a timeout kills all it started), cuts its
+ * capabilities, sets no_new_privs, loads the seccomp filter compiled once at
+ * launch, and reports how it ended.
  *
- * Every failure is reported as errno + text; the helper never leaves a
- * half-made sandbox unreported (the gateway tears down on ERROR).
+ * Every failure is reported as errno + text; the gateway tears down what a
+ * failed launch made.
  */
-#include <archive.h>
-#include <archive_entry.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -47,8 +43,12 @@
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
+#include <sys/signalfd.h>
 #include <sys/wait.h>
+#include <poll.h>
 #include <unistd.h>
+
+extern char **environ;
 
 #include "common/cleanup.h"
 #include "common/err.h"
@@ -65,19 +65,16 @@ typedef struct helper_opts_s
   const char *lower;  /* the image root */
   const char *cgroup_mount;
   const char *cgroup_group;
-  const char *group;  /* exec: the exec's cgroup name */
-  const char *cwd;
   const char *hostname;
   long disk_mb;
   long disk_inodes;
   sbx_cg_limits_t limits;
-  pid_t pid;          /* exec: the holder */
   bool egress;        /* launch: the sandbox gets user-mode networking */
   bool restore;       /* launch: first unpack the tar on stdin into the layer */
   long max_entries;   /* restore: most tar entries accepted */
+  const char *unpacker; /* restore: path of sandbox-unpack */
   const char *volumes[MAX_VOLUMES];
   size_t n_volumes;
-  char **argv;        /* exec: the command */
 } helper_opts_t;
 
 static int report_fd = SBX_REPORT_FD;
@@ -349,9 +346,15 @@ write_resolv_conf (const char *root, err_t *err)
 static int
 holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
 {
+  /* The cgroup namespace is rooted at the sandbox's group, so that its
+   * commands can move from holder/ to their exec-N/ groups. */
+  if (sbx_cg_join (cg, o->id, NULL, err) < 0)
+    return -1;
+  if (unshare (CLONE_NEWCGROUP) < 0)
+    return err_make_sys (err, errno, "unshare the cgroup namespace");
   if (sbx_cg_join (cg, o->id, "holder", err) < 0)
     return -1;
-  if (unshare (CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP) < 0)
+  if (unshare (CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
     return err_make_sys (err, errno, "unshare namespaces");
   if (mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     return err_make_sys (err, errno, "make mounts private");
@@ -390,287 +393,181 @@ holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
   return o->egress ? block_link_local (err) : 0;
 }
 
-static void
-noop_handler (int sig)
+/* ---- the holder: pid 1 of the sandbox --------------------------------------- */
+
+/* A command started by the holder, and where its end is reported. */
+typedef struct running_s
 {
-  (void) sig;
+  pid_t pid;
+  int report;
+} running_t;
+
+static running_t *running;
+static size_t n_running, cap_running;
+
+static void __attribute__ ((noreturn))
+command_child (const sbx_confine_t *confine, const int *fds, const char *cwd, char **argv, char **env)
+{
+  err_t err = ERR_INIT;
+  int report = fds[3];
+  if (dup2 (fds[0], 0) < 0 || dup2 (fds[1], 1) < 0 || dup2 (fds[2], 2) < 0)
+    {
+      err_make_sys (&err, errno, "set up stdio");
+      goto fail;
+    }
+  /* Into the exec's own cgroup: a timeout kills all this command starts. */
+  if (TEMP_FAILURE_RETRY (write (fds[4], "0", 1)) != 1)
+    {
+      err_make_sys (&err, errno, "join the exec's cgroup");
+      goto fail;
+    }
+  if (chdir (cwd) < 0)
+    {
+      err_make_sys (&err, errno, "working directory `%s`", cwd);
+      goto fail;
+    }
+  sigset_t none;
+  sigemptyset (&none);
+  sigprocmask (SIG_SETMASK, &none, NULL);
+  for (int s = 1; s < NSIG; s++)
+    signal (s, SIG_DFL);
+  if (sbx_confine_apply (confine, &err) < 0)
+    goto fail;
+  /* Only stdio and the report socket (close-on-exec) cross over. */
+  for (int i = 0; i < SBX_EXEC_FDS; i++)
+    if (fds[i] > 2 && fds[i] != report)
+      close (fds[i]);
+  environ = env; /* execvp looks PATH up in the new environment */
+  execvp (argv[0], argv);
+  err_make_sys (&err, errno, "exec `%s`", argv[0]);
+fail:
+  report_err (report, &err);
+  _exit (err.status == ENOENT ? 127 : 126);
 }
 
-/* pid 1 of the sandbox: reaps orphans until it is killed. */
-static void __attribute__ ((noreturn))
-holder_loop (void)
+/* Serves one exec request from the control socket. */
+static void
+serve_request (int ctl, const sbx_confine_t *confine, char *buf)
 {
-  struct sigaction sa;
-  memset (&sa, 0, sizeof sa);
-  sa.sa_handler = noop_handler;
-  sigaction (SIGCHLD, &sa, NULL);
-  sigaction (SIGTERM, &sa, NULL);
+  int fds[SBX_EXEC_FDS];
+  size_t n_fds = 0;
+  ssize_t n = sbx_recv_fds (ctl, buf, SBX_EXEC_MAX, fds, &n_fds, SBX_EXEC_FDS);
+  if (n == 0)
+    _exit (0); /* the gateway has gone: so does the sandbox */
+  if (n < 0)
+    return;
+  if (n_fds != SBX_EXEC_FDS)
+    {
+      for (size_t i = 0; i < n_fds; i++)
+        close (fds[i]);
+      return;
+    }
+  static char *argv[4096], *env[4096];
+  const char *cwd = NULL;
+  if (sbx_exec_decode (buf, (size_t) n, &cwd, argv, 4096, env, 4096) < 0)
+    {
+      report (fds[3], SBX_REPORT_ERROR, EINVAL, 0, 0, "malformed exec request");
+      for (int i = 0; i < SBX_EXEC_FDS; i++)
+        close (fds[i]);
+      return;
+    }
+  if (n_running == cap_running)
+    {
+      size_t cap = cap_running ? cap_running * 2 : 16;
+      running_t *g = realloc (running, cap * sizeof *g);
+      if (g == NULL)
+        {
+          report (fds[3], SBX_REPORT_ERROR, ENOMEM, 0, 0, "the sandbox's pid 1 is out of memory");
+          for (int i = 0; i < SBX_EXEC_FDS; i++)
+            close (fds[i]);
+          return;
+        }
+      running = g;
+      cap_running = cap;
+    }
+  pid_t pid = fork ();
+  if (pid == 0)
+    {
+      close (ctl);
+      command_child (confine, fds, cwd, argv, env);
+    }
+  if (pid < 0)
+    report (fds[3], SBX_REPORT_ERROR, errno, 0, 0, "fork the command (process limit reached?)");
+  else
+    running[n_running++] = (running_t){pid, fds[3]};
+  for (int i = 0; i < SBX_EXEC_FDS; i++)
+    if (i != 3 || pid < 0)
+      close (fds[i]);
+}
+
+/* Reaps every child that ended; reports those that were commands. */
+static void
+reap_children (void)
+{
+  int status;
+  pid_t pid;
+  while ((pid = waitpid (-1, &status, WNOHANG)) > 0)
+    for (size_t i = 0; i < n_running; i++)
+      if (running[i].pid == pid)
+        {
+          if (WIFSIGNALED (status))
+            report (running[i].report, SBX_REPORT_EXIT, 0, -1, WTERMSIG (status), NULL);
+          else
+            report (running[i].report, SBX_REPORT_EXIT, 0, WEXITSTATUS (status), 0, NULL);
+          close (running[i].report);
+          running[i] = running[--n_running];
+          break;
+        }
+}
+
+/* pid 1 of the sandbox: starts commands on request and reaps orphans until
+ * the sandbox is deleted. Signals from inside the sandbox cannot reach it:
+ * it handles none (SIGCHLD is taken through a signalfd). */
+static void __attribute__ ((noreturn))
+holder_loop (int ctl, const sbx_confine_t *confine)
+{
   sigset_t set;
   sigemptyset (&set);
   sigaddset (&set, SIGCHLD);
-  sigaddset (&set, SIGTERM);
   sigprocmask (SIG_BLOCK, &set, NULL);
+  int sfd = signalfd (-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  char *buf = malloc (SBX_EXEC_MAX);
+  if (sfd < 0 || buf == NULL)
+    _exit (1);
   for (;;)
     {
-      siginfo_t info;
-      int sig = sigwaitinfo (&set, &info);
-      if (sig == SIGTERM)
-        _exit (0);
-      while (waitpid (-1, NULL, WNOHANG) > 0)
-        ;
+      struct pollfd p[2] = {{.fd = ctl, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+      if (poll (p, 2, -1) < 0)
+        continue;
+      if (p[1].revents)
+        {
+          struct signalfd_siginfo si;
+          while (read (sfd, &si, sizeof si) == sizeof si)
+            ;
+          reap_children ();
+        }
+      if (p[0].revents & (POLLIN | POLLHUP | POLLERR))
+        serve_request (ctl, confine, buf);
     }
 }
 
-/* ---- launch --restore: the tar on stdin becomes the upper layer ------------ */
-
-/* A tar path is acceptable when relative, without "..", and not empty. */
-static bool
-safe_path (const char *p)
-{
-  if (p == NULL || p[0] == '\0' || p[0] == '/')
-    return false;
-  for (const char *c = p; *c;)
-    {
-      const char *end = strchr (c, '/');
-      size_t len = end != NULL ? (size_t) (end - c) : strlen (c);
-      if (len == 2 && c[0] == '.' && c[1] == '.')
-        return false;
-      c += len;
-      while (*c == '/')
-        c++;
-    }
-  return true;
-}
-
+/* Unpacks stdin into <disk>/upper with sandbox-unpack, which chroots there
+ * first. 0 ok; 1 it failed and reported why; -1 with *err. */
 static int
-ensure_parent (const char *path, err_t *err)
+restore_layer (const helper_opts_t *o, const char *upper, err_t *err)
 {
-  char parent[PATH_MAX];
-  snprintf (parent, sizeof parent, "%s", path);
-  char *slash = strrchr (parent, '/');
-  if (slash == NULL)
-    return 0;
-  *slash = '\0';
-  return mkdir_p (parent, 0755, err);
-}
-
-/* OCI whiteouts become overlay whiteouts: ".wh..wh..opq" marks its
- * directory opaque, ".wh.NAME" becomes a 0:0 character device NAME. */
-static int
-apply_whiteout (const char *path, err_t *err)
-{
-  const char *base = strrchr (path, '/');
-  base = base != NULL ? base + 1 : path;
-  char dir[PATH_MAX];
-  snprintf (dir, sizeof dir, "%.*s", (int) (base - path), path);
-  if (dir[0] == '\0')
-    snprintf (dir, sizeof dir, ".");
-  if (mkdir_p (dir, 0755, err) < 0)
-    return -1;
-  if (strcmp (base, ".wh..wh..opq") == 0)
-    {
-      if (setxattr (dir, "trusted.overlay.opaque", "y", 1, 0) < 0)
-        return err_make_sys (err, errno, "mark `%s` opaque", dir);
-      return 0;
-    }
-  const char *name = base + 4;
-  if (name[0] == '\0' || strcmp (name, ".") == 0 || strcmp (name, "..") == 0)
-    return err_make (err, EINVAL, "bad whiteout `%s`", path);
-  char target[PATH_MAX * 2];
-  snprintf (target, sizeof target, "%s/%s", dir, name);
-  struct stat st;
-  if (lstat (target, &st) == 0)
-    return err_make (err, EINVAL, "whiteout `%s` for a path the snapshot also contains", path);
-  if (mknod (target, S_IFCHR | 0000, makedev (0, 0)) < 0)
-    return err_make_sys (err, errno, "whiteout `%s`", target);
-  return 0;
-}
-
-/* Copies the entry's extended attributes, dropping overlay's own (a
- * snapshot must not steer the overlay: redirects, origins, metacopy). */
-static void
-filter_xattrs (struct archive_entry *e)
-{
-  const char *name;
-  const void *value;
-  size_t size;
-  size_t n = archive_entry_xattr_reset (e);
-  if (n == 0)
-    return;
-  struct kept
-  {
-    char *name;
-    void *value;
-    size_t size;
-  } *keep = calloc (n, sizeof *keep);
-  size_t k = 0;
-  while (keep != NULL && archive_entry_xattr_next (e, &name, &value, &size) == ARCHIVE_OK)
-    if (strncmp (name, "trusted.overlay.", 16) != 0 && k < n)
-      {
-        keep[k].name = strdup (name);
-        keep[k].value = malloc (size ? size : 1);
-        if (keep[k].value != NULL)
-          memcpy (keep[k].value, value, size);
-        keep[k].size = size;
-        k++;
-      }
-  archive_entry_xattr_clear (e);
-  for (size_t i = 0; i < k; i++)
-    {
-      if (keep[i].name != NULL && keep[i].value != NULL)
-        archive_entry_xattr_add_entry (e, keep[i].name, keep[i].value, keep[i].size);
-      free (keep[i].name);
-      free (keep[i].value);
-    }
-  free (keep);
-}
-
-static int
-extract_fail (struct archive *a, const char *path, err_t *err)
-{
-  int e = archive_errno (a);
-  if (e == ENOSPC || e == EDQUOT)
-    return err_make (err, ENOSPC, "the snapshot does not fit in the sandbox's disk quota (at `%.200s`)",
-                     path != NULL ? path : "?");
-  return err_make (err, EINVAL, "bad snapshot at `%.200s`: %s", path != NULL ? path : "?",
-                   archive_error_string (a) != NULL ? archive_error_string (a) : "unreadable");
-}
-
-/* Runs chrooted in the upper directory: nothing a tar says can reach out. */
-static int
-extract (long max_entries, err_t *err)
-{
-  struct archive *a = archive_read_new ();
-  struct archive *w = archive_write_disk_new ();
-  int rc = -1;
-  archive_read_support_filter_all (a);
-  archive_read_support_format_tar (a);
-  archive_write_disk_set_options (w, ARCHIVE_EXTRACT_PERM | ARCHIVE_EXTRACT_OWNER | ARCHIVE_EXTRACT_TIME
-                                         | ARCHIVE_EXTRACT_XATTR | ARCHIVE_EXTRACT_SECURE_SYMLINKS
-                                         | ARCHIVE_EXTRACT_SECURE_NODOTDOT
-                                         | ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS);
-  if (archive_read_open_fd (a, 0, 256 * 1024) != ARCHIVE_OK)
-    {
-      extract_fail (a, "(start)", err);
-      goto out;
-    }
-  long entries = 0;
-  for (;;)
-    {
-      struct archive_entry *e = NULL;
-      int r = archive_read_next_header (a, &e);
-      if (r == ARCHIVE_EOF)
-        break;
-      if (r < ARCHIVE_WARN)
-        {
-          extract_fail (a, "(next entry)", err);
-          goto out;
-        }
-      if (++entries > max_entries)
-        {
-          err_make (err, EINVAL, "the snapshot has more than %ld entries (SANDBOX_SNAPSHOT_MAX_ENTRIES)", max_entries);
-          goto out;
-        }
-      const char *path = archive_entry_pathname (e);
-      while (path != NULL && path[0] == '.' && path[1] == '/')
-        path += 2;
-      if (path != NULL && strcmp (path, ".") == 0)
-        continue; /* the root itself */
-      if (!safe_path (path))
-        {
-          err_make (err, EINVAL, "unsafe path in the snapshot: `%.200s` (absolute or with ..)", path ? path : "");
-          goto out;
-        }
-      archive_entry_set_pathname (e, path);
-      const char *link = archive_entry_hardlink (e);
-      if (link != NULL)
-        {
-          while (link[0] == '.' && link[1] == '/')
-            link += 2;
-          struct stat lst;
-          if (!safe_path (link) || lstat (link, &lst) < 0 || !S_ISREG (lst.st_mode))
-            {
-              err_make (err, EINVAL, "hard link `%.200s` points outside the snapshot's files: `%.200s`", path, link);
-              goto out;
-            }
-          archive_entry_set_hardlink (e, link);
-        }
-      mode_t type = archive_entry_filetype (e);
-      if (link == NULL && type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK)
-        {
-          err_make (err, EINVAL, "device nodes, fifos and sockets are not allowed in a snapshot: `%.200s`", path);
-          goto out;
-        }
-      const char *base = strrchr (path, '/');
-      base = base != NULL ? base + 1 : path;
-      if (strncmp (base, ".wh.", 4) == 0)
-        {
-          if (type != AE_IFREG || link != NULL)
-            {
-              err_make (err, EINVAL, "whiteout `%.200s` is not a plain file", path);
-              goto out;
-            }
-          if (apply_whiteout (path, err) < 0)
-            goto out;
-          continue;
-        }
-      if (ensure_parent (path, err) < 0)
-        goto out;
-      filter_xattrs (e);
-      if (archive_write_header (w, e) < ARCHIVE_WARN)
-        {
-          extract_fail (w, path, err);
-          goto out;
-        }
-      if (archive_entry_size (e) > 0 && link == NULL)
-        {
-          const void *buf;
-          size_t size;
-          la_int64_t off;
-          while ((r = archive_read_data_block (a, &buf, &size, &off)) == ARCHIVE_OK)
-            if (archive_write_data_block (w, buf, size, off) < ARCHIVE_WARN)
-              {
-                extract_fail (w, path, err);
-                goto out;
-              }
-          if (r != ARCHIVE_EOF)
-            {
-              extract_fail (a, path, err);
-              goto out;
-            }
-        }
-      if (archive_write_finish_entry (w) < ARCHIVE_WARN)
-        {
-          extract_fail (w, path, err);
-          goto out;
-        }
-    }
-  if (archive_write_close (w) < ARCHIVE_WARN)
-    {
-      extract_fail (w, "(end)", err);
-      goto out;
-    }
-  rc = 0;
-out:
-  archive_read_free (a);
-  archive_write_free (w);
-  return rc;
-}
-
-/* Unpacks stdin into <disk>/upper in a child that is chrooted there. */
-static int
-restore_layer (const char *upper, long max_entries, err_t *err)
-{
+  char max[24];
+  snprintf (max, sizeof max, "%ld", o->max_entries);
   pid_t pid = fork ();
   if (pid < 0)
     return err_make_sys (err, errno, "fork the unpacker");
   if (pid == 0)
     {
+      char *const argv[] = {(char *) "sandbox-unpack", (char *) upper, max, NULL};
+      fcntl (report_fd, F_SETFD, 0); /* the unpacker reports on fd 3 too */
+      execv (o->unpacker, argv);
       err_t cerr = ERR_INIT;
-      if (chdir (upper) < 0 || chroot (".") < 0 || chdir ("/") < 0)
-        err_make_sys (&cerr, errno, "enter `%s`", upper);
-      else if (extract (max_entries, &cerr) == 0)
-        _exit (0);
+      err_make_sys (&cerr, errno, "exec `%s`", o->unpacker);
       report_err (report_fd, &cerr);
       _exit (1);
     }
@@ -720,19 +617,23 @@ do_launch (const helper_opts_t *o)
   if (o->restore)
     {
       snprintf (path, sizeof path, "%s/upper", disk);
-      int r = restore_layer (path, o->max_entries, &err);
+      int r = restore_layer (o, path, &err);
       if (r == 1)
         return 1;
       if (r < 0)
         goto fail;
     }
 
-  int sync[2];
-  if (socketpair (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sync) < 0)
+  int sync[2], ctl[2];
+  if (socketpair (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sync) < 0
+      || socketpair (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) < 0)
     {
       err_make_sys (&err, errno, "socketpair");
       goto fail;
     }
+  sbx_confine_t confine;
+  if (sbx_confine_prepare (&confine, &err) < 0)
+    goto fail;
   if (unshare (CLONE_NEWPID) < 0)
     {
       err_make_sys (&err, errno, "unshare the pid namespace");
@@ -747,6 +648,7 @@ do_launch (const helper_opts_t *o)
   if (pid == 0)
     {
       close (sync[0]);
+      close (ctl[0]);
       close (report_fd);
       err_t cerr = ERR_INIT;
       if (holder_setup (o, &cg, &cerr) < 0)
@@ -762,10 +664,17 @@ do_launch (const helper_opts_t *o)
           dup2 (null, 2);
         }
       report (sync[1], SBX_REPORT_READY, 0, 1, 0, NULL);
-      syscall (SYS_close_range, 3, ~0U, 0);
-      holder_loop ();
+      close (sync[1]);
+      if (ctl[1] != 3)
+        {
+          dup2 (ctl[1], 3);
+          close (ctl[1]);
+        }
+      syscall (SYS_close_range, 4, ~0U, 0);
+      holder_loop (3, &confine);
     }
   close (sync[1]);
+  close (ctl[1]);
   sbx_report_t r;
   memset (&r, 0, sizeof r);
   ssize_t n = TEMP_FAILURE_RETRY (recv (sync[0], &r, sizeof r, 0));
@@ -783,132 +692,16 @@ do_launch (const helper_opts_t *o)
       report (report_fd, SBX_REPORT_ERROR, r.status, 0, 0, r.text);
       return 1;
     }
-  report (report_fd, SBX_REPORT_READY, 0, pid, 0, NULL);
-  return 0;
-
-fail:
-  report_err (report_fd, &err);
-  err_release (&err);
-  return 1;
-}
-
-/* ---- exec ------------------------------------------------------------------ */
-
-static int
-open_ns (pid_t pid, const char *name, err_t *err)
-{
-  char path[64];
-  snprintf (path, sizeof path, "/proc/%d/ns/%s", (int) pid, name);
-  int fd = open (path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return err_make_sys (err, errno, "open `%s`", path);
-  return fd;
-}
-
-static void __attribute__ ((noreturn))
-exec_child (const helper_opts_t *o, const int *cg_fds, size_t n_cg, int cgroup_ns)
-{
-  err_t err = ERR_INIT;
-  for (size_t i = 0; i < n_cg; i++)
-    if (TEMP_FAILURE_RETRY (write (cg_fds[i], "0", 1)) != 1)
-      {
-        err_make_sys (&err, errno, "join the exec's cgroup");
-        goto fail;
-      }
-  if (setns (cgroup_ns, CLONE_NEWCGROUP) < 0)
+  sbx_report_t ready;
+  memset (&ready, 0, sizeof ready);
+  ready.type = SBX_REPORT_READY;
+  ready.a = pid;
+  if (sbx_send_fds (report_fd, &ready, sizeof ready, &ctl[0], 1) < 0)
     {
-      err_make_sys (&err, errno, "join the cgroup namespace");
+      kill (pid, SIGKILL);
+      err_make_sys (&err, errno, "hand the control socket over");
       goto fail;
     }
-  if (chdir (o->cwd) < 0)
-    {
-      err_make_sys (&err, errno, "working directory `%s`", o->cwd);
-      goto fail;
-    }
-  sigset_t none;
-  sigemptyset (&none);
-  sigprocmask (SIG_SETMASK, &none, NULL);
-  for (int s = 1; s < NSIG; s++)
-    signal (s, SIG_DFL);
-  if (sbx_confine_apply (&err) < 0)
-    goto fail;
-  execvp (o->argv[0], o->argv);
-  err_make_sys (&err, errno, "exec `%s`", o->argv[0]);
-fail:
-  report_err (report_fd, &err);
-  _exit (err.status == ENOENT ? 127 : 126);
-}
-
-static int
-do_exec (const helper_opts_t *o)
-{
-  err_t err = ERR_INIT;
-  sbx_cg_layout_t cg;
-  int cg_fds[SBX_CG_MAX_HIER];
-  size_t n_cg = 0;
-  /* Die with the gateway: the command itself lives on in the sandbox until
-   * it ends or the sandbox is deleted. */
-  prctl (PR_SET_PDEATHSIG, SIGKILL);
-  if (sbx_cg_detect (o->cgroup_mount, o->cgroup_group, &cg, &err) < 0 || sbx_cg_create_sub (&cg, o->id, o->group, &err) < 0
-      || sbx_cg_open_procs (&cg, o->id, o->group, cg_fds, &n_cg, &err) < 0)
-    goto fail;
-
-  static const struct
-  {
-    const char *name;
-    int type;
-  } order[] = {{"ipc", CLONE_NEWIPC}, {"uts", CLONE_NEWUTS}, {"net", CLONE_NEWNET}, {"pid", CLONE_NEWPID},
-               {"mnt", CLONE_NEWNS}};
-  int fds[5];
-  for (size_t i = 0; i < 5; i++)
-    if ((fds[i] = open_ns (o->pid, order[i].name, &err)) < 0)
-      goto fail;
-  int cgroup_ns = open_ns (o->pid, "cgroup", &err);
-  if (cgroup_ns < 0)
-    goto fail;
-  for (size_t i = 0; i < 5; i++)
-    {
-      if (setns (fds[i], order[i].type) < 0)
-        {
-          err_make_sys (&err, errno, "join the sandbox's %s namespace", order[i].name);
-          goto fail;
-        }
-      close (fds[i]);
-    }
-
-  pid_t child = fork ();
-  if (child < 0)
-    {
-      err_make_sys (&err, errno, "fork");
-      goto fail;
-    }
-  if (child == 0)
-    exec_child (o, cg_fds, n_cg, cgroup_ns);
-
-  /* Let go of the command's stdio so the gateway sees EOF when it is done. */
-  int null = open ("/dev/null", O_RDWR | O_CLOEXEC);
-  if (null >= 0)
-    {
-      dup2 (null, 0);
-      dup2 (null, 1);
-      dup2 (null, 2);
-      close (null);
-    }
-  for (size_t i = 0; i < n_cg; i++)
-    close (cg_fds[i]);
-  close (cgroup_ns);
-
-  int status = 0;
-  while (waitpid (child, &status, 0) < 0)
-    if (errno != EINTR)
-      {
-        err_make_sys (&err, errno, "wait for the command");
-        goto fail;
-      }
-  if (WIFSIGNALED (status))
-    report (report_fd, SBX_REPORT_EXIT, 0, -1, WTERMSIG (status), NULL);
-  else
-    report (report_fd, SBX_REPORT_EXIT, 0, WEXITSTATUS (status), 0, NULL);
   return 0;
 
 fail:
@@ -930,7 +723,7 @@ main (int argc, char **argv)
 {
   if (argc < 2)
     {
-      fprintf (stderr, "sandbox-helper: run by sandbox-gateway only (launch|exec ...)\n");
+      fprintf (stderr, "sandbox-helper: run by sandbox-gateway only (launch ...)\n");
       return 2;
     }
   /* Only the report socket crosses over; nothing else leaks in. */
@@ -942,18 +735,17 @@ main (int argc, char **argv)
   o.cgroup_mount = "/sys/fs/cgroup";
   o.cgroup_group = "sandbox-gateway";
   o.lower = "/";
-  o.cwd = "/root";
   o.disk_mb = 2048;
   static const struct option longopts[] = {
       {"id", required_argument, NULL, 'i'},      {"state", required_argument, NULL, 's'},
       {"lower", required_argument, NULL, 'l'},   {"cgroup-mount", required_argument, NULL, 'c'},
-      {"group", required_argument, NULL, 'g'},   {"cwd", required_argument, NULL, 'w'},
       {"disk-mb", required_argument, NULL, 'd'}, {"disk-inodes", required_argument, NULL, 'n'},
       {"pids", required_argument, NULL, 'p'},    {"memory-mb", required_argument, NULL, 'm'},
-      {"cpu-millis", required_argument, NULL, 'u'}, {"pid", required_argument, NULL, 'P'},
+      {"cpu-millis", required_argument, NULL, 'u'},
       {"volume", required_argument, NULL, 'v'},  {"hostname", required_argument, NULL, 'h'},
       {"egress", no_argument, NULL, 'e'},        {"cgroup-group", required_argument, NULL, 'G'},
       {"restore", no_argument, NULL, 'R'},       {"max-entries", required_argument, NULL, 'E'},
+      {"unpacker", required_argument, NULL, 'U'},
       {NULL, 0, NULL, 0},
   };
   optind = 2;
@@ -965,19 +757,17 @@ main (int argc, char **argv)
       case 's': o.state = optarg; break;
       case 'l': o.lower = optarg; break;
       case 'c': o.cgroup_mount = optarg; break;
-      case 'g': o.group = optarg; break;
-      case 'w': o.cwd = optarg; break;
       case 'd': o.disk_mb = num (optarg); break;
       case 'n': o.disk_inodes = num (optarg); break;
       case 'p': o.limits.pids_max = num (optarg); break;
       case 'm': o.limits.memory_mb = num (optarg); break;
       case 'u': o.limits.cpu_millis = num (optarg); break;
-      case 'P': o.pid = (pid_t) num (optarg); break;
       case 'h': o.hostname = optarg; break;
       case 'e': o.egress = true; break;
       case 'G': o.cgroup_group = optarg; break;
       case 'R': o.restore = true; break;
       case 'E': o.max_entries = num (optarg); break;
+      case 'U': o.unpacker = optarg; break;
       case 'v':
         if (o.n_volumes < MAX_VOLUMES)
           o.volumes[o.n_volumes++] = optarg;
@@ -995,11 +785,6 @@ main (int argc, char **argv)
     }
   if (strcmp (argv[1], "launch") == 0 && o.state != NULL)
     return do_launch (&o);
-  if (strcmp (argv[1], "exec") == 0 && o.pid > 0 && o.group != NULL && optind < argc)
-    {
-      o.argv = argv + optind;
-      return do_exec (&o);
-    }
   report (report_fd, SBX_REPORT_ERROR, EINVAL, 0, 0, "sandbox-helper: bad arguments");
   return 2;
 }

@@ -48,6 +48,7 @@ typedef struct sbx_s
   bool deleting; /* removed from lookups */
   int refs;      /* execs using it */
   pid_t helper;  /* the launch helper, while launching */
+  int ctl_fd;    /* the holder's control socket: exec requests */
   pid_t slirp;   /* slirp4netns, when egress is on */
   int slirp_exit_fd; /* closing it tells slirp4netns to exit */
   unsigned exec_seq;
@@ -169,22 +170,38 @@ spawn_helper (sbx_runtime_t *rt, char *const *argv, char *const *envp, int in, i
   return 0;
 }
 
-/* Waits up to timeout_ms for one report. 1 got one, 0 EOF, -1 timeout or
- * error. */
+/* Waits up to timeout_ms for one report, and the descriptor it carries
+ * (*fd, or -1; NULL: none expected). 1 got one, 0 EOF, -1 timeout or error. */
 static int
-read_report (int fd, sbx_report_t *r, int timeout_ms)
+read_report_fd (int sock, sbx_report_t *r, int timeout_ms, int *fd)
 {
-  struct pollfd p = {.fd = fd, .events = POLLIN};
+  if (fd != NULL)
+    *fd = -1;
+  struct pollfd p = {.fd = sock, .events = POLLIN};
   int rc = TEMP_FAILURE_RETRY (poll (&p, 1, timeout_ms));
   if (rc <= 0)
     return -1;
-  ssize_t n = TEMP_FAILURE_RETRY (recv (fd, r, sizeof *r, 0));
+  int fds[1];
+  size_t n_fds = 0;
+  ssize_t n = sbx_recv_fds (sock, r, sizeof *r, fds, &n_fds, fd != NULL ? 1 : 0);
   if (n == 0)
     return 0;
   if (n != (ssize_t) sizeof *r)
-    return -1;
+    {
+      for (size_t i = 0; i < n_fds; i++)
+        close (fds[i]);
+      return -1;
+    }
+  if (fd != NULL && n_fds == 1)
+    *fd = fds[0];
   r->text[sizeof r->text - 1] = '\0';
   return 1;
+}
+
+static int
+read_report (int sock, sbx_report_t *r, int timeout_ms)
+{
+  return read_report_fd (sock, r, timeout_ms, NULL);
 }
 
 static void
@@ -604,6 +621,7 @@ sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn
   snprintf (s->state, sizeof s->state, "%s/%s", rt->sandboxes_dir, id);
   s->holder_pidfd = -1;
   s->slirp_exit_fd = -1;
+  s->ctl_fd = -1;
   s->allow_egress = allow_egress && rt->cfg.allow_egress;
   s->created_ms = s->last_used_ms = now_ms ();
 
@@ -654,6 +672,8 @@ sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn
       argv[n++] = "--restore";
       argv[n++] = "--max-entries";
       argv[n++] = max_entries;
+      argv[n++] = "--unpacker";
+      argv[n++] = rt->cfg.unpacker;
     }
   argv[n] = NULL;
 
@@ -689,14 +709,18 @@ sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn
             kill (helper, SIGKILL);
           got = early ? 1 : 0;
         }
+      int ctl = -1;
       if (fed_ok && got == 0)
-        got = read_report (report_fd, &r, 60000);
+        got = read_report_fd (report_fd, &r, 60000, &ctl);
       if (!fed_ok)
         {
           /* *err says why the source failed */
         }
+      else if (got == 1 && r.type == SBX_REPORT_READY && ctl < 0)
+        err_make (err, EIO, "launch `%s`: the helper sent no control socket", id);
       else if (got == 1 && r.type == SBX_REPORT_READY)
         {
+          s->ctl_fd = ctl;
           s->holder = r.a;
           s->holder_pidfd = (int) syscall (SYS_pidfd_open, s->holder, 0);
           rc = s->allow_egress ? start_slirp (rt, s, err) : 0;
@@ -719,6 +743,8 @@ sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn
   if (rc < 0)
     {
       stop_slirp (s->slirp, s->slirp_exit_fd);
+      if (s->ctl_fd >= 0)
+        close (s->ctl_fd);
       teardown (rt, id, s->state, s->holder_pidfd);
       pthread_mutex_lock (&rt->mu);
       unlink_locked (rt, s);
@@ -804,6 +830,8 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
     pthread_cond_wait (&rt->cv, &rt->mu);
   unlink_locked (rt, s);
   pthread_mutex_unlock (&rt->mu);
+  if (s->ctl_fd >= 0)
+    close (s->ctl_fd);
   free (s);
   log_fields (SEV_INFO, json_pack ("{s:s}", "sandbox_id", id), "sandbox deleted");
   return 0;
@@ -965,40 +993,35 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
 
   pthread_mutex_lock (&rt->mu);
   unsigned seq = ++s->exec_seq;
-  pid_t holder = s->holder;
+  int ctl = s->ctl_fd;
   pthread_mutex_unlock (&rt->mu);
-  char group[32], holder_s[24];
+  char group[32];
   snprintf (group, sizeof group, "exec-%u", seq);
-  snprintf (holder_s, sizeof holder_s, "%d", (int) holder);
 
-  size_t argc = 0;
-  while (req->argv[argc] != NULL)
-    argc++;
-  cleanup_free const char **argv = calloc (argc + 16, sizeof *argv);
   cleanup_free char **env = build_env (req->env);
-  int in[2] = {-1, -1}, out[2] = {-1, -1}, errp[2] = {-1, -1};
+  cleanup_free char *msg = malloc (SBX_EXEC_MAX);
+  int in[2] = {-1, -1}, out[2] = {-1, -1}, errp[2] = {-1, -1}, rep[2] = {-1, -1};
   cleanup_close int report_fd = -1;
+  cleanup_close int procs_fd = -1;
   cleanup_free uint8_t *buf = NULL;
-  pid_t helper = -1;
   int rc = -1;
   sbx_cg_events_t before, after;
   sbx_cg_events (&rt->cg, req->id, &before);
-  if (argv == NULL || env == NULL)
+  if (msg == NULL || env == NULL)
     {
       err_make (err, ENOMEM, "exec: out of memory");
       goto done;
     }
-  size_t k = 0;
-  const char *head[] = {"sandbox-helper", "exec",   "--id", req->id, "--pid", holder_s, "--group", group,
-                        "--cwd",          cwd,      "--cgroup-mount", rt->cfg.cgroup_mount, "--cgroup-group",
-                        rt->cfg.cgroup_group, "--"};
-  for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
-    argv[k++] = head[i];
-  for (size_t i = 0; i < argc; i++)
-    argv[k++] = req->argv[i];
-  argv[k] = NULL;
-
-  if (pipe2 (in, O_CLOEXEC) < 0 || pipe2 (out, O_CLOEXEC) < 0 || pipe2 (errp, O_CLOEXEC) < 0)
+  ssize_t msg_len = sbx_exec_encode (msg, SBX_EXEC_MAX, cwd, req->argv, env);
+  if (msg_len < 0)
+    {
+      err_make (err, E2BIG, "argv and env together exceed %d KiB", SBX_EXEC_MAX / 1024);
+      goto done;
+    }
+  if (sbx_cg_open_track (&rt->cg, req->id, group, &procs_fd, err) < 0)
+    goto done;
+  if (pipe2 (in, O_CLOEXEC) < 0 || pipe2 (out, O_CLOEXEC) < 0 || pipe2 (errp, O_CLOEXEC) < 0
+      || socketpair (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, rep) < 0)
     {
       err_make_sys (err, errno, "exec: pipe");
       goto done;
@@ -1007,12 +1030,21 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
   fcntl (out[0], F_SETPIPE_SZ, 1024 * 1024);
   fcntl (errp[0], F_SETPIPE_SZ, 256 * 1024);
   int64_t started = mono_ms ();
-  if (spawn_helper (rt, (char *const *) argv, env, in[0], out[1], errp[1], &helper, &report_fd, err) < 0)
-    goto done;
+  /* The holder forks the command inside the sandbox with these as its
+   * stdin, stdout, stderr, report socket and cgroup. */
+  int pass[SBX_EXEC_FDS] = {in[0], out[1], errp[1], rep[1], procs_fd};
+  if (sbx_send_fds (ctl, msg, (size_t) msg_len, pass, SBX_EXEC_FDS) < 0)
+    {
+      err_make_sys (err, errno == EPIPE || errno == ECONNREFUSED ? ESRCH : errno,
+                    "sandbox `%s` is gone (its pid 1 does not answer)", req->id);
+      goto done;
+    }
+  report_fd = take_fd (&rep[0]);
   close (in[0]);
   close (out[1]);
   close (errp[1]);
-  in[0] = out[1] = errp[1] = -1;
+  close (rep[1]);
+  in[0] = out[1] = errp[1] = rep[1] = -1;
   fcntl (out[0], F_SETFL, O_NONBLOCK);
   fcntl (errp[0], F_SETFL, O_NONBLOCK);
   fcntl (in[1], F_SETFL, O_NONBLOCK);
@@ -1027,7 +1059,7 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
   if (buf == NULL)
     {
       err_make (err, ENOMEM, "exec: out of memory");
-      kill (helper, SIGKILL);
+      sbx_cg_kill (&rt->cg, req->id, group, NULL);
       goto done;
     }
   pump_t pumps[2] = {{out[0], 1, true}, {errp[0], 2, true}};
@@ -1103,7 +1135,7 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
                 }
               else if (g <= 0)
                 {
-                  /* The helper died without a word. */
+                  /* The sandbox's pid 1 died without a word (deleted). */
                   res->exit_code = -1;
                   res->signal = SIGKILL;
                   exited = true;
@@ -1149,8 +1181,6 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
   rc = 0;
 
 done:
-  if (helper > 0)
-    reap (helper);
   sbx_cg_events (&rt->cg, req->id, &after);
   if (rc == 0 && after.oom_kills > before.oom_kills)
     {
@@ -1165,7 +1195,7 @@ done:
   err_t rerr = ERR_INIT;
   sbx_cg_remove (&rt->cg, req->id, group, &rerr);
   err_release (&rerr);
-  int fds[] = {in[0], in[1], out[0], out[1], errp[0], errp[1]};
+  int fds[] = {in[0], in[1], out[0], out[1], errp[0], errp[1], rep[0], rep[1]};
   for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
     if (fds[i] >= 0)
       close (fds[i]);

@@ -31,6 +31,7 @@ typedef struct sbx_config_s
   const char *state_dir;    /* SANDBOX_STATE_DIR */
   const char *rootfs;       /* SANDBOX_ROOTFS: the image, lower layer */
   const char *helper;       /* path of sandbox-helper */
+  const char *unpacker;     /* path of sandbox-unpack */
   const char *cgroup_mount; /* normally /sys/fs/cgroup */
   const char *cgroup_group; /* this instance's cgroup, one path component */
   const char *slirp4netns;  /* program for egress networking */

@@ -32,6 +32,7 @@
 #define CHUNK_SIZE_MAX (256u * 1024u * 1024u)
 #define SMALL_REQUEST_TIMEOUT_S 60    /* metadata, delete, upload start, status query */
 #define CANCEL_TIMEOUT_S 5            /* best-effort session cancel */
+#define CHUNK_TIMEOUT_BASE_S 300      /* a chunk PUT: this plus its size at 32 KiB/s */
 #define READ_PIECE_MAX (1024u * 1024u) /* bigger write-callback pieces are refused */
 
 typedef struct gcs_store_s
@@ -430,7 +431,14 @@ writer_send (gcs_writer_t *w, bool final, err_t *err)
           err_make (err, ENOMEM, "upload `%s`: out of memory", w->what);
           break;
         }
-      gcs_req_t req = {.method = "PUT", .url = w->session, .headers = hdrs, .body = w->buf, .body_len = w->len};
+      /* Bounded as a whole too (a server trickling its answer would beat
+       * the stall limit): 5 minutes plus 32 KiB/s for the body. */
+      gcs_req_t req = {.method = "PUT",
+                       .url = w->session,
+                       .headers = hdrs,
+                       .body = w->buf,
+                       .body_len = w->len,
+                       .timeout_s = CHUNK_TIMEOUT_BASE_S + (long) (w->len / (32 * 1024))};
       int dorc = authed_do (s, w->h, &req, &resp, err);
       curl_slist_free_all (hdrs);
       if (dorc < 0)

@@ -84,3 +84,37 @@ def pytest_runtest_makereport(item, call):
             seen.add(id(value))
             for title, text in value.report_sections():
                 report.sections.append((f"{title} output ({report.when})", text))
+
+
+# --- sandbox-shim (tests/integration/test_shim_*.py) -----------------------
+
+from gateway_fixture import Shim, start_shim  # noqa: E402
+
+
+class ShimGroup(ProcessGroup):
+    """ProcessGroup that can also start shims: `shims.shim(gw, env=...)`."""
+
+    def shim(self, gateway=None, **kw) -> Shim:
+        return self.add(start_shim(gateway, **kw))
+
+
+@pytest.fixture(scope="module")
+def shim(gateway) -> Shim:
+    """A shim in front of the module's `gateway` (same secret). Tests must
+    not stop it."""
+    s = start_shim(gateway)
+    try:
+        yield s
+    finally:
+        _stop_and_check([s])
+
+
+@pytest.fixture
+def shims():
+    """Factory for shims (and gateways) private to one test; all stopped at
+    teardown and must exit 0 on SIGTERM."""
+    group = ShimGroup()
+    try:
+        yield group
+    finally:
+        _stop_and_check(group.processes)

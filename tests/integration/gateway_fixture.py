@@ -9,9 +9,9 @@ to sandbox-gateway: it listens on a port picked by the kernel
 
 Paths come from the environment, with defaults inside the repository:
 
-    SANDBOX_GATEWAY_BIN       <repo>/bazel-bin/gateway/sandbox-gateway
-    SANDBOX_PY_STUBS          <repo>/bazel-bin/proto/py
-    SANDBOX_STD_DESCRIPTORS   <repo>/bazel-bin/proto/std_descriptors.pb
+    SANDBOX_GATEWAY_BIN       <repo>/bazel-out/k8-fastbuild/bin/gateway/sandbox-gateway
+    SANDBOX_PY_STUBS          <repo>/bazel-out/k8-fastbuild/bin/proto/py
+    SANDBOX_STD_DESCRIPTORS   <repo>/bazel-out/k8-fastbuild/bin/proto/std_descriptors.pb
 
 Every wait has a timeout; `stop()` always ends the process (SIGTERM, then
 SIGKILL as a last resort).
@@ -53,21 +53,26 @@ DEFAULT_GRACE_S = 10.0
 _CONTROLLED_PREFIXES = ("SANDBOX_", "CLOUD_RUN_SANDBOX_")
 
 
+# The plain build's output tree. `bazel-bin` points at whichever
+# configuration was built last (e.g. --config=asan); this does not move.
+PLAIN_BIN = "bazel-out/k8-fastbuild/bin"
+
+
 def _path_from_env(var: str, default_rel: str) -> Path:
     value = os.environ.get(var)
     return Path(value) if value else REPO_ROOT / default_rel
 
 
 def gateway_binary() -> Path:
-    return _path_from_env("SANDBOX_GATEWAY_BIN", "bazel-bin/gateway/sandbox-gateway")
+    return _path_from_env("SANDBOX_GATEWAY_BIN", f"{PLAIN_BIN}/gateway/sandbox-gateway")
 
 
 def py_stubs_dir() -> Path:
-    return _path_from_env("SANDBOX_PY_STUBS", "bazel-bin/proto/py")
+    return _path_from_env("SANDBOX_PY_STUBS", f"{PLAIN_BIN}/proto/py")
 
 
 def std_descriptors_path() -> Path:
-    return _path_from_env("SANDBOX_STD_DESCRIPTORS", "bazel-bin/proto/std_descriptors.pb")
+    return _path_from_env("SANDBOX_STD_DESCRIPTORS", f"{PLAIN_BIN}/proto/std_descriptors.pb")
 
 
 def require_file(path: Path, hint: str) -> Path:
@@ -572,3 +577,151 @@ def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0
         if value or time.monotonic() >= deadline:
             return value
         time.sleep(interval)
+
+
+# --- sandbox-shim ------------------------------------------------------------
+#
+# The shim cannot listen on port 0: `start_shim()` picks a free port and
+# retries on a bind failure. Its binary comes from SANDBOX_SHIM_BIN (default
+# <repo>/bazel-out/k8-fastbuild/bin/shim/sandbox-shim). Variables of the parent environment
+# that configure the shim (SHIM_*, PORT) never leak into it.
+
+_SHIM_PREFIXES = ("SHIM_",)
+_SHIM_VARS = ("PORT",)
+# Marks "use the gateway's secret" in start_shim() (None means: unset).
+FROM_GATEWAY = object()
+
+
+def shim_binary() -> Path:
+    return _path_from_env("SANDBOX_SHIM_BIN", f"{PLAIN_BIN}/shim/sandbox-shim")
+
+
+def require_shim_binary() -> Path:
+    path = require_file(shim_binary(),
+                        "build it with `bazel build //shim:sandbox-shim` or set SANDBOX_SHIM_BIN")
+    if not os.access(path, os.X_OK):
+        raise PermissionError(f"{path} is not executable")
+    return path
+
+
+class ShimResponse:
+    """One HTTP answer: status, headers (lower-case names) and the body."""
+
+    def __init__(self, status: int, headers: list[tuple[str, str]], body: bytes):
+        self.status = status
+        self.header_list = headers
+        self.headers = {k.lower(): v for k, v in headers}
+        self.body = body
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def __repr__(self) -> str:
+        return f"<HTTP {self.status} {self.body[:500]!r}>"
+
+
+class Shim(ManagedProcess):
+    """A running sandbox-shim on 127.0.0.1:`port`, with a tiny stdlib HTTP
+    client (`request`) that sends the configured bearer token."""
+
+    def __init__(self, env: Mapping[str, str], binary: Optional[Path] = None,
+                 name: str = "sandbox-shim"):
+        binary = binary or require_shim_binary()
+        super().__init__([str(binary)], env, name=name, stop_timeout=DEFAULT_GRACE_S + EXIT_MARGIN_S)
+        self.host = env.get("SHIM_HOST", "127.0.0.1")
+        self.port = int(env["PORT"])
+        self.secret = env.get("CLOUD_RUN_SANDBOX_GATEWAY_SECRET")
+        self.listening_record: Optional[dict] = None
+
+    def wait_listening(self, timeout: float = START_TIMEOUT_S) -> Optional[dict]:
+        """The "listening" record, or None when the shim exited first (e.g.
+        the port was taken) or did not report within `timeout`."""
+        rec = self.logs.wait_for(lambda r: r.get("message") == "listening", timeout, alive=self.alive)
+        self.listening_record = rec
+        return rec
+
+    def connection(self, timeout: float = 60.0):
+        import http.client
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+    def auth_headers(self, token: Optional[str] = None) -> dict:
+        token = self.secret if token is None else token
+        return {"Authorization": f"Bearer {token}"} if token is not None else {}
+
+    def request(self, method: str, path: str, body: Any = None, *,
+                headers: Optional[Mapping[str, str]] = None, auth: bool = True,
+                token: Optional[str] = None, timeout: float = 60.0) -> ShimResponse:
+        """Sends one request on a fresh connection. A dict/list body is sent
+        as JSON (Content-Type application/json unless `headers` says
+        otherwise); str/bytes as is."""
+        hdrs = dict(self.auth_headers(token)) if auth else {}
+        hdrs.update(headers or {})
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+            if not any(k.lower() == "content-type" for k in hdrs):
+                hdrs["Content-Type"] = "application/json"
+        conn = self.connection(timeout)
+        try:
+            conn.request(method, path, body=body, headers=hdrs)
+            resp = conn.getresponse()
+            return ShimResponse(resp.status, resp.getheaders(), resp.read())
+        finally:
+            conn.close()
+
+    def vm_rss_kib(self) -> int:
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise RuntimeError(f"no VmRSS for pid {self.pid}")
+
+
+def shim_env(target: str, port: int, secret: Optional[str],
+             env: Optional[Mapping[str, Optional[str]]] = None) -> dict:
+    """Environment for a shim on 127.0.0.1:`port` in front of `target`:
+    `secret` (None: unset) as CLOUD_RUN_SANDBOX_GATEWAY_SECRET, then `env`
+    on top (None removes)."""
+    out = {k: v for k, v in base_env().items()
+           if not k.startswith(_SHIM_PREFIXES) and k not in _SHIM_VARS}
+    out.update({"SHIM_HOST": "127.0.0.1", "PORT": str(port), "SHIM_GATEWAY_TARGET": target})
+    if secret is not None:
+        out["CLOUD_RUN_SANDBOX_GATEWAY_SECRET"] = secret
+    for k, v in (env or {}).items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
+def start_shim(gateway: Optional[Gateway] = None, *, target: Optional[str] = None,
+               secret: Any = FROM_GATEWAY, env: Optional[Mapping[str, Optional[str]]] = None,
+               attempts: int = 5, timeout: float = START_TIMEOUT_S) -> Shim:
+    """Starts a shim in front of `gateway` (or `target`, e.g. a closed port)
+    and returns once it listens. `secret` defaults to the gateway's; None
+    leaves it unset. The caller must stop() it (or use `running_shim`)."""
+    if target is None:
+        if gateway is None:
+            raise ValueError("start_shim needs a gateway or a target")
+        target = gateway.target
+    if secret is FROM_GATEWAY:
+        secret = gateway.secret if gateway is not None else None
+    last = ""
+    for _ in range(attempts):
+        shim = Shim(shim_env(target, free_port(), secret, env))
+        if shim.wait_listening(timeout) is not None:
+            return shim
+        last = shim.describe()
+        shim.stop(timeout=5.0)
+        if "cannot listen" not in last:
+            break  # not a port race: do not hide the real failure
+    raise ProcessStartError(f"sandbox-shim did not start\n{last}")
+
+
+@contextlib.contextmanager
+def running_shim(gateway: Optional[Gateway] = None, **kw) -> Iterator[Shim]:
+    shim = start_shim(gateway, **kw)
+    try:
+        yield shim
+    finally:
+        shim.stop()

@@ -30,11 +30,12 @@ def _requests(pb2):
         "Delete": lambda: pb2.DeleteRequest(sandbox_id=MISSING_ID),
         "Get": lambda: pb2.GetRequest(sandbox_id=MISSING_ID),
         "List": lambda: pb2.ListRequest(),
+        "Status": lambda: pb2.StatusRequest(),
     }
 
 
 METHODS = ["Launch", "Restore", "Exec", "ExportSnapshot", "PersistSnapshot",
-           "Connect", "Delete", "Get", "List"]
+           "Connect", "Delete", "Get", "List", "Status"]
 
 
 def call(gw, sandbox_api, method, metadata=None):

@@ -11,7 +11,7 @@ from grpc_clients import (DynamicService, ReflectionClient, file_proto,
 VERSIONS = ["v1", "v1alpha"]
 SANDBOX_FILE = "sandbox/v1/sandbox.proto"
 SANDBOX_METHODS = ["Launch", "Restore", "Exec", "ExportSnapshot", "PersistSnapshot",
-                   "Connect", "Delete", "Get", "List"]
+                   "Connect", "Delete", "Get", "List", "Status"]
 NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]  # 5
 
 
@@ -139,7 +139,7 @@ def test_client_without_proto_copy_calls_sandbox_via_reflection(reflection, gate
     assert flags["Restore"] == (True, False)
     for name in ["Exec", "ExportSnapshot", "PersistSnapshot"]:
         assert flags[name] == (False, True), name
-    for name in ["Launch", "Connect", "Delete", "Get", "List"]:
+    for name in ["Launch", "Connect", "Delete", "Get", "List", "Status"]:
         assert flags[name] == (False, False), name
 
     # A request built from the reflected descriptor is wire-compatible with
