@@ -860,7 +860,7 @@ bench_memory (void)
   for (int i = 0; i < launched; i++)
     {
       char path[512];
-      snprintf (path, sizeof path, "%s/%s/%s-mem-%03d/holder/cgroup.procs", O.cgroup_root, O.cgroup_group, O.prefix,
+      snprintf (path, sizeof path, "%s/%s/%s-mem-%03d/cgroup.procs", O.cgroup_root, O.cgroup_group, O.prefix,
                 i);
       pid_t pids[64];
       int n = cgroup_pids (path, pids, 64);
@@ -886,7 +886,7 @@ bench_memory (void)
       series_add (&priv, (double) sum_priv);
       series_add (&nproc, n);
     }
-  fprintf (stderr, "runtime_bench: memory: %d launched in %.0f ms; %.1f processes per holder cgroup (median)\n",
+  fprintf (stderr, "runtime_bench: memory: %d launched in %.0f ms; %.1f processes in each sandbox's own group (median)\n",
            launched, launch_all_ms, pct (&nproc, 50));
   series_t slab = {0}, kother = {0}, gw = {0};
   if (launched > 0)

@@ -68,7 +68,7 @@ path_of (char *out, size_t cap, const char *root, const char *id, const char *su
 }
 
 int
-sbx_cg_detect (const char *mount, const char *group, sbx_cg_layout_t *out, err_t *err)
+sbx_cg_detect (const char *mount, const char *group, bool cpu, sbx_cg_layout_t *out, err_t *err)
 {
   if (group[0] == '\0' || strchr (group, '/') != NULL || strcmp (group, ".") == 0 || strcmp (group, "..") == 0)
     return err_make (err, EINVAL, "cgroup group `%s` is not a single path component", group);
@@ -87,6 +87,8 @@ sbx_cg_detect (const char *mount, const char *group, sbx_cg_layout_t *out, err_t
   static const char *const names[] = {"pids", "memory", "cpu", "freezer"};
   for (size_t i = 0; i < 4; i++)
     {
+      if (i == 2 && !cpu)
+        continue;
       snprintf (probe, sizeof probe, "%s/%s/cgroup.procs", mount, names[i]);
       if (access (probe, F_OK) != 0)
         {
@@ -189,7 +191,7 @@ sbx_cg_create (const sbx_cg_layout_t *l, const char *id, const sbx_cg_limits_t *
             return -1;
         }
     }
-  return sbx_cg_create_sub (l, id, "holder", err);
+  return 0;
 }
 
 int
@@ -375,17 +377,41 @@ sbx_cg_count (const sbx_cg_layout_t *l, const char *id, const char *sub)
   return strtol (buf, NULL, 10);
 }
 
+/* Adds `key` of `file` over a group and all its sub-groups: cgroup v1
+ * counts some events only where they happened (e.g. an exec's group). */
+static long
+sum_keyed (const char *dir, const char *file, const char *key, int depth)
+{
+  char path[512];
+  snprintf (path, sizeof path, "%s/%s", dir, file);
+  long total = read_keyed (path, key);
+  if (depth > 4)
+    return total;
+  DIR *d = opendir (dir);
+  if (d == NULL)
+    return total;
+  struct dirent *e;
+  while ((e = readdir (d)) != NULL)
+    if (e->d_type == DT_DIR && e->d_name[0] != '.')
+      {
+        snprintf (path, sizeof path, "%s/%s", dir, e->d_name);
+        total += sum_keyed (path, file, key, depth + 1);
+      }
+  closedir (d);
+  return total;
+}
+
 void
 sbx_cg_events (const sbx_cg_layout_t *l, const char *id, sbx_cg_events_t *out)
 {
-  char path[300];
-  path_of (path, sizeof path, l->roots[0], id, NULL, "pids.events");
-  out->pids_max_hits = read_keyed (path, "max");
+  char dir[300];
+  path_of (dir, sizeof dir, l->roots[0], id, NULL, NULL);
+  out->pids_max_hits = sum_keyed (dir, "pids.events", "max", 0);
   out->oom_kills = 0;
   if (l->memory >= 0)
     {
-      path_of (path, sizeof path, l->roots[l->memory], id, NULL, l->v2 ? "memory.events" : "memory.oom_control");
-      out->oom_kills = read_keyed (path, "oom_kill");
+      path_of (dir, sizeof dir, l->roots[l->memory], id, NULL, NULL);
+      out->oom_kills = sum_keyed (dir, l->v2 ? "memory.events" : "memory.oom_control", "oom_kill", 0);
     }
 }
 

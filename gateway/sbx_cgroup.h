@@ -3,9 +3,9 @@
  * Layout, below every hierarchy we use (v2: the unified one; v1: pids,
  * memory, cpu and freezer):
  *
- *     <root>/<group>/<id>/          limits of the sandbox
- *     <root>/<group>/<id>/holder    the sandbox's pid 1
- *     <root>/<group>/<id>/exec-<n>  what exec number n started
+ *     <root>/<group>/<id>/          limits of the sandbox, and its pid 1
+ *     <root>/<group>/<id>/exec-<n>  what exec number n started (tracking
+ *                                   hierarchy only)
  *
  * <group> is one gateway instance's (SANDBOX_CGROUP_GROUP, by default
  * "sandbox-gateway"), so instances sharing a machine never touch each
@@ -52,13 +52,15 @@ typedef struct sbx_cg_limits_s
 } sbx_cg_limits_t;
 
 /* Finds the hierarchies under `mount` (normally /sys/fs/cgroup) and names
- * `group` (a single path component) as this instance's. */
-int sbx_cg_detect (const char *mount, const char *group, sbx_cg_layout_t *out, err_t *err);
+ * `group` (a single path component) as this instance's. On v1 the cpu
+ * hierarchy is used only when `cpu` (a CPU limit is set): every hierarchy
+ * costs a (slow) cgroup move per launch. */
+int sbx_cg_detect (const char *mount, const char *group, bool cpu, sbx_cg_layout_t *out, err_t *err);
 
 /* Creates <root>/<group> (and on v2 enables the controllers). */
 int sbx_cg_prepare (const sbx_cg_layout_t *l, err_t *err);
 
-/* Creates the sandbox's group with its limits and its holder group. */
+/* Creates the sandbox's group with its limits. */
 int sbx_cg_create (const sbx_cg_layout_t *l, const char *id, const sbx_cg_limits_t *lim, err_t *err);
 
 /* Creates <id>/<sub> in every hierarchy. */
@@ -66,7 +68,7 @@ int sbx_cg_create_sub (const sbx_cg_layout_t *l, const char *id, const char *sub
 
 /* Creates <id>/<sub> in the tracking hierarchy only and opens its
  * cgroup.procs for writing (*fd, O_CLOEXEC): writing "0" moves the writer.
- * An exec's group needs no more: its processes keep the holder's groups in
+ * An exec's group needs no more: its processes keep pid 1's groups in
  * the other hierarchies (under the sandbox's limits), and one move is all a
  * command start costs (moves are slow on cgroup v1). */
 int sbx_cg_open_track (const sbx_cg_layout_t *l, const char *id, const char *sub, int *fd, err_t *err);

@@ -346,15 +346,11 @@ write_resolv_conf (const char *root, err_t *err)
 static int
 holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
 {
-  /* The cgroup namespace is rooted at the sandbox's group, so that its
-   * commands can move from holder/ to their exec-N/ groups. */
+  /* pid 1 sits in the sandbox's own group, which roots the sandbox's
+   * cgroup namespace: its commands can move to their exec-N groups below. */
   if (sbx_cg_join (cg, o->id, NULL, err) < 0)
     return -1;
-  if (unshare (CLONE_NEWCGROUP) < 0)
-    return err_make_sys (err, errno, "unshare the cgroup namespace");
-  if (sbx_cg_join (cg, o->id, "holder", err) < 0)
-    return -1;
-  if (unshare (CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
+  if (unshare (CLONE_NEWCGROUP | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
     return err_make_sys (err, errno, "unshare namespaces");
   if (mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     return err_make_sys (err, errno, "make mounts private");
@@ -587,7 +583,7 @@ do_launch (const helper_opts_t *o)
 {
   err_t err = ERR_INIT;
   sbx_cg_layout_t cg;
-  if (sbx_cg_detect (o->cgroup_mount, o->cgroup_group, &cg, &err) < 0 || sbx_cg_prepare (&cg, &err) < 0
+  if (sbx_cg_detect (o->cgroup_mount, o->cgroup_group, o->limits.cpu_millis > 0, &cg, &err) < 0 || sbx_cg_prepare (&cg, &err) < 0
       || sbx_cg_create (&cg, o->id, &o->limits, &err) < 0)
     goto fail;
 

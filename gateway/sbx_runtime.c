@@ -479,7 +479,7 @@ sbx_runtime_new (const sbx_config_t *cfg, sbx_runtime_t **out, err_t *err)
       err_make_sys (err, errno, "sandbox helper `%s`", cfg->helper);
       goto fail;
     }
-  if (sbx_cg_detect (cfg->cgroup_mount, cfg->cgroup_group, &rt->cg, err) < 0)
+  if (sbx_cg_detect (cfg->cgroup_mount, cfg->cgroup_group, cfg->cpu_millis > 0, &rt->cg, err) < 0)
     goto fail;
   snprintf (rt->sandboxes_dir, sizeof rt->sandboxes_dir, "%s/sandboxes", cfg->state_dir);
   if ((mkdir (cfg->state_dir, 0700) < 0 && errno != EEXIST) || (mkdir (rt->sandboxes_dir, 0700) < 0 && errno != EEXIST))

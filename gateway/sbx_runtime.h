@@ -22,7 +22,7 @@
 #include "common/err.h"
 
 #define SBX_ID_MAX 64
-#define SBX_EXEC_CHUNK (64 * 1024)
+#define SBX_EXEC_CHUNK (256 * 1024)
 #define SBX_EXEC_DEFAULT_TIMEOUT 1800
 #define SBX_EXEC_MAX_TIMEOUT 3600
 
