@@ -482,7 +482,10 @@ def gateway_env(env: Optional[Mapping[str, Optional[str]]] = None,
     n = next(_instance_counter)
     extra: dict = {
         "SANDBOX_LISTEN": "127.0.0.1:0",
-        "SANDBOX_STATE_DIR": tempfile.mkdtemp(prefix=f"sgw-state-{os.getpid()}-{n}-"),
+        # A fresh path, made by the gateway itself (nothing to clean up when
+        # the gateway never starts, e.g. --help).
+        "SANDBOX_STATE_DIR": os.path.join(tempfile.gettempdir(),
+                                          f"sgw-state-{os.getpid()}-{n}-{os.urandom(4).hex()}"),
         "SANDBOX_CGROUP_GROUP": f"sgw-test-{os.getpid()}-{n}",
     }
     if secret is not None:
