@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts the whole system locally: installs the dependencies, builds, starts
-# sandbox-gateway (and, once it serves, sandbox-shim), prints the secret and
-# example calls, and stops everything on Ctrl-C.
+# sandbox-gateway and sandbox-shim, prints the secret and example calls, and
+# stops everything on Ctrl-C. Needs root (sandboxes use namespaces, mounts
+# and cgroups).
 #
 # Settings come from the environment as documented in README.md; by default
 # the gateway listens on 127.0.0.1:50051 with a fresh random secret.
@@ -12,9 +13,17 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/install-deps.sh
 bazel build //gateway:sandbox-gateway //shim:sandbox-shim
 
-GATEWAY_BIN=bazel-bin/gateway/sandbox-gateway
+if [[ $(id -u) -ne 0 ]]; then
+  echo "run-local: the gateway makes sandboxes (namespaces, mounts, cgroups): run this as root" >&2
+  exit 1
+fi
+
+# The plain build's outputs (bazel-bin follows the last configuration built).
+GATEWAY_BIN=bazel-out/k8-fastbuild/bin/gateway/sandbox-gateway
+SHIM_BIN=bazel-out/k8-fastbuild/bin/shim/sandbox-shim
 
 export SANDBOX_LISTEN="${SANDBOX_LISTEN:-127.0.0.1:50051}"
+export SANDBOX_STATE_DIR="${SANDBOX_STATE_DIR:-/var/lib/sandbox-gateway}"
 if [[ -z "${CLOUD_RUN_SANDBOX_GATEWAY_SECRET:-}" ]]; then
   CLOUD_RUN_SANDBOX_GATEWAY_SECRET="$(openssl rand -hex 32)"
 fi
@@ -65,11 +74,22 @@ if [[ -z "$GATEWAY_PORT" ]]; then
 fi
 
 # --- sandbox-shim ------------------------------------------------------------
-# SHIM: start bazel-bin/shim/sandbox-shim here once it serves HTTP (it only
-# prints --help for now): run it in the background pointing at
-# 127.0.0.1:$GATEWAY_PORT with the same secret, add its pid to PIDS, wait for
-# it to listen, and print a curl example below.
-# -----------------------------------------------------------------------------
+SHIM_LOG="$RUN_DIR/shim.log"
+export PORT="${PORT:-8080}"
+SHIM_GATEWAY_TARGET="127.0.0.1:$GATEWAY_PORT" "$SHIM_BIN" 2>"$SHIM_LOG" &
+SHIM_PID=$!
+PIDS=("$SHIM_PID" "${PIDS[@]}")  # stopped first
+for _ in $(seq 1 300); do
+  if grep -q '"message" *: *"listening"' "$SHIM_LOG"; then
+    break
+  fi
+  if ! kill -0 "$SHIM_PID" 2>/dev/null; then
+    echo "sandbox-shim did not start; its log:" >&2
+    cat "$SHIM_LOG" >&2
+    exit 1
+  fi
+  sleep 0.1
+done
 
 if [[ -n "${SANDBOX_TLS_CERT:-}" && -n "${SANDBOX_TLS_KEY:-}" ]]; then
   GRPCURL="grpcurl -cacert $SANDBOX_TLS_CERT"
@@ -81,11 +101,23 @@ ADDR="localhost:$GATEWAY_PORT"
 cat <<EOF
 
 sandbox-gateway is running on ${SANDBOX_LISTEN%:*}:$GATEWAY_PORT (pid $GATEWAY_PID)
+sandbox-shim is running on http://127.0.0.1:$PORT (pid $SHIM_PID)
 
   Secret: $CLOUD_RUN_SANDBOX_GATEWAY_SECRET
-  Logs:   $GATEWAY_LOG
+  Logs:   $GATEWAY_LOG $SHIM_LOG
 
-Example calls (grpcurl is not a Debian package: install it separately):
+REST calls through the shim:
+
+  SECRET=$CLOUD_RUN_SANDBOX_GATEWAY_SECRET
+  curl -s http://127.0.0.1:$PORT/health
+  curl -s -H "Authorization: Bearer \$SECRET" -H 'Content-Type: application/json' \\
+       -d '{"sandbox_id": "demo"}' http://127.0.0.1:$PORT/sandboxes
+  curl -s -H "Authorization: Bearer \$SECRET" -H 'Content-Type: application/json' \\
+       -d '{"argv": ["bash", "-lc", "echo hello; uname -a"]}' http://127.0.0.1:$PORT/sandboxes/demo/exec
+  curl -s -H "Authorization: Bearer \$SECRET" -o demo.tar http://127.0.0.1:$PORT/sandboxes/demo/tar
+  curl -s -X DELETE -H "Authorization: Bearer \$SECRET" http://127.0.0.1:$PORT/sandboxes/demo
+
+gRPC calls to the gateway (grpcurl is not a Debian package: install it separately):
 
   SECRET=$CLOUD_RUN_SANDBOX_GATEWAY_SECRET
   $GRPCURL $ADDR list
@@ -98,10 +130,10 @@ Press Ctrl-C to stop.
 
 EOF
 
-# Follow the gateway's log until it exits or Ctrl-C.
+# Follow the gateway's log until either program exits or Ctrl-C.
 tail -n +1 -f "$GATEWAY_LOG" --pid="$GATEWAY_PID" &
 PIDS+=("$!")
 rc=0
-wait "$GATEWAY_PID" || rc=$?
-echo "sandbox-gateway exited with status $rc"
+wait -n "$GATEWAY_PID" "$SHIM_PID" || rc=$?
+echo "a program exited (status $rc); stopping the other"
 exit "$rc"
