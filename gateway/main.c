@@ -11,6 +11,7 @@
  * threads.
  */
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -296,6 +297,12 @@ main (int argc, char **argv)
   /* Sandboxes' pid 1s outlive the helper that forks them: adopt them, so
    * that deleting a sandbox reaps its pid 1 at once. */
   prctl (PR_SET_CHILD_SUBREAPER, 1);
+
+  /* Streams pass through in pieces of up to a few MiB: give them back to
+   * the system when freed (glibc would otherwise raise its mmap threshold
+   * after the first free and keep them in per-thread arenas), so resident
+   * memory stays flat however much data flows. */
+  mallopt (M_MMAP_THRESHOLD, 256 * 1024);
 
   rpc_init ();
   rpc_opts_t opts = {

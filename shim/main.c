@@ -10,6 +10,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <malloc.h>
 #include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
@@ -118,6 +119,12 @@ main (int argc, char **argv)
   sigaddset (&sigs, SIGINT);
   pthread_sigmask (SIG_BLOCK, &sigs, NULL);
   signal (SIGPIPE, SIG_IGN);
+
+  /* Streams pass through in pieces of up to a few MiB: give them back to
+   * the system when freed (glibc would otherwise raise its mmap threshold
+   * after the first free and keep them in per-thread arenas), so resident
+   * memory stays flat however much data flows. */
+  mallopt (M_MMAP_THRESHOLD, 256 * 1024);
 
   rpc_init ();
   rpc_opts_t opts = {
