@@ -9,7 +9,7 @@
  * for the duration of the create call. */
 typedef struct rpc_channel_args_s
 {
-  grpc_arg args[12];
+  grpc_arg args[16];
   grpc_channel_args channel_args;
   size_t max_message;
 } rpc_channel_args_t;

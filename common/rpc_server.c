@@ -229,6 +229,20 @@ rpc_call_recv (rpc_call_t *c, const ProtobufCMessageDescriptor *desc, ProtobufCM
     }
   if (bb == NULL)
     {
+      /* The end of the client's stream: a half-close — or a cancellation,
+       * whose close notice follows at once. Tell them apart, so that a
+       * client that gave up never has its partial stream taken as whole. */
+      if (!c->closed)
+        {
+          gpr_timespec soon = rpc_deadline_in_ms (5);
+          if (grpc_completion_queue_pluck (c->cq, &c->close_tag, soon, NULL).type == GRPC_OP_COMPLETE)
+            c->closed = true;
+        }
+      if (c->closed && c->cancelled)
+        {
+          c->peer_gone = true;
+          return err_make (err, ECANCELED, "%s: the client cancelled the call", c->path);
+        }
       c->half_closed = true;
       return 0;
     }

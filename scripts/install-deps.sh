@@ -22,6 +22,12 @@ PACKAGES=(
   libcmocka-dev python3 python3-grpcio python3-protobuf python3-pytest
 )
 
+# The GCS cross-check runs Google's Node.js client (from npm): Node.js from
+# Debian unless the machine already has one.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  PACKAGES+=(nodejs npm)
+fi
+
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)

@@ -104,7 +104,8 @@ launch (shim_req_t *r, unsigned *status)
       == 0)
     out = shim_json (json_pack ("{s:s}", "sandbox_id", body.id), 201, status);
   else if (st.code == GRPC_STATUS_ALREADY_EXISTS || st.code == GRPC_STATUS_INVALID_ARGUMENT
-           || st.code == GRPC_STATUS_RESOURCE_EXHAUSTED || st.code == GRPC_STATUS_UNAUTHENTICATED)
+           || st.code == GRPC_STATUS_RESOURCE_EXHAUSTED || st.code == GRPC_STATUS_UNAUTHENTICATED
+           || st.code == GRPC_STATUS_UNAVAILABLE || st.code == GRPC_STATUS_DEADLINE_EXCEEDED)
     out = shim_gateway_error (st.code, st.details, status);
   else
     {
@@ -276,7 +277,10 @@ typedef struct ndjson_s
   char *line;
   size_t len, off;
   bool done;
-  int64_t started;
+  bool failed;             /* the call ended with an error before any event */
+  bool any;                /* an event has been rendered */
+  grpc_status_code code;
+  char *details;
 } ndjson_t;
 
 static ssize_t
@@ -299,6 +303,17 @@ ndjson_read (void *cls, uint64_t pos, char *buf, size_t max)
         {
           rpc_status_t st = RPC_STATUS_INIT;
           grpc_status_code code = rpc_client_finish (n->call, &st);
+          n->done = true;
+          if (code != GRPC_STATUS_OK && !n->any)
+            {
+              /* Nothing sent yet: the route answers with a proper status. */
+              n->failed = true;
+              n->code = code;
+              n->details = st.details;
+              st.details = NULL;
+              rpc_status_release (&st);
+              return MHD_CONTENT_READER_END_OF_STREAM;
+            }
           if (code == GRPC_STATUS_OK)
             ev = NULL;
           else
@@ -307,7 +322,6 @@ ndjson_read (void *cls, uint64_t pos, char *buf, size_t max)
               ev = json_pack ("{s:s, s:s}", "error", rpc_status_name (code), "detail", st.details ? st.details : "");
             }
           rpc_status_release (&st);
-          n->done = true;
           if (ev == NULL)
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
@@ -332,6 +346,7 @@ ndjson_read (void *cls, uint64_t pos, char *buf, size_t max)
         }
       if (ev != NULL)
         {
+          n->any = true;
           char *text = json_dumps (ev, JSON_COMPACT);
           json_decref (ev);
           if (text != NULL && asprintf (&n->line, "%s\n", text) >= 0)
@@ -352,6 +367,7 @@ ndjson_free (void *cls)
   watch_remove (n->watch);
   rpc_client_destroy (n->call);
   free (n->line);
+  free (n->details);
   free (n);
 }
 
@@ -393,6 +409,20 @@ exec_route (shim_req_t *r, unsigned *status)
         }
       n->call = c;
       n->watch = watch_add (shim_req_fd (r), c);
+      /* The first event decides the status: an unknown sandbox is a 404,
+       * not a 200 with an error line. */
+      char first;
+      if (ndjson_read (n, 0, &first, 0) == MHD_CONTENT_READER_END_OF_STREAM && n->failed)
+        {
+          bool hung_up = watch_remove (n->watch);
+          n->watch = NULL;
+          struct MHD_Response *out = hung_up ? shim_detail (499, "Client closed the request", status)
+                                             : shim_gateway_error (n->code, n->details, status);
+          ndjson_free (n);
+          return out;
+        }
+      /* A command may print nothing for longer than the idle timeout. */
+      MHD_set_connection_option (r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0);
       struct MHD_Response *resp
           = MHD_create_response_from_callback (MHD_SIZE_UNKNOWN, 64 * 1024, ndjson_read, n, ndjson_free);
       MHD_add_response_header (resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-ndjson");
@@ -645,6 +675,7 @@ tar_route (shim_req_t *r, unsigned *status)
       return out;
     }
   t->watch = watch_add (shim_req_fd (r), t->call);
+  MHD_set_connection_option (r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0);
   struct MHD_Response *resp = MHD_create_response_from_callback (MHD_SIZE_UNKNOWN, 256 * 1024, tar_read, t, tar_free);
   MHD_add_response_header (resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-tar");
   *status = 200;

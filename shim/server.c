@@ -87,7 +87,7 @@ shim_gateway_error (grpc_status_code code, const char *details, unsigned *status
 {
   metrics_gateway_error (code);
   const char *d = details != NULL && details[0] != '\0' ? details : rpc_status_name (code);
-  char buf[1024];
+  char buf[1200];
   switch (code)
     {
     case GRPC_STATUS_NOT_FOUND:
@@ -128,32 +128,6 @@ shim_req_fd (shim_req_t *r)
 
 /* ---- routing --------------------------------------------------------------------- */
 
-/* Matches `url` against a template with at most one "{id}" component, which
- * is copied (untruncated check left to validation) into id. */
-static bool
-match (const char *tmpl, const char *url, char *id, size_t id_cap, bool *id_too_long)
-{
-  const char *brace = strstr (tmpl, "{id}");
-  if (brace == NULL)
-    return strcmp (tmpl, url) == 0;
-  size_t pre = (size_t) (brace - tmpl);
-  if (strncmp (tmpl, url, pre) != 0)
-    return false;
-  const char *start = url + pre;
-  const char *end = strchr (start, '/');
-  size_t len = end != NULL ? (size_t) (end - start) : strlen (start);
-  const char *suffix = brace + 4;
-  if (strcmp (end != NULL ? end : "", suffix) != 0)
-    return false;
-  if (len == 0)
-    return false;
-  *id_too_long = len >= id_cap;
-  size_t n = *id_too_long ? id_cap - 1 : len;
-  memcpy (id, start, n);
-  id[n] = '\0';
-  return true;
-}
-
 static void
 start_request (shim_req_t *r, const char *url, const char *method)
 {
@@ -162,14 +136,16 @@ start_request (shim_req_t *r, const char *url, const char *method)
     {
       char id[SHIM_ID_MAX + 2] = "";
       bool tl = false;
-      if (!match (shim_routes[i].path, url, id, sizeof id, &tl))
+      if (!shim_match_path (shim_routes[i].path, url, id, sizeof id, &tl))
         continue;
       path_known = true;
       if (strcmp (shim_routes[i].method, method) != 0)
         continue;
       r->route = &shim_routes[i];
-      snprintf (r->id, sizeof r->id, "%s", id);
       too_long = tl || strlen (id) > SHIM_ID_MAX;
+      size_t n = too_long ? SHIM_ID_MAX : strlen (id); /* a too long id is refused below */
+      memcpy (r->id, id, n);
+      r->id[n] = '\0';
       break;
     }
   if (r->route == NULL)
@@ -354,10 +330,11 @@ shim_server_start (const struct sockaddr *addr, err_t *err)
   struct MHD_Daemon *d = MHD_start_daemon (
       MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG
           | MHD_USE_ITC | MHD_USE_TURBO,
-      0, NULL, NULL, access_handler, NULL, MHD_OPTION_SOCK_ADDR, addr, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+      0, NULL, NULL, access_handler, NULL, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, addr,
+      MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned) shim.cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned) shim.cfg.connection_timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (256 * 1024),
-      MHD_OPTION_THREAD_STACK_SIZE, (size_t) (512 * 1024), MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+      MHD_OPTION_THREAD_STACK_SIZE, (size_t) (512 * 1024),
       MHD_OPTION_END);
   if (d == NULL)
     err_make (err, EADDRINUSE, "cannot listen on %s:%ld (address in use or not valid)", shim.cfg.host, shim.cfg.port);

@@ -6,7 +6,7 @@ CRC32C checks on.
 
 Needs gcs_cli built (`bazel build //tests/gcs:gcs_cli`; GCS_CLI_BIN
 overrides the path) and the Node client installed: the fixture runs
-`npm ci` in tests/gcs/node when node_modules is missing, and skips (with
+`npm ci` in tests/gcs/node when node_modules is missing, and fails (with
 npm's reason) only when that cannot work.
 """
 
@@ -31,21 +31,21 @@ def node_client():
     node = shutil.which("node")
     npm = shutil.which("npm")
     if node is None or npm is None:
-        pytest.skip("node or npm is not installed")
+        pytest.fail("node or npm is not installed")
     if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "@google-cloud", "storage")):
         try:
             r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True,
                                text=True, timeout=600, check=False)
         except subprocess.TimeoutExpired:
-            pytest.skip("npm ci in tests/gcs/node timed out")
+            pytest.fail("npm ci in tests/gcs/node timed out")
         if r.returncode != 0:
-            pytest.skip("npm ci in tests/gcs/node failed: " + (r.stderr or r.stdout)[-800:])
+            pytest.fail("npm ci in tests/gcs/node failed: " + (r.stderr or r.stdout)[-800:])
     return node
 
 
 @pytest.fixture(scope="session")
 def gcs_cli():
-    path = os.environ.get("GCS_CLI_BIN") or os.path.join(REPO, "bazel-bin", "tests", "gcs", "gcs_cli")
+    path = os.environ.get("GCS_CLI_BIN") or os.path.join(REPO, "bazel-out", "k8-fastbuild", "bin", "tests", "gcs", "gcs_cli")
     if not os.access(path, os.X_OK):
         pytest.fail(f"gcs_cli not found at {path}: run `bazel build //tests/gcs:gcs_cli` (or set GCS_CLI_BIN)")
     return path

@@ -38,7 +38,7 @@ def _stop_and_check(procs: list[ManagedProcess]) -> None:
         if died_early:
             problems.append(f"process ended during the test (exit {rc})\n{p.describe()}")
         elif rc != p.expected_exit:
-            problems.append(f"exit {rc} on SIGTERM, expected {expected}\n{p.describe()}")
+            problems.append(f"exit {rc} on SIGTERM, expected {p.expected_exit}\n{p.describe()}")
     if problems:
         pytest.fail("\n\n".join(problems), pytrace=False)
 

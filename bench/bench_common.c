@@ -1,0 +1,388 @@
+/* bench_common: see bench_common.h. */
+#include "bench/bench_common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sandbox/v1/sandbox.pb-c.h"
+
+extern char **environ;
+
+double
+bc_now_ms (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (double) ts.tv_sec * 1e3 + (double) ts.tv_nsec / 1e6;
+}
+
+/* ---- series -------------------------------------------------------------- */
+
+void
+bc_series_add (bc_series_t *s, double x)
+{
+  if (s->n == s->cap)
+    {
+      s->cap = s->cap ? s->cap * 2 : 64;
+      s->v = realloc (s->v, (size_t) s->cap * sizeof *s->v);
+      if (s->v == NULL)
+        {
+          perror ("realloc");
+          exit (1);
+        }
+    }
+  s->v[s->n++] = x;
+}
+
+void
+bc_series_na (bc_series_t *s, const char *fmt, ...)
+{
+  va_list ap;
+  va_start (ap, fmt);
+  if (!s->na)
+    vsnprintf (s->why, sizeof s->why, fmt, ap);
+  va_end (ap);
+  s->na = true;
+}
+
+static int
+cmp_double (const void *a, const void *b)
+{
+  double x = *(const double *) a, y = *(const double *) b;
+  return x < y ? -1 : x > y;
+}
+
+double
+bc_pct (bc_series_t *s, double p)
+{
+  if (s->na || s->n == 0)
+    return NAN;
+  qsort (s->v, (size_t) s->n, sizeof *s->v, cmp_double);
+  if (p == 50)
+    return s->n % 2 ? s->v[s->n / 2] : (s->v[s->n / 2 - 1] + s->v[s->n / 2]) / 2;
+  int rank = (int) ceil (p / 100.0 * s->n);
+  if (rank < 1)
+    rank = 1;
+  return s->v[rank - 1];
+}
+
+/* ---- the table ----------------------------------------------------------- */
+
+typedef struct row_s
+{
+  char what[72];
+  char unit[16];
+  double ours_med, ours_tail;
+  char base_name[48];
+  double base_med, base_tail;
+} row_t;
+
+static row_t ROWS[32];
+static int NROWS;
+
+void
+bc_row_add_values (const char *what, const char *unit, double ours_med, double ours_tail, const char *base_name,
+                   double base_med, double base_tail)
+{
+  if (NROWS == (int) (sizeof ROWS / sizeof ROWS[0]))
+    return;
+  row_t *r = &ROWS[NROWS++];
+  snprintf (r->what, sizeof r->what, "%s", what);
+  snprintf (r->unit, sizeof r->unit, "%s", unit);
+  r->ours_med = ours_med;
+  r->ours_tail = ours_tail;
+  snprintf (r->base_name, sizeof r->base_name, "%s", base_name ? base_name : "-");
+  r->base_med = base_med;
+  r->base_tail = base_tail;
+}
+
+void
+bc_row_add (const char *what, const char *unit, bc_series_t *ours, double p_tail, const char *base_name,
+            bc_series_t *base)
+{
+  bc_row_add_values (what, unit, bc_pct (ours, 50), bc_pct (ours, p_tail), base_name,
+                     base ? bc_pct (base, 50) : NAN, base ? bc_pct (base, p_tail) : NAN);
+}
+
+static void
+fmt_num (char *buf, size_t n, double v)
+{
+  if (isnan (v))
+    snprintf (buf, n, "n/a");
+  else if (fabs (v) >= 100)
+    snprintf (buf, n, "%.0f", v);
+  else if (fabs (v) >= 10)
+    snprintf (buf, n, "%.1f", v);
+  else
+    snprintf (buf, n, "%.3f", v);
+}
+
+static void
+fmt_ratio (char *buf, size_t n, const row_t *r)
+{
+  /* Counts (errors) are compared, not divided. */
+  if (strcmp (r->unit, "count") == 0)
+    snprintf (buf, n, "-");
+  else if (isnan (r->ours_med) || isnan (r->base_med) || r->base_med == 0)
+    snprintf (buf, n, "%s", strcmp (r->base_name, "-") != 0 ? "n/a" : "-");
+  else
+    snprintf (buf, n, "%.2fx", r->ours_med / r->base_med);
+}
+
+void
+bc_print_table (FILE *f, bool markdown)
+{
+  static const char *hdr[] = {"measurement", "ours median", "ours p99", "baseline", "baseline median",
+                              "baseline p99", "ratio (ours/baseline)"};
+  if (markdown)
+    {
+      fprintf (f, "|");
+      for (int i = 0; i < 7; i++)
+        fprintf (f, " %s |", hdr[i]);
+      fprintf (f, "\n|---|--:|--:|---|--:|--:|--:|\n");
+    }
+  else
+    fprintf (f, "%-50s %11s %10s  %-26s %15s %13s %8s\n", hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], hdr[5], "ratio");
+  for (int i = 0; i < NROWS; i++)
+    {
+      const row_t *r = &ROWS[i];
+      char what[128], a[32], b[32], c[32], d[32], e[32];
+      snprintf (what, sizeof what, "%s (%s)", r->what, r->unit);
+      fmt_num (a, sizeof a, r->ours_med);
+      fmt_num (b, sizeof b, r->ours_tail);
+      bool count = strcmp (r->unit, "count") == 0;
+      if (count && !isnan (r->ours_med))
+        snprintf (a, sizeof a, "%.0f", r->ours_med);
+      /* A single figure (a rate over a whole run) has no tail. */
+      if (isnan (r->ours_tail) && !isnan (r->ours_med))
+        snprintf (b, sizeof b, "-");
+      if (strcmp (r->base_name, "-") == 0)
+        {
+          snprintf (c, sizeof c, "-");
+          snprintf (d, sizeof d, "-");
+        }
+      else
+        {
+          fmt_num (c, sizeof c, r->base_med);
+          fmt_num (d, sizeof d, r->base_tail);
+          if (count && !isnan (r->base_med))
+            snprintf (c, sizeof c, "%.0f", r->base_med);
+          if (isnan (r->base_tail) && !isnan (r->base_med))
+            snprintf (d, sizeof d, "-");
+        }
+      fmt_ratio (e, sizeof e, r);
+      if (markdown)
+        {
+          /* A '|' in a cell would end it. */
+          char base[112];
+          size_t k = 0;
+          for (const char *p = r->base_name; *p != '\0' && k + 2 < sizeof base; p++)
+            {
+              if (*p == '|')
+                base[k++] = '\\';
+              base[k++] = *p;
+            }
+          base[k] = '\0';
+          fprintf (f, "| %s | %s | %s | %s | %s | %s | %s |\n", what, a, b, base, c, d, e);
+        }
+      else
+        fprintf (f, "%-50s %11s %10s  %-26s %15s %13s %8s\n", what, a, b, r->base_name, c, d, e);
+    }
+}
+
+int
+bc_print_tables (const char *markdown)
+{
+  printf ("\n");
+  bc_print_table (stdout, false);
+  fflush (stdout);
+  if (markdown == NULL)
+    return 0;
+  FILE *f = fopen (markdown, "we");
+  if (f == NULL)
+    {
+      perror (markdown);
+      return -1;
+    }
+  bc_print_table (f, true);
+  return fclose (f) == 0 ? 0 : -1;
+}
+
+/* ---- processes ----------------------------------------------------------- */
+
+pid_t
+bc_spawn (char *const argv[], int outfd, int errfd)
+{
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init (&fa);
+  posix_spawn_file_actions_addopen (&fa, 0, "/dev/null", O_RDONLY, 0);
+  if (outfd >= 0)
+    posix_spawn_file_actions_adddup2 (&fa, outfd, 1);
+  else
+    posix_spawn_file_actions_addopen (&fa, 1, "/dev/null", O_WRONLY, 0);
+  if (errfd >= 0)
+    posix_spawn_file_actions_adddup2 (&fa, errfd, 2);
+  else
+    posix_spawn_file_actions_addopen (&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid;
+  int rc = posix_spawnp (&pid, argv[0], &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy (&fa);
+  if (rc != 0)
+    {
+      errno = rc;
+      return -1;
+    }
+  return pid;
+}
+
+int
+bc_wait (pid_t pid)
+{
+  int status;
+  while (waitpid (pid, &status, 0) < 0)
+    if (errno != EINTR)
+      return -1;
+  return status;
+}
+
+int
+bc_run (char *const argv[], int errfd)
+{
+  pid_t pid = bc_spawn (argv, -1, errfd);
+  return pid < 0 ? -1 : bc_wait (pid);
+}
+
+/* ---- the gateway --------------------------------------------------------- */
+
+rpc_metadata_t BC_MD[1];
+static char AUTH[512];
+
+void
+bc_auth_from_env (const char *prog)
+{
+  const char *secret = getenv ("CLOUD_RUN_SANDBOX_GATEWAY_SECRET");
+  if (secret == NULL || secret[0] == '\0')
+    {
+      fprintf (stderr, "%s: CLOUD_RUN_SANDBOX_GATEWAY_SECRET is required\n", prog);
+      exit (2);
+    }
+  snprintf (AUTH, sizeof AUTH, "Bearer %s", secret);
+  BC_MD[0] = (rpc_metadata_t){"authorization", AUTH};
+}
+
+rpc_channel_t *
+bc_channel (const char *prog, const char *target)
+{
+  err_t err = ERR_INIT;
+  rpc_opts_t ropts = {0};
+  ropts.max_message_bytes = 64u * 1024u * 1024u;
+  rpc_channel_t *ch = NULL;
+  if (rpc_channel_new (target, &ropts, &ch, &err) < 0)
+    {
+      fprintf (stderr, "%s: channel to %s: %s\n", prog, target, err_msg (&err));
+      exit (1);
+    }
+  return ch;
+}
+
+int
+bc_launch (rpc_channel_t *ch, const char *id, err_t *err)
+{
+  Sandbox__V1__LaunchRequest req = SANDBOX__V1__LAUNCH_REQUEST__INIT;
+  req.sandbox_id = (char *) id;
+  ProtobufCMessage *resp = NULL;
+  rpc_status_t st = RPC_STATUS_INIT;
+  int rc = rpc_client_unary (ch, "/sandbox.v1.Sandbox/Launch", 60000, BC_MD, 1, &req.base,
+                             &sandbox__v1__sandbox_info__descriptor, &resp, &st, err);
+  rpc_status_release (&st);
+  if (resp != NULL)
+    protobuf_c_message_free_unpacked (resp, NULL);
+  return rc;
+}
+
+int
+bc_delete (rpc_channel_t *ch, const char *id, err_t *err)
+{
+  Sandbox__V1__DeleteRequest req = SANDBOX__V1__DELETE_REQUEST__INIT;
+  req.sandbox_id = (char *) id;
+  ProtobufCMessage *resp = NULL;
+  rpc_status_t st = RPC_STATUS_INIT;
+  int rc = rpc_client_unary (ch, "/sandbox.v1.Sandbox/Delete", 60000, BC_MD, 1, &req.base,
+                             &sandbox__v1__delete_response__descriptor, &resp, &st, err);
+  rpc_status_release (&st);
+  if (resp != NULL)
+    protobuf_c_message_free_unpacked (resp, NULL);
+  return rc;
+}
+
+int
+bc_exec (rpc_channel_t *ch, const char *id, char **argv, size_t argc, uint32_t timeout_s, uint64_t *out_bytes,
+         err_t *err)
+{
+  Sandbox__V1__ExecRequest req = SANDBOX__V1__EXEC_REQUEST__INIT;
+  req.sandbox_id = (char *) id;
+  req.argv = argv;
+  req.n_argv = argc;
+  req.timeout_seconds = timeout_s;
+  rpc_client_call_t *c = NULL;
+  if (rpc_client_start (ch, "/sandbox.v1.Sandbox/Exec", (int64_t) (timeout_s ? timeout_s : 300) * 1000 + 60000,
+                        BC_MD, 1, &c, err)
+      < 0)
+    return -1;
+  if (rpc_client_send (c, &req.base, err) < 0 || rpc_client_close_send (c, err) < 0)
+    {
+      rpc_client_destroy (c);
+      return -1;
+    }
+  uint64_t bytes = 0;
+  int exit_code = -2, sig = 0;
+  char stderr_head[200] = "";
+  for (;;)
+    {
+      ProtobufCMessage *m = NULL;
+      int rc = rpc_client_recv (c, &sandbox__v1__exec_event__descriptor, &m, err);
+      if (rc < 0)
+        {
+          rpc_client_destroy (c);
+          return -1;
+        }
+      if (rc == 0)
+        break;
+      Sandbox__V1__ExecEvent *ev = (Sandbox__V1__ExecEvent *) m;
+      if (ev->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDOUT)
+        bytes += ev->stdout.len;
+      else if (ev->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDERR && stderr_head[0] == '\0')
+        snprintf (stderr_head, sizeof stderr_head, "%.*s", (int) (ev->stderr.len < 199 ? ev->stderr.len : 199),
+                  (const char *) ev->stderr.data);
+      else if (ev->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_EXIT && ev->exit != NULL)
+        {
+          exit_code = ev->exit->exit_code;
+          sig = ev->exit->signal;
+        }
+      protobuf_c_message_free_unpacked (m, NULL);
+    }
+  rpc_status_t st = RPC_STATUS_INIT;
+  grpc_status_code code = rpc_client_finish (c, &st);
+  rpc_client_destroy (c);
+  if (code != GRPC_STATUS_OK)
+    {
+      err_make (err, rpc_errno_from_status (code), "exec: %s: %s", rpc_status_name (code),
+                st.details ? st.details : "");
+      rpc_status_release (&st);
+      return -1;
+    }
+  rpc_status_release (&st);
+  if (exit_code != 0)
+    return err_make (err, EIO, "exec `%s`: exit %d, signal %d; stderr: %s", argv[0], exit_code, sig, stderr_head);
+  if (out_bytes != NULL)
+    *out_bytes = bytes;
+  return 0;
+}

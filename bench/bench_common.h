@@ -1,0 +1,87 @@
+/* bench_common: what snapshots_bench and shim_bench share: a clock, series of
+ * samples with their median and tail, the results table (plain and
+ * Markdown), spawning a baseline tool, and a few calls to the gateway.
+ *
+ * The table has the columns of bench/runtime: measurement, ours median, ours
+ * p99 (or another tail), baseline, baseline median and tail, and the ratio of
+ * the medians (ours / baseline).
+ *
+ * Threading: series are not locked; the table and the gateway helpers are
+ * used from the main thread, except bc_exec, which any thread may call.
+ */
+#ifndef SBX_BENCH_BENCH_COMMON_H
+#define SBX_BENCH_BENCH_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "common/err.h"
+#include "common/rpc.h"
+
+/* CLOCK_MONOTONIC in milliseconds. */
+double bc_now_ms (void);
+
+typedef struct bc_series_s
+{
+  double *v;
+  int n, cap;
+  bool na;       /* the tool is missing or failed: printed as n/a */
+  char why[160]; /* why it is n/a */
+} bc_series_t;
+
+void bc_series_add (bc_series_t *s, double x);
+void bc_series_na (bc_series_t *s, const char *fmt, ...) __attribute__ ((format (printf, 2, 3)));
+
+/* Percentile `p` (0..100) by nearest rank; the median interpolates. NAN when
+ * the series is n/a or empty. */
+double bc_pct (bc_series_t *s, double p);
+
+/* Adds a row. `p_tail` is the tail percentile shown in the p99 columns (99
+ * for latencies, 1 for rates, whose bad tail is the low end). base_name NULL:
+ * no baseline. */
+void bc_row_add (const char *what, const char *unit, bc_series_t *ours, double p_tail, const char *base_name,
+                 bc_series_t *base);
+
+/* A row from figures already computed (NAN: n/a). */
+void bc_row_add_values (const char *what, const char *unit, double ours_med, double ours_tail, const char *base_name,
+                        double base_med, double base_tail);
+
+void bc_print_table (FILE *f, bool markdown);
+
+/* Prints the table to stdout and, when `markdown` is not NULL, to that file
+ * in Markdown. -1 when the file cannot be written. */
+int bc_print_tables (const char *markdown);
+
+/* Spawns argv with stdin from /dev/null, stdout to `outfd` (-1: /dev/null)
+ * and stderr to `errfd` (-1: /dev/null). Returns the pid or -1 (errno). */
+pid_t bc_spawn (char *const argv[], int outfd, int errfd);
+
+/* Waits for `pid`; returns its wait status or -1. */
+int bc_wait (pid_t pid);
+
+/* Runs argv to completion (stdout and stderr to /dev/null, or stderr to
+ * `errfd`); its wait status, or -1. */
+int bc_run (char *const argv[], int errfd);
+
+/* ---- the gateway --------------------------------------------------------- */
+
+/* The secret from CLOUD_RUN_SANDBOX_GATEWAY_SECRET as authorization
+ * metadata; exits when it is unset. */
+extern rpc_metadata_t BC_MD[1];
+void bc_auth_from_env (const char *prog);
+
+/* A channel to `target` with large messages allowed; exits on failure. */
+rpc_channel_t *bc_channel (const char *prog, const char *target);
+
+int bc_launch (rpc_channel_t *ch, const char *id, err_t *err);
+int bc_delete (rpc_channel_t *ch, const char *id, err_t *err);
+
+/* Exec of argv in `id`, stdout bytes counted into *out_bytes (may be NULL);
+ * fails unless the command exits 0. */
+int bc_exec (rpc_channel_t *ch, const char *id, char **argv, size_t argc, uint32_t timeout_s, uint64_t *out_bytes,
+             err_t *err);
+
+#endif
