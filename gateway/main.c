@@ -153,6 +153,7 @@ static const char usage[]
       "Configuration comes from the environment only.";
 
 static char *volumes[33];
+static const char *masks[8];
 static char *unpacker;
 static long cpu_millis;
 
@@ -254,6 +255,15 @@ load_config (err_t *err)
   if (strstr (cfg.snapshot_prefix, "..") != NULL || cfg.snapshot_prefix[0] == '/')
     return err_make (err, EINVAL, "CLOUD_RUN_SANDBOX_SNAPSHOT_PREFIX: `%s` must be relative, without ..",
                      cfg.snapshot_prefix);
+  /* What sandboxes must not see of the gateway's own files, should the image
+   * (the lower layer) contain them: state, snapshots, keys, credentials. */
+  size_t m = 0;
+  const char *secret_paths[] = {cfg.state_dir, cfg.snapshot_dir, cfg.tls_key, cfg.gcs_credentials};
+  for (size_t i = 0; i < sizeof secret_paths / sizeof secret_paths[0]; i++)
+    if (secret_paths[i] != NULL && secret_paths[i][0] == '/')
+      masks[m++] = secret_paths[i];
+  masks[m] = NULL;
+
   /* sandbox-unpack lives beside sandbox-helper. */
   char *slash = strrchr (cfg.helper, '/');
   if (asprintf (&unpacker, "%.*ssandbox-unpack", slash != NULL ? (int) (slash - cfg.helper + 1) : 0, cfg.helper) < 0)
@@ -328,6 +338,7 @@ main (int argc, char **argv)
       .allow_egress = cfg.allow_egress,
       .volumes = (const char *const *) volumes,
       .snapshot_max_entries = cfg.snapshot_max_entries,
+      .masks = masks,
   };
   sbx_runtime_t *rt = NULL;
   rpc_server_t *server = NULL;

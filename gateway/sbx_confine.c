@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <linux/capability.h>
 #include <sched.h>
+#include <sys/socket.h>
 #include <seccomp.h>
 #include <stdint.h>
 #include <string.h>
@@ -96,6 +97,13 @@ sbx_confine_prepare (sbx_confine_t *out, err_t *err)
                            SCMP_A0 (SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i]));
   if (rc == 0)
     rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (ENOSYS), SCMP_SYS (clone3), 0);
+  /* Socket families network namespaces do not fence: vsock reaches the VM's
+   * host and other VMs whatever the sandbox's network; the others are large
+   * rarely used surfaces. */
+  static const int families[] = {AF_VSOCK, AF_KEY, AF_TIPC, AF_RDS};
+  for (size_t i = 0; i < sizeof families / sizeof families[0] && rc == 0; i++)
+    rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EAFNOSUPPORT), SCMP_SYS (socket), 1,
+                           SCMP_A0 (SCMP_CMP_EQ, (scmp_datum_t) families[i]));
   /* TIOCSTI pushes input into a terminal: another process's session. */
   if (rc == 0)
     rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), SCMP_SYS (ioctl), 1,

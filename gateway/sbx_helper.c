@@ -27,6 +27,7 @@
 #include <linux/limits.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
+#include <arpa/inet.h>
 #include <net/if.h>
 #include <sched.h>
 #include <signal.h>
@@ -38,6 +39,7 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -75,9 +77,18 @@ typedef struct helper_opts_s
   const char *unpacker; /* restore: path of sandbox-unpack */
   const char *volumes[MAX_VOLUMES];
   size_t n_volumes;
+  const char *masks[MAX_VOLUMES];  /* host paths hidden inside */
+  size_t n_masks;
+  const char *blocked[MAX_VOLUMES]; /* host IPv4 addresses unreachable with egress */
+  size_t n_blocked;
 } helper_opts_t;
 
 static int report_fd = SBX_REPORT_FD;
+
+/* The memory of this program's arguments, scrubbed in the sandbox's pid 1:
+ * its command line is readable inside and names host paths and the id. */
+static char *args_start;
+static size_t args_len;
 
 static void
 report (int fd, int type, int status, int a, int b, const char *text)
@@ -276,11 +287,10 @@ loopback_up (err_t *err)
   return 0;
 }
 
-/* With egress, slirp4netns routes everything out; the link-local range
- * (169.254.0.0/16, the cloud metadata server) is made unreachable inside
- * the sandbox, whose root cannot change routes (no CAP_NET_ADMIN). */
+/* Makes `dst`/`len` (IPv4) unreachable inside the sandbox, whose root
+ * cannot change routes (no CAP_NET_ADMIN). */
 static int
-block_link_local (err_t *err)
+block_route (const unsigned char dst[4], int len, err_t *err)
 {
   cleanup_close int nl = socket (AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
   if (nl < 0)
@@ -295,7 +305,7 @@ block_link_local (err_t *err)
   req.nh.nlmsg_type = RTM_NEWROUTE;
   req.nh.nlmsg_flags = NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK;
   req.rt.rtm_family = AF_INET;
-  req.rt.rtm_dst_len = 16;
+  req.rt.rtm_dst_len = (unsigned char) len;
   req.rt.rtm_table = RT_TABLE_MAIN;
   req.rt.rtm_protocol = RTPROT_STATIC;
   req.rt.rtm_scope = RT_SCOPE_NOWHERE;
@@ -303,7 +313,6 @@ block_link_local (err_t *err)
   struct rtattr *rta = (struct rtattr *) req.attrs;
   rta->rta_type = RTA_DST;
   rta->rta_len = RTA_LENGTH (4);
-  unsigned char dst[4] = {169, 254, 0, 0};
   memcpy (RTA_DATA (rta), dst, 4);
   req.nh.nlmsg_len = NLMSG_LENGTH (sizeof req.rt) + RTA_ALIGN (rta->rta_len);
   if (send (nl, &req, req.nh.nlmsg_len, 0) < 0)
@@ -316,8 +325,52 @@ block_link_local (err_t *err)
   if (h->nlmsg_type == NLMSG_ERROR)
     {
       struct nlmsgerr *e = NLMSG_DATA (h);
-      if (e->error != 0)
-        return err_make_sys (err, -e->error, "make 169.254.0.0/16 unreachable");
+      if (e->error != 0 && e->error != -EEXIST)
+        return err_make_sys (err, -e->error, "make %u.%u.%u.%u/%d unreachable", dst[0], dst[1], dst[2], dst[3],
+                             len);
+    }
+  return 0;
+}
+
+/* With egress, slirp4netns connects out from the host: the link-local range
+ * (the cloud metadata server) and the host's own addresses (given with
+ * --block; its loopback slirp4netns refuses itself) must stay out of reach. */
+static int
+block_egress_routes (const helper_opts_t *o, err_t *err)
+{
+  static const unsigned char link_local[4] = {169, 254, 0, 0};
+  if (block_route (link_local, 16, err) < 0)
+    return -1;
+  for (size_t i = 0; i < o->n_blocked; i++)
+    {
+      struct in_addr a;
+      if (inet_pton (AF_INET, o->blocked[i], &a) != 1)
+        continue;
+      if (block_route ((const unsigned char *) &a.s_addr, 32, err) < 0)
+        return -1;
+    }
+  return 0;
+}
+
+/* Hides host paths the sandbox's image would otherwise show (the lower
+ * layer is often the host's or the container's own root): the gateway's
+ * state and snapshot directories, key and credential files. A directory
+ * gets an empty read-only tmpfs over it, a file /dev/null. */
+static int
+mask_paths (const helper_opts_t *o, const char *root, err_t *err)
+{
+  for (size_t i = 0; i < o->n_masks; i++)
+    {
+      char path[PATH_MAX * 2];
+      snprintf (path, sizeof path, "%s%s", root, o->masks[i]);
+      struct stat st;
+      if (lstat (path, &st) < 0)
+        continue; /* not in the image */
+      int rc = S_ISDIR (st.st_mode) ? mount ("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                                             "size=0,mode=0555")
+                                    : mount ("/dev/null", path, NULL, MS_BIND, NULL);
+      if (rc < 0)
+        return err_make_sys (err, errno, "mask `%s`", o->masks[i]);
     }
   return 0;
 }
@@ -355,13 +408,19 @@ holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
   if (mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     return err_make_sys (err, errno, "make mounts private");
 
-  char root[PATH_MAX], opts[PATH_MAX * 3 + 64];
+  char root[PATH_MAX], disk[PATH_MAX], opts[PATH_MAX + 64];
   snprintf (root, sizeof root, "%s/root", o->state);
-  snprintf (opts, sizeof opts, "lowerdir=%s,upperdir=%s/disk/upper,workdir=%s/disk/work", o->lower, o->state,
-            o->state);
-  if (mount ("overlay", root, "overlay", MS_NOSUID, opts) < 0)
+  snprintf (disk, sizeof disk, "%s/disk", o->state);
+  /* Upper and work are named relative to the disk, so the mount options
+   * (visible in the sandbox's mountinfo) do not show where it lives. Device
+   * files of the image are dead inside (nodev); /dev is a tmpfs of its own. */
+  snprintf (opts, sizeof opts, "lowerdir=%s,upperdir=upper,workdir=work", o->lower);
+  if (chdir (disk) < 0)
+    return err_make_sys (err, errno, "chdir `%s`", disk);
+  if (mount ("overlay", root, "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
     return err_make_sys (err, errno, "mount the overlay on `%s` (lower `%s`)", root, o->lower);
-  if (setup_proc (root, err) < 0 || setup_dev (root, err) < 0 || setup_volumes (o, root, err) < 0)
+  if (setup_proc (root, err) < 0 || setup_dev (root, err) < 0 || mask_paths (o, root, err) < 0
+      || setup_volumes (o, root, err) < 0)
     return -1;
   if (o->egress && write_resolv_conf (root, err) < 0)
     return -1;
@@ -386,7 +445,7 @@ holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
     return err_make_sys (err, errno, "sethostname");
   if (loopback_up (err) < 0)
     return -1;
-  return o->egress ? block_link_local (err) : 0;
+  return o->egress ? block_egress_routes (o, err) : 0;
 }
 
 /* ---- the holder: pid 1 of the sandbox --------------------------------------- */
@@ -422,6 +481,10 @@ command_child (const sbx_confine_t *confine, const int *fds, const char *cwd, ch
       err_make_sys (&err, errno, "working directory `%s`", cwd);
       goto fail;
     }
+  /* Open files are a host-wide table: with the process limit, this bounds
+   * what one sandbox can hold. */
+  struct rlimit nofile = {.rlim_cur = 1024, .rlim_max = 1024};
+  setrlimit (RLIMIT_NOFILE, &nofile);
   sigset_t none;
   sigemptyset (&none);
   sigprocmask (SIG_SETMASK, &none, NULL);
@@ -661,6 +724,11 @@ do_launch (const helper_opts_t *o)
         }
       report (sync[1], SBX_REPORT_READY, 0, 1, 0, NULL);
       close (sync[1]);
+      if (args_start != NULL)
+        {
+          memset (args_start, 0, args_len);
+          snprintf (args_start, args_len, "sandbox-init");
+        }
       if (ctl[1] != 3)
         {
           dup2 (ctl[1], 3);
@@ -722,6 +790,8 @@ main (int argc, char **argv)
       fprintf (stderr, "sandbox-helper: run by sandbox-gateway only (launch ...)\n");
       return 2;
     }
+  args_start = argv[0];
+  args_len = (size_t) (argv[argc - 1] + strlen (argv[argc - 1]) - argv[0]);
   /* Only the report socket crosses over; nothing else leaks in. */
   syscall (SYS_close_range, SBX_REPORT_FD + 1, ~0U, 0);
   fcntl (report_fd, F_SETFD, FD_CLOEXEC);
@@ -742,6 +812,7 @@ main (int argc, char **argv)
       {"egress", no_argument, NULL, 'e'},        {"cgroup-group", required_argument, NULL, 'G'},
       {"restore", no_argument, NULL, 'R'},       {"max-entries", required_argument, NULL, 'E'},
       {"unpacker", required_argument, NULL, 'U'},
+      {"mask", required_argument, NULL, 'M'},    {"block", required_argument, NULL, 'B'},
       {NULL, 0, NULL, 0},
   };
   optind = 2;
@@ -764,6 +835,14 @@ main (int argc, char **argv)
       case 'R': o.restore = true; break;
       case 'E': o.max_entries = num (optarg); break;
       case 'U': o.unpacker = optarg; break;
+      case 'M':
+        if (o.n_masks < MAX_VOLUMES)
+          o.masks[o.n_masks++] = optarg;
+        break;
+      case 'B':
+        if (o.n_blocked < MAX_VOLUMES)
+          o.blocked[o.n_blocked++] = optarg;
+        break;
       case 'v':
         if (o.n_volumes < MAX_VOLUMES)
           o.volumes[o.n_volumes++] = optarg;

@@ -3,7 +3,10 @@
  * thread. */
 #include "gateway/sbx_runtime.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -58,6 +61,10 @@ typedef struct sbx_s
 struct sbx_runtime_s
 {
   sbx_config_t cfg;
+  /* The host's own IPv4 addresses (loopback aside), unreachable from egress
+   * sandboxes: slirp4netns connects from the host's network namespace. */
+  char host_addrs[32][INET_ADDRSTRLEN];
+  size_t n_host_addrs;
   sbx_cg_layout_t cg;
   char sandboxes_dir[PATH_MAX];
   pthread_mutex_t mu;
@@ -488,6 +495,20 @@ sbx_runtime_new (const sbx_config_t *cfg, sbx_runtime_t **out, err_t *err)
       goto fail;
     }
   clean_leftovers (rt);
+  struct ifaddrs *ifs = NULL;
+  if (getifaddrs (&ifs) == 0)
+    {
+      for (struct ifaddrs *i = ifs; i != NULL && rt->n_host_addrs < 32; i = i->ifa_next)
+        {
+          if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET)
+            continue;
+          const struct in_addr *a = &((const struct sockaddr_in *) i->ifa_addr)->sin_addr;
+          if ((ntohl (a->s_addr) >> 24) == 127)
+            continue;
+          inet_ntop (AF_INET, a, rt->host_addrs[rt->n_host_addrs++], INET_ADDRSTRLEN);
+        }
+      freeifaddrs (ifs);
+    }
   if (cfg->idle_ttl_seconds > 0)
     {
       if (pthread_create (&rt->reaper, NULL, reaper_main, rt) != 0)
@@ -654,17 +675,29 @@ sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn
   snprintf (pids, sizeof pids, "%ld", rt->cfg.pids_max);
   snprintf (mem, sizeof mem, "%ld", rt->cfg.memory_mb);
   snprintf (cpu, sizeof cpu, "%ld", rt->cfg.cpu_millis);
-  const char *argv[96] = {"sandbox-helper", "launch", "--id", id, "--state", s->state, "--lower", rt->cfg.rootfs,
+  const char *argv[160] = {"sandbox-helper", "launch", "--id", id, "--state", s->state, "--lower", rt->cfg.rootfs,
                           "--cgroup-mount", rt->cfg.cgroup_mount, "--cgroup-group", rt->cfg.cgroup_group,
                           "--disk-mb", disk_mb, "--pids", pids, "--memory-mb", mem, "--cpu-millis", cpu};
   size_t n = 20;
-  for (size_t i = 0; rt->cfg.volumes != NULL && rt->cfg.volumes[i] != NULL && n < 90; i++)
+  for (size_t i = 0; rt->cfg.volumes != NULL && rt->cfg.volumes[i] != NULL && n < 60; i++)
     {
       argv[n++] = "--volume";
       argv[n++] = rt->cfg.volumes[i];
     }
+  for (size_t i = 0; rt->cfg.masks != NULL && rt->cfg.masks[i] != NULL && n < 80; i++)
+    {
+      argv[n++] = "--mask";
+      argv[n++] = rt->cfg.masks[i];
+    }
   if (s->allow_egress)
-    argv[n++] = "--egress";
+    {
+      argv[n++] = "--egress";
+      for (size_t i = 0; i < rt->n_host_addrs && n < 88; i++)
+        {
+          argv[n++] = "--block";
+          argv[n++] = rt->host_addrs[i];
+        }
+    }
   char max_entries[24];
   snprintf (max_entries, sizeof max_entries, "%ld", rt->cfg.snapshot_max_entries);
   if (src != NULL)

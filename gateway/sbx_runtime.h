@@ -44,6 +44,7 @@ typedef struct sbx_config_s
   long snapshot_max_entries; /* most entries a restored tar may have */
   bool allow_egress;        /* ALLOW_EGRESS: the gateway permits egress */
   const char *const *volumes; /* "host:sandbox[:ro]", NULL-terminated, already checked */
+  const char *const *masks;   /* host paths hidden inside sandboxes, NULL-terminated */
 } sbx_config_t;
 
 typedef struct sbx_runtime_s sbx_runtime_t;

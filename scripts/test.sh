@@ -30,4 +30,4 @@ step "Selecting the plain build for the integration tests"
 bazel build //...
 
 step "Integration tests"
-exec "$PYTHON" -m pytest -v tests/integration tests/gcs
+exec "$PYTHON" -m pytest -v tests/integration tests/gcs tests/security
