@@ -207,6 +207,16 @@ sbx_cg_create_sub (const sbx_cg_layout_t *l, const char *id, const char *sub, er
   return 0;
 }
 
+/* The file a process writes "0" to, to move itself. On v1 that is `tasks`:
+ * moving the calling thread alone skips the kernel's global threadgroup
+ * lock (an RCU grace period per move through cgroup.procs), and our movers
+ * are single-threaded, so the thread is the whole process. */
+static const char *
+join_file (const sbx_cg_layout_t *l)
+{
+  return l->v2 ? "cgroup.procs" : "tasks";
+}
+
 int
 sbx_cg_open_track (const sbx_cg_layout_t *l, const char *id, const char *sub, int *fd, err_t *err)
 {
@@ -214,7 +224,7 @@ sbx_cg_open_track (const sbx_cg_layout_t *l, const char *id, const char *sub, in
   path_of (path, sizeof path, l->roots[0], id, sub, NULL);
   if (mkdir (path, 0755) < 0 && errno != EEXIST)
     return err_make_sys (err, errno, "mkdir `%s`", path);
-  path_of (path, sizeof path, l->roots[0], id, sub, "cgroup.procs");
+  path_of (path, sizeof path, l->roots[0], id, sub, join_file (l));
   *fd = open (path, O_WRONLY | O_CLOEXEC);
   if (*fd < 0)
     return err_make_sys (err, errno, "open `%s`", path);
@@ -227,7 +237,7 @@ sbx_cg_join (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t *e
   char path[300];
   for (size_t i = 0; i < l->n; i++)
     {
-      path_of (path, sizeof path, l->roots[i], id, sub, "cgroup.procs");
+      path_of (path, sizeof path, l->roots[i], id, sub, join_file (l));
       if (write_file (path, "0", err) < 0)
         return -1;
     }

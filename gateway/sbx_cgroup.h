@@ -66,8 +66,9 @@ int sbx_cg_create (const sbx_cg_layout_t *l, const char *id, const sbx_cg_limits
 /* Creates <id>/<sub> in every hierarchy. */
 int sbx_cg_create_sub (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t *err);
 
-/* Creates <id>/<sub> in the tracking hierarchy only and opens its
- * cgroup.procs for writing (*fd, O_CLOEXEC): writing "0" moves the writer.
+/* Creates <id>/<sub> in the tracking hierarchy only and opens the file that
+ * moves its writer (*fd, O_CLOEXEC; write "0"): cgroup.procs on v2, tasks
+ * on v1 (the writer must be single-threaded).
  * An exec's group needs no more: its processes keep pid 1's groups in
  * the other hierarchies (under the sandbox's limits), and one move is all a
  * command start costs (moves are slow on cgroup v1). */
