@@ -1,0 +1,23 @@
+/* snap_unpack: the snapshot tar importer of sandbox-unpack, as a library
+ * (for the binary and the fuzzer).
+ *
+ * Reads a tar (any compression libarchive reads) from `fd` and extracts it
+ * into the current directory: relative paths only, no "..", nothing written
+ * through symlinks, hard links only to files already unpacked, no device
+ * nodes, fifos or sockets, at most `max_entries` entries, overlay's own
+ * xattrs dropped, OCI whiteouts turned into overlay whiteouts. sandbox-unpack
+ * runs it chrooted in the new layer as well.
+ *
+ * 0 ok; -1 with *err: EINVAL for a bad or hostile tar, ENOSPC when it does
+ * not fit the disk quota, another errno for a local failure. Entries
+ * extracted before a failure are left in place (the caller removes the
+ * layer). Not thread-safe: it works relative to the process's cwd.
+ */
+#ifndef SBX_GATEWAY_SNAP_UNPACK_H
+#define SBX_GATEWAY_SNAP_UNPACK_H
+
+#include "common/err.h"
+
+int snap_unpack (int fd, long max_entries, err_t *err);
+
+#endif
