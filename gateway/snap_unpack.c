@@ -11,6 +11,7 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -177,9 +178,38 @@ extract_fail (struct archive *a, const char *path, err_t *err)
                    archive_error_string (a) != NULL ? archive_error_string (a) : "unreadable");
 }
 
+/* Directories whose times are set last: their entries change them. */
+typedef struct dir_time_s
+{
+  char *path;
+  struct timespec mtime;
+} dir_time_t;
+
+static void
+remember_dir_time (dir_time_t **v, size_t *n, size_t *cap, const char *path, struct archive_entry *e)
+{
+  if (!archive_entry_mtime_is_set (e))
+    return;
+  if (*n == *cap)
+    {
+      size_t c = *cap ? *cap * 2 : 64;
+      dir_time_t *g = realloc (*v, c * sizeof *g);
+      if (g == NULL)
+        return;
+      *v = g;
+      *cap = c;
+    }
+  char *p = strdup (path);
+  if (p == NULL)
+    return;
+  (*v)[(*n)++] = (dir_time_t){p, {archive_entry_mtime (e), archive_entry_mtime_nsec (e)}};
+}
+
 int
 snap_unpack (int fd, long max_entries, err_t *err)
 {
+  dir_time_t *dirs = NULL;
+  size_t n_dirs = 0, cap_dirs = 0;
   struct archive *a = archive_read_new ();
   struct archive *w = archive_write_disk_new ();
   int rc = -1;
@@ -214,8 +244,8 @@ snap_unpack (int fd, long max_entries, err_t *err)
       const char *path = archive_entry_pathname (e);
       while (path != NULL && path[0] == '.' && path[1] == '/')
         path += 2;
-      if (path != NULL && strcmp (path, ".") == 0)
-        continue; /* the root itself */
+      if (path != NULL && (strcmp (path, ".") == 0 || path[0] == '\0'))
+        continue; /* the root itself ("./" of `tar -C dir -cf - .`) */
       if (!safe_path (path))
         {
           err_make (err, EINVAL, "unsafe path in the snapshot: `%.200s` (absolute or with ..)", path ? path : "");
@@ -256,7 +286,15 @@ snap_unpack (int fd, long max_entries, err_t *err)
         }
       if (ensure_parent (path, err) < 0)
         goto out;
+      struct stat wst;
+      if (lstat (path, &wst) == 0 && S_ISCHR (wst.st_mode) && wst.st_rdev == makedev (0, 0))
+        {
+          err_make (err, EINVAL, "`%.200s` is in the snapshot and also has a whiteout", path);
+          goto out;
+        }
       filter_xattrs (e);
+      if (type == AE_IFDIR && link == NULL)
+        remember_dir_time (&dirs, &n_dirs, &cap_dirs, path, e);
       if (archive_write_header (w, e) < ARCHIVE_WARN)
         {
           extract_fail (w, path, err);
@@ -268,7 +306,7 @@ snap_unpack (int fd, long max_entries, err_t *err)
           size_t size;
           la_int64_t off;
           while ((r = archive_read_data_block (a, &buf, &size, &off)) == ARCHIVE_OK)
-            if (archive_write_data_block (w, buf, size, off) < ARCHIVE_WARN)
+            if (archive_write_data_block (w, buf, size, off) != ARCHIVE_OK)
               {
                 extract_fail (w, path, err);
                 goto out;
@@ -279,7 +317,8 @@ snap_unpack (int fd, long max_entries, err_t *err)
               goto out;
             }
         }
-      if (archive_write_finish_entry (w) < ARCHIVE_WARN)
+      int fin = archive_write_finish_entry (w);
+      if (fin < ARCHIVE_WARN || (fin == ARCHIVE_WARN && (archive_errno (w) == ENOSPC || archive_errno (w) == EDQUOT)))
         {
           extract_fail (w, path, err);
           goto out;
@@ -290,8 +329,18 @@ snap_unpack (int fd, long max_entries, err_t *err)
       extract_fail (w, "(end)", err);
       goto out;
     }
+  /* Last, the directories' mtimes, deepest (latest) first, never through a
+   * symlink. */
+  for (size_t i = n_dirs; i-- > 0;)
+    {
+      struct timespec ts[2] = {{0, UTIME_OMIT}, dirs[i].mtime};
+      utimensat (AT_FDCWD, dirs[i].path, ts, AT_SYMLINK_NOFOLLOW);
+    }
   rc = 0;
 out:
+  for (size_t i = 0; i < n_dirs; i++)
+    free (dirs[i].path);
+  free (dirs);
   archive_read_free (a);
   archive_write_free (w);
   return rc;
