@@ -7,7 +7,7 @@ set -euo pipefail
 PACKAGES=(
   # Build
   bazel-bootstrap bazel-rules-java
-  gcc g++ clang pkg-config ca-certificates
+  gcc g++ clang libclang-rt-14-dev pkg-config ca-certificates
   # gRPC and protobuf (C core, protobuf-c, code generators, standard protos)
   libgrpc-dev grpc-proto
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev

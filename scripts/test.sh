@@ -29,5 +29,8 @@ bazel test --config=asan //...
 step "Selecting the plain build for the integration tests"
 bazel build //...
 
+step "Fuzzing (libFuzzer, 60 s per target)"
+tests/fuzz/run --seconds "${SANDBOX_FUZZ_SECONDS:-60}"
+
 step "Integration tests"
 exec "$PYTHON" -m pytest -v tests/integration tests/gcs tests/security
