@@ -295,11 +295,7 @@ rpc_client_destroy (rpc_client_call_t *c)
         }
       grpc_call_unref (c->call);
     }
-  grpc_completion_queue_shutdown (c->cq);
-  while (grpc_completion_queue_pluck (c->cq, NULL, gpr_inf_future (GPR_CLOCK_REALTIME), NULL).type
-         != GRPC_QUEUE_SHUTDOWN)
-    continue;
-  grpc_completion_queue_destroy (c->cq);
+  rpc_cq_destroy (c->cq);
   for (size_t i = 0; i < c->n_md; i++)
     {
       grpc_slice_unref (c->md[i].key);

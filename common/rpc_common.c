@@ -202,6 +202,16 @@ rpc_channel_args_init (rpc_channel_args_t *a, const rpc_opts_t *opts, bool serve
   return 0;
 }
 
+void
+rpc_cq_destroy (grpc_completion_queue *cq)
+{
+  grpc_completion_queue_shutdown (cq);
+  while (grpc_completion_queue_pluck (cq, NULL, gpr_inf_future (GPR_CLOCK_REALTIME), NULL).type
+         != GRPC_QUEUE_SHUTDOWN)
+    continue;
+  grpc_completion_queue_destroy (cq);
+}
+
 int
 rpc_read_pem (const char *path, char **out, err_t *err)
 {

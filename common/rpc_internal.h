@@ -20,6 +20,9 @@ int rpc_channel_args_init (rpc_channel_args_t *a, const rpc_opts_t *opts, bool s
  * the caller frees. */
 int rpc_read_pem (const char *path, char **out, err_t *err);
 
+/* Shuts down a pluck completion queue, drains it and destroys it. */
+void rpc_cq_destroy (grpc_completion_queue *cq);
+
 /* A monotonic deadline `ms` milliseconds from now; ms < 0 is in the past. */
 gpr_timespec rpc_deadline_in_ms (int64_t ms);
 

@@ -105,25 +105,12 @@ rpc_deadline_in_ms (int64_t ms)
 }
 
 static void
-drain_and_destroy_cq (grpc_completion_queue *cq)
-{
-  grpc_completion_queue_shutdown (cq);
-  for (;;)
-    {
-      grpc_event ev = grpc_completion_queue_pluck (cq, NULL, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
-      if (ev.type == GRPC_QUEUE_SHUTDOWN)
-        break;
-    }
-  grpc_completion_queue_destroy (cq);
-}
-
-static void
 slot_free (rpc_slot_t *slot)
 {
   grpc_metadata_array_destroy (&slot->md);
   grpc_call_details_destroy (&slot->details);
   if (slot->cq != NULL)
-    drain_and_destroy_cq (slot->cq);
+    rpc_cq_destroy (slot->cq);
   free (slot);
 }
 
@@ -349,7 +336,7 @@ call_free (rpc_call_t *c)
     grpc_call_unref (c->call);
   grpc_metadata_array_destroy (&c->md);
   if (c->cq != NULL)
-    drain_and_destroy_cq (c->cq);
+    rpc_cq_destroy (c->cq);
   free (c->path);
   free (c);
 }

@@ -141,6 +141,21 @@ remove_tree (const char *path)
   nftw (path, rm_entry, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
 }
 
+/* Spawn attributes for the programs the gateway starts: the gateway blocks
+ * its shutdown signals in every thread; children start with none blocked
+ * and every signal at its default. */
+static void
+spawn_attr_init (posix_spawnattr_t *attr)
+{
+  posix_spawnattr_init (attr);
+  sigset_t none, all;
+  sigemptyset (&none);
+  sigfillset (&all);
+  posix_spawnattr_setsigmask (attr, &none);
+  posix_spawnattr_setsigdefault (attr, &all);
+  posix_spawnattr_setflags (attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+}
+
 /* Spawns sandbox-helper with stdio on in/out/errfd and the report socket
  * as fd 3. *report_fd is the gateway's end. */
 static int
@@ -157,13 +172,7 @@ spawn_helper (sbx_runtime_t *rt, char *const *argv, char *const *envp, int in, i
   posix_spawn_file_actions_adddup2 (&fa, errfd, 2);
   posix_spawn_file_actions_adddup2 (&fa, sv[1], SBX_REPORT_FD);
   posix_spawnattr_t attr;
-  posix_spawnattr_init (&attr);
-  sigset_t none, all;
-  sigemptyset (&none);
-  sigfillset (&all);
-  posix_spawnattr_setsigmask (&attr, &none);
-  posix_spawnattr_setsigdefault (&attr, &all);
-  posix_spawnattr_setflags (&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  spawn_attr_init (&attr);
   int rc = posix_spawn (pid, rt->cfg.helper, &fa, &attr, argv, envp);
   posix_spawn_file_actions_destroy (&fa);
   posix_spawnattr_destroy (&attr);
@@ -271,13 +280,7 @@ start_slirp (sbx_runtime_t *rt, sbx_t *s, err_t *err)
   posix_spawn_file_actions_adddup2 (&fa, ready[1], 3);
   posix_spawn_file_actions_adddup2 (&fa, ex[0], 4);
   posix_spawnattr_t attr;
-  posix_spawnattr_init (&attr);
-  sigset_t none, all;
-  sigemptyset (&none);
-  sigfillset (&all);
-  posix_spawnattr_setsigmask (&attr, &none);
-  posix_spawnattr_setsigdefault (&attr, &all);
-  posix_spawnattr_setflags (&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  spawn_attr_init (&attr);
   int rc = posix_spawnp (&s->slirp, rt->cfg.slirp4netns, &fa, &attr, (char *const *) argv, environ);
   posix_spawn_file_actions_destroy (&fa);
   posix_spawnattr_destroy (&attr);

@@ -24,9 +24,8 @@ typedef struct service_method_s
   rpc_handler_fn fn;
 } service_method_t;
 
-/* Receives the single request message of a unary or server-streaming call. */
-static int
-recv_one (rpc_call_t *call, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err)
+int
+service_recv_request (rpc_call_t *call, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err)
 {
   int rc = rpc_call_recv (call, desc, out, err);
   if (rc == 0)
@@ -36,12 +35,12 @@ recv_one (rpc_call_t *call, const ProtobufCMessageDescriptor *desc, ProtobufCMes
 
 #define RECV(call, type, desc, var, err)                                                                           \
   ProtobufCMessage *var##_msg = NULL;                                                                              \
-  if (recv_one (call, &desc, &var##_msg, err) < 0)                                                                 \
+  if (service_recv_request (call, &desc, &var##_msg, err) < 0)                                                                 \
     return -1;                                                                                                     \
   type *var = (type *) var##_msg
 
-static void
-to_proto (const sbx_info_t *in, Sandbox__V1__SandboxInfo *out)
+void
+service_info_to_proto (const sbx_info_t *in, Sandbox__V1__SandboxInfo *out)
 {
   sandbox__v1__sandbox_info__init (out);
   out->sandbox_id = (char *) in->id;
@@ -57,7 +56,7 @@ static int
 reply_info (rpc_call_t *call, const sbx_info_t *info, err_t *err)
 {
   Sandbox__V1__SandboxInfo pb;
-  to_proto (info, &pb);
+  service_info_to_proto (info, &pb);
   return rpc_call_reply (call, &pb.base, err);
 }
 
@@ -126,7 +125,7 @@ handle_list (rpc_call_t *call, void *user, err_t *err)
     return err_make (err, ENOMEM, "List: out of memory");
   for (size_t i = 0; i < n; i++)
     {
-      to_proto (&infos[i], &pbs[i]);
+      service_info_to_proto (&infos[i], &pbs[i]);
       ptrs[i] = &pbs[i];
     }
   Sandbox__V1__ListResponse resp = SANDBOX__V1__LIST_RESPONSE__INIT;

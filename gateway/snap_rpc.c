@@ -17,6 +17,7 @@
 
 #include "common/cleanup.h"
 #include "common/log.h"
+#include "gateway/service.h"
 #include "gateway/snap_export.h"
 #include "sandbox/v1/sandbox.pb-c.h"
 
@@ -39,28 +40,6 @@ const char *
 snap_rpc_store_kind (void)
 {
   return snap_store != NULL ? snap_store->kind : "";
-}
-
-static int
-recv_request (rpc_call_t *call, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err)
-{
-  int rc = rpc_call_recv (call, desc, out, err);
-  if (rc == 0)
-    return err_make (err, EINVAL, "%s: no request message", rpc_call_method (call));
-  return rc < 0 ? -1 : 0;
-}
-
-static void
-info_to_proto (const sbx_info_t *in, Sandbox__V1__SandboxInfo *out)
-{
-  sandbox__v1__sandbox_info__init (out);
-  out->sandbox_id = (char *) in->id;
-  out->created_at_unix_ms = in->created_ms;
-  out->last_used_unix_ms = in->last_used_ms;
-  out->allow_egress = in->allow_egress;
-  out->process_count = (uint32_t) in->process_count;
-  out->disk_used_bytes = in->disk_used_bytes;
-  out->disk_limit_bytes = in->disk_limit_bytes;
 }
 
 /* ---- Restore ------------------------------------------------------------------ */
@@ -97,7 +76,7 @@ int
 snap_rpc_restore (rpc_call_t *call, void *user, err_t *err)
 {
   ProtobufCMessage *first = NULL;
-  if (recv_request (call, &sandbox__v1__restore_request__descriptor, &first, err) < 0)
+  if (service_recv_request (call, &sandbox__v1__restore_request__descriptor, &first, err) < 0)
     return -1;
   Sandbox__V1__RestoreRequest *req = (Sandbox__V1__RestoreRequest *) first;
   int rc;
@@ -113,7 +92,7 @@ snap_rpc_restore (rpc_call_t *call, void *user, err_t *err)
       if (rc == 0)
         {
           Sandbox__V1__SandboxInfo pb;
-          info_to_proto (&info, &pb);
+          service_info_to_proto (&info, &pb);
           rc = rpc_call_reply (call, &pb.base, err);
         }
     }
@@ -163,7 +142,7 @@ int
 snap_rpc_export (rpc_call_t *call, void *user, err_t *err)
 {
   ProtobufCMessage *m = NULL;
-  if (recv_request (call, &sandbox__v1__export_snapshot_request__descriptor, &m, err) < 0)
+  if (service_recv_request (call, &sandbox__v1__export_snapshot_request__descriptor, &m, err) < 0)
     return -1;
   Sandbox__V1__ExportSnapshotRequest *req = (Sandbox__V1__ExportSnapshotRequest *) m;
   export_ctx_t x = {.call = call};
@@ -222,7 +201,7 @@ int
 snap_rpc_persist (rpc_call_t *call, void *user, err_t *err)
 {
   ProtobufCMessage *m = NULL;
-  if (recv_request (call, &sandbox__v1__persist_snapshot_request__descriptor, &m, err) < 0)
+  if (service_recv_request (call, &sandbox__v1__persist_snapshot_request__descriptor, &m, err) < 0)
     return -1;
   Sandbox__V1__PersistSnapshotRequest *req = (Sandbox__V1__PersistSnapshotRequest *) m;
   int rc = -1;
@@ -305,7 +284,7 @@ int
 snap_rpc_connect (rpc_call_t *call, void *user, err_t *err)
 {
   ProtobufCMessage *m = NULL;
-  if (recv_request (call, &sandbox__v1__connect_request__descriptor, &m, err) < 0)
+  if (service_recv_request (call, &sandbox__v1__connect_request__descriptor, &m, err) < 0)
     return -1;
   Sandbox__V1__ConnectRequest *req = (Sandbox__V1__ConnectRequest *) m;
   Sandbox__V1__ConnectResponse__Outcome outcome = SANDBOX__V1__CONNECT_RESPONSE__OUTCOME__OUTCOME_UNSPECIFIED;
@@ -345,7 +324,7 @@ snap_rpc_connect (rpc_call_t *call, void *user, err_t *err)
     }
   err_release (err);
   Sandbox__V1__SandboxInfo pb;
-  info_to_proto (&info, &pb);
+  service_info_to_proto (&info, &pb);
   Sandbox__V1__ConnectResponse resp = SANDBOX__V1__CONNECT_RESPONSE__INIT;
   resp.outcome = outcome;
   resp.sandbox = &pb;

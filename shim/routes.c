@@ -45,6 +45,20 @@ base64 (const uint8_t *data, size_t len)
   return out;
 }
 
+/* Reads the boolean query parameter `name` into *out (unchanged when
+ * absent). NULL when fine; otherwise the 422 body (the caller owns it). */
+static json_t *
+query_bool (shim_req_t *r, const char *name, bool *out)
+{
+  const char *q = MHD_lookup_connection_value (r->conn, MHD_GET_ARGUMENT_KIND, name);
+  if (q == NULL || shim_parse_bool_text (q, out) == 0)
+    return NULL;
+  shim_errors_t e;
+  shim_errors_init (&e);
+  shim_errors_add (&e, "bool_parsing", "query", name, "Input should be a valid boolean");
+  return shim_errors_take (&e);
+}
+
 /* ---- GET /health -------------------------------------------------------------- */
 
 static struct MHD_Response *
@@ -160,15 +174,10 @@ delete (shim_req_t *r, unsigned *status)
 {
   Sandbox__V1__DeleteRequest req = SANDBOX__V1__DELETE_REQUEST__INIT;
   req.sandbox_id = r->id;
-  const char *snap = MHD_lookup_connection_value (r->conn, MHD_GET_ARGUMENT_KIND, "delete_snapshot");
   bool del_snap = false;
-  if (snap != NULL && shim_parse_bool_text (snap, &del_snap) < 0)
-    {
-      shim_errors_t e;
-      shim_errors_init (&e);
-      shim_errors_add (&e, "bool_parsing", "query", "delete_snapshot", "Input should be a valid boolean");
-      return shim_json (shim_errors_take (&e), 422, status);
-    }
+  json_t *bad = query_bool (r, "delete_snapshot", &del_snap);
+  if (bad != NULL)
+    return shim_json (bad, 422, status);
   req.delete_snapshot = del_snap;
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
@@ -507,14 +516,11 @@ restore_upload (shim_req_t *r, const char *data, size_t len)
   restore_t *s = r->state;
   if (s == NULL)
     {
-      const char *q = MHD_lookup_connection_value (r->conn, MHD_GET_ARGUMENT_KIND, "allow_egress");
       bool egress = false;
-      if (q != NULL && shim_parse_bool_text (q, &egress) < 0)
+      json_t *bad = query_bool (r, "allow_egress", &egress);
+      if (bad != NULL)
         {
-          shim_errors_t e;
-          shim_errors_init (&e);
-          shim_errors_add (&e, "bool_parsing", "query", "allow_egress", "Input should be a valid boolean");
-          shim_req_fail_json (r, 422, shim_errors_take (&e));
+          shim_req_fail_json (r, 422, bad);
           return -1;
         }
       s = calloc (1, sizeof *s);
@@ -728,15 +734,10 @@ snapshot_route (shim_req_t *r, unsigned *status)
 static struct MHD_Response *
 connect_route (shim_req_t *r, unsigned *status)
 {
-  const char *q = MHD_lookup_connection_value (r->conn, MHD_GET_ARGUMENT_KIND, "allow_egress");
   bool egress = false;
-  if (q != NULL && shim_parse_bool_text (q, &egress) < 0)
-    {
-      shim_errors_t e;
-      shim_errors_init (&e);
-      shim_errors_add (&e, "bool_parsing", "query", "allow_egress", "Input should be a valid boolean");
-      return shim_json (shim_errors_take (&e), 422, status);
-    }
+  json_t *bad = query_bool (r, "allow_egress", &egress);
+  if (bad != NULL)
+    return shim_json (bad, 422, status);
   Sandbox__V1__ConnectRequest req = SANDBOX__V1__CONNECT_REQUEST__INIT;
   req.sandbox_id = r->id;
   req.allow_egress = egress;
