@@ -17,6 +17,8 @@ PACKAGES=(
   libjansson-dev libseccomp-dev
   # Sandbox runtime: user-mode networking for egress
   slirp4netns
+  # Container image (//deploy:image) and its test
+  debootstrap debian-archive-keyring gpgv umoci skopeo crun
   # Tests
   iproute2 procps
   libcmocka-dev python3 python3-grpcio python3-protobuf python3-pytest

@@ -29,8 +29,11 @@ bazel test --config=asan //...
 step "Selecting the plain build for the integration tests"
 bazel build //...
 
+step "Container image (Debian base layer cached in ~/.cache/sandbox-gateway)"
+bazel build --workspace_status_command=deploy/workspace_status.sh //deploy:image
+
 step "Fuzzing (libFuzzer, 60 s per target)"
 tests/fuzz/run --seconds "${SANDBOX_FUZZ_SECONDS:-60}"
 
 step "Integration tests"
-exec "$PYTHON" -m pytest -v tests/integration tests/gcs tests/security
+exec "$PYTHON" -m pytest -v tests/integration tests/gcs tests/security tests/deploy
