@@ -60,12 +60,28 @@ reply_info (rpc_call_t *call, const sbx_info_t *info, err_t *err)
   return rpc_call_reply (call, &pb.base, err);
 }
 
+int
+service_undo_if_gone (rpc_call_t *call, const char *id, err_t *err)
+{
+  if (!rpc_call_cancelled (call) && rpc_call_deadline_ms_left (call) > 0)
+    return 0;
+  /* Nobody will learn of this sandbox: it must not linger and count. */
+  err_t derr = ERR_INIT;
+  sbx_delete (service_rt, id, &derr);
+  err_release (&derr);
+  return err_make (err, ETIMEDOUT, "the call ended (deadline or cancellation) before `%s` was ready: undone", id);
+}
+
 static int
 handle_launch (rpc_call_t *call, void *user, err_t *err)
 {
   RECV (call, Sandbox__V1__LaunchRequest, sandbox__v1__launch_request__descriptor, req, err);
   sbx_info_t info;
-  int rc = sbx_launch (service_rt, req->sandbox_id, req->allow_egress, &info, err);
+  int rc = rpc_call_deadline_ms_left (call) <= 0 ? err_make (err, ETIMEDOUT, "deadline exceeded before the launch")
+                                                 : sbx_launch (service_rt, req->sandbox_id, req->allow_egress, &info,
+                                                               err);
+  if (rc == 0)
+    rc = service_undo_if_gone (call, req->sandbox_id, err);
   if (rc == 0)
     rc = reply_info (call, &info, err);
   protobuf_c_message_free_unpacked (req_msg, NULL);

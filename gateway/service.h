@@ -27,6 +27,11 @@ int service_recv_request (rpc_call_t *call, const ProtobufCMessageDescriptor *de
 /* Fills `out` (pointing into `in`) from a runtime description. */
 void service_info_to_proto (const sbx_info_t *in, Sandbox__V1__SandboxInfo *out);
 
+/* After making sandbox `id` for `call`: when the call has meanwhile been
+ * cancelled or passed its deadline, deletes the sandbox again and returns
+ * -1 (ETIMEDOUT); 0 otherwise. */
+int service_undo_if_gone (rpc_call_t *call, const char *id, err_t *err);
+
 /* The full name of the service, as health and reflection report it. */
 #define SERVICE_NAME "sandbox.v1.Sandbox"
 

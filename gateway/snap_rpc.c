@@ -90,6 +90,8 @@ snap_rpc_restore (rpc_call_t *call, void *user, err_t *err)
       if (src.msg != NULL)
         protobuf_c_message_free_unpacked (src.msg, NULL);
       if (rc == 0)
+        rc = service_undo_if_gone (call, req->header->sandbox_id, err);
+      if (rc == 0)
         {
           Sandbox__V1__SandboxInfo pb;
           service_info_to_proto (&info, &pb);
@@ -311,6 +313,8 @@ snap_rpc_connect (rpc_call_t *call, void *user, err_t *err)
         goto out;
       int r = exists ? restore_from_store (req->sandbox_id, req->allow_egress, &info, err)
                      : sbx_launch (snap_rt, req->sandbox_id, req->allow_egress, &info, err);
+      if (r == 0 && service_undo_if_gone (call, req->sandbox_id, err) < 0)
+        goto out;
       if (r == 0)
         outcome = exists ? SANDBOX__V1__CONNECT_RESPONSE__OUTCOME__OUTCOME_RESTORED
                          : SANDBOX__V1__CONNECT_RESPONSE__OUTCOME__OUTCOME_CREATED;

@@ -3,7 +3,8 @@
  * An object is a file under the store's directory. A writer writes a
  * temporary file beside its final name (".<name>.tmp-XXXXXX"), fsyncs it,
  * renames it over the final name and fsyncs the directory, so a crash
- * never leaves a half snapshot under the real name. Object names come from
+ * never leaves a half snapshot under the real name; temporary files a
+ * crash left are removed when the store opens. Object names come from
  * snap_object_name (a validated sandbox id under a prefix), never from
  * clients directly.
  *
@@ -14,11 +15,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/cleanup.h"
@@ -255,6 +258,18 @@ static const snap_store_ops_t local_ops = {
     .destroy = local_destroy,
 };
 
+/* Removes temporary files a crash left mid-write (".NAME.tmp-XXXXXX"),
+ * once untouched for an hour: another gateway sharing the directory may be
+ * writing a fresh one. */
+static int
+remove_stale_temp (const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+  const char *base = path + ftw->base;
+  if (flag == FTW_F && base[0] == '.' && strstr (base, ".tmp-") != NULL && st->st_mtime < time (NULL) - 3600)
+    unlink (path);
+  return 0;
+}
+
 int
 snap_store_local_new (const char *dir, const char *prefix, snap_store_t **out, err_t *err)
 {
@@ -262,6 +277,7 @@ snap_store_local_new (const char *dir, const char *prefix, snap_store_t **out, e
     return err_make (err, EINVAL, "the local snapshot directory `%s` is not absolute", dir);
   if (mkdirs_for (dir, err) < 0 || (mkdir (dir, 0700) < 0 && errno != EEXIST))
     return err_make_sys (err, errno, "create the local snapshot directory `%s`", dir);
+  nftw (dir, remove_stale_temp, 16, FTW_PHYS | FTW_MOUNT);
   local_store_t *s = calloc (1, sizeof *s);
   if (s == NULL)
     return err_make (err, ENOMEM, "out of memory");

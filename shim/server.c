@@ -101,15 +101,12 @@ shim_gateway_error (grpc_status_code code, const char *details, unsigned *status
     case GRPC_STATUS_DEADLINE_EXCEEDED:
       return shim_detail (504, "Gateway timed out", status);
     case GRPC_STATUS_UNAVAILABLE:
-      /* The gateway answering "unavailable" (shutting down, not configured)
-       * is not the same as no gateway at all. */
-      if (strstr (d, "connect") != NULL || strstr (d, "Connection refused") != NULL || strstr (d, "Socket closed")
-          || strstr (d, "unreachable") != NULL)
-        {
-          snprintf (buf, sizeof buf, "Gateway unreachable: %.900s", d);
-          return shim_detail (502, buf, status);
-        }
-      return shim_detail (503, d, status);
+      /* The gateway answering "unavailable" (shutting down, no secret) is
+       * not the same as no gateway at all (refused, reset, gone). */
+      if (strstr (d, "shutting down") != NULL || strstr (d, "secret not configured") != NULL)
+        return shim_detail (503, d, status);
+      snprintf (buf, sizeof buf, "Gateway unreachable: %.900s", d);
+      return shim_detail (502, buf, status);
     case GRPC_STATUS_UNAUTHENTICATED:
     case GRPC_STATUS_PERMISSION_DENIED:
       return shim_detail (502, "Gateway rejected the shim's credentials (check SHIM_GATEWAY_SECRET)", status);
