@@ -10,6 +10,8 @@
  * headers, then with each piece of body, then once more to answer.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +123,141 @@ shim_req_fd (shim_req_t *r)
 {
   const union MHD_ConnectionInfo *ci = MHD_get_connection_info (r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
   return ci != NULL ? ci->connect_fd : -1;
+}
+
+/* ---- slow clients ----------------------------------------------------------------
+ *
+ * libmicrohttpd's connection timeout is an idle timeout: a client that sends
+ * one byte a second (slowloris) renews it forever and holds a connection
+ * slot. A watchdog therefore bounds each stage of a request: the head must
+ * arrive within SHIM_HEADER_TIMEOUT (which also closes idle keep-alive
+ * connections), a JSON body within SHIM_BODY_TIMEOUT, and a streamed restore
+ * body must keep an average of SHIM_MIN_UPLOAD_RATE after its first
+ * SHIM_BODY_TIMEOUT. Offenders' sockets are shut down; their threads then
+ * end the connection. While a route answers, the client is not timed.
+ */
+
+typedef enum stage_e
+{
+  STAGE_HEAD,
+  STAGE_BODY,
+  STAGE_ANSWER,
+} stage_t;
+
+typedef struct conn_track_s
+{
+  int fd;
+  stage_t stage;
+  int64_t since_ns;
+  uint64_t body_bytes;
+  bool streaming;
+  bool cut;
+  struct conn_track_s *prev, *next;
+} conn_track_t;
+
+static pthread_mutex_t track_mu = PTHREAD_MUTEX_INITIALIZER;
+static conn_track_t *tracked;
+
+static conn_track_t *
+track_of (struct MHD_Connection *conn)
+{
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info (conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return ci != NULL ? ci->socket_context : NULL;
+}
+
+static void
+track_stage (struct MHD_Connection *conn, stage_t stage, bool streaming)
+{
+  conn_track_t *t = track_of (conn);
+  if (t == NULL)
+    return;
+  pthread_mutex_lock (&track_mu);
+  t->stage = stage;
+  t->since_ns = mono_ns ();
+  t->body_bytes = 0;
+  t->streaming = streaming;
+  pthread_mutex_unlock (&track_mu);
+}
+
+static void
+track_body (struct MHD_Connection *conn, size_t n)
+{
+  conn_track_t *t = track_of (conn);
+  if (t == NULL)
+    return;
+  pthread_mutex_lock (&track_mu);
+  t->body_bytes += n;
+  pthread_mutex_unlock (&track_mu);
+}
+
+static void
+notify_connection (void *cls, struct MHD_Connection *conn, void **socket_context, enum MHD_ConnectionNotificationCode code)
+{
+  if (code == MHD_CONNECTION_NOTIFY_STARTED)
+    {
+      conn_track_t *t = calloc (1, sizeof *t);
+      if (t == NULL)
+        return;
+      const union MHD_ConnectionInfo *ci = MHD_get_connection_info (conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+      t->fd = ci != NULL ? ci->connect_fd : -1;
+      t->stage = STAGE_HEAD;
+      t->since_ns = mono_ns ();
+      pthread_mutex_lock (&track_mu);
+      t->next = tracked;
+      if (tracked != NULL)
+        tracked->prev = t;
+      tracked = t;
+      pthread_mutex_unlock (&track_mu);
+      *socket_context = t;
+      return;
+    }
+  conn_track_t *t = *socket_context;
+  if (t == NULL)
+    return;
+  pthread_mutex_lock (&track_mu);
+  if (t->prev != NULL)
+    t->prev->next = t->next;
+  else
+    tracked = t->next;
+  if (t->next != NULL)
+    t->next->prev = t->prev;
+  pthread_mutex_unlock (&track_mu);
+  free (t);
+  *socket_context = NULL;
+}
+
+static void *
+watchdog_main (void *arg)
+{
+  (void) arg;
+  for (;;)
+    {
+      struct timespec tick = {0, 500 * 1000 * 1000};
+      nanosleep (&tick, NULL);
+      int64_t now = mono_ns ();
+      int64_t head = shim.cfg.header_timeout * 1000000000LL, body = shim.cfg.body_timeout * 1000000000LL;
+      pthread_mutex_lock (&track_mu);
+      for (conn_track_t *t = tracked; t != NULL; t = t->next)
+        {
+          if (t->cut || t->fd < 0)
+            continue;
+          int64_t age = now - t->since_ns;
+          bool slow = false;
+          if (t->stage == STAGE_HEAD)
+            slow = age > head;
+          else if (t->stage == STAGE_BODY && !t->streaming)
+            slow = age > body;
+          else if (t->stage == STAGE_BODY)
+            slow = age > body && (double) t->body_bytes < (double) shim.cfg.min_upload_rate * (double) age / 1e9;
+          if (slow)
+            {
+              t->cut = true;
+              shutdown (t->fd, SHUT_RDWR);
+            }
+        }
+      pthread_mutex_unlock (&track_mu);
+    }
+  return NULL;
 }
 
 /* ---- routing --------------------------------------------------------------------- */
@@ -251,6 +388,7 @@ access_handler (void *cls, struct MHD_Connection *conn, const char *url, const c
       r->start_ns = mono_ns ();
       *con_cls = r;
       start_request (r, url, method);
+      track_stage (conn, STAGE_BODY, r->route != NULL && r->route->body == SHIM_BODY_STREAM);
       /* Refusals that need no body go out now, before any upload. */
       if (r->early != NULL && r->early_status != 0)
         {
@@ -264,10 +402,12 @@ access_handler (void *cls, struct MHD_Connection *conn, const char *url, const c
     }
   if (*upload_data_size > 0)
     {
+      track_body (conn, *upload_data_size);
       take_body (r, upload_data, *upload_data_size);
       *upload_data_size = 0;
       return MHD_YES;
     }
+  track_stage (conn, STAGE_ANSWER, false);
   struct MHD_Response *resp;
   unsigned status = 500;
   if (r->early != NULL)
@@ -287,6 +427,7 @@ access_handler (void *cls, struct MHD_Connection *conn, const char *url, const c
 static void
 completed (void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
+  track_stage (conn, STAGE_HEAD, false); /* the next request on this connection */
   shim_req_t *r = *con_cls;
   if (r == NULL)
     return;
@@ -328,12 +469,23 @@ shim_server_start (const struct sockaddr *addr, err_t *err)
       MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG
           | MHD_USE_ITC | MHD_USE_TURBO,
       0, NULL, NULL, access_handler, NULL, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, addr,
-      MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+      MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_NOTIFY_CONNECTION, notify_connection, NULL,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned) shim.cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned) shim.cfg.connection_timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (256 * 1024),
       MHD_OPTION_THREAD_STACK_SIZE, (size_t) (512 * 1024),
       MHD_OPTION_END);
   if (d == NULL)
-    err_make (err, EADDRINUSE, "cannot listen on %s:%ld (address in use or not valid)", shim.cfg.host, shim.cfg.port);
+    {
+      err_make (err, EADDRINUSE, "cannot listen on %s:%ld (address in use or not valid)", shim.cfg.host, shim.cfg.port);
+      return NULL;
+    }
+  pthread_t th;
+  if (pthread_create (&th, NULL, watchdog_main, NULL) != 0)
+    {
+      MHD_stop_daemon (d);
+      err_make (err, EAGAIN, "start the slow-client watchdog");
+      return NULL;
+    }
+  pthread_detach (th);
   return d;
 }

@@ -28,6 +28,9 @@ typedef struct shim_config_s
   long long max_restore_bytes;
   long max_connections;
   long connection_timeout;
+  long header_timeout;
+  long body_timeout;
+  long min_upload_rate;
   bool gateway_tls;
   char *gateway_tls_ca;
   char *gateway_tls_cert;

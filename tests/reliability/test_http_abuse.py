@@ -1,0 +1,385 @@
+"""HTTP abuse against sandbox-shim: slow clients, huge declared bodies,
+broken chunked encoding, huge headers, floods of idle connections.
+
+Whatever a client does to its own connection, the shim must keep answering
+a well-behaved client (a `HealthProbe` polls /health throughout), bound its
+memory, and let go of the abusive connections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import resource
+import socket
+import tarfile
+import threading
+import time
+
+import pytest
+
+from conftest import (
+    HealthProbe,
+    RssPeak,
+    health_ok,
+    peer_closed,
+    poll,
+    raw_connect,
+    read_response_head,
+    status_of,
+    vm_rss_kib,
+)
+
+# Every abuse below runs at most this long.
+ABUSE_BOUND_S = 30.0
+
+
+def _auth(shim) -> bytes:
+    return f"Authorization: Bearer {shim.secret}\r\n".encode()
+
+
+def _trickle(socks: list, payload: bytes, bound_s: float, interval: float = 1.0) -> dict:
+    """Sends `payload` one byte per `interval` on every socket of `socks`
+    (one driver loop for all of them) until the server closed each one or
+    `bound_s` passed. Returns {socket: bytes the server sent before closing
+    (possibly b"")} for the closed ones."""
+    closed: dict = {}
+    deadline = time.monotonic() + bound_s
+    i = 0
+    while len(closed) < len(socks) and time.monotonic() < deadline:
+        for s in socks:
+            if s in closed:
+                continue
+            if i < len(payload):
+                try:
+                    s.send(payload[i:i + 1])
+                except OSError:
+                    closed[s] = b""
+                    continue
+            # Anything the server said, or its EOF.
+            s.setblocking(False)
+            try:
+                data = s.recv(65536)
+                if data == b"" or status_of(data) is not None:
+                    closed[s] = data
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                closed[s] = b""
+            finally:
+                s.setblocking(True)
+        i += 1
+        time.sleep(interval)
+    return closed
+
+
+@pytest.fixture
+def shim_t3(procs):
+    """A gateway and a shim with SHIM_CONNECTION_TIMEOUT=3."""
+    gw = procs.gateway()
+    return procs.shim(gw, env={"SHIM_CONNECTION_TIMEOUT": "3"})
+
+
+# --- slow clients ---------------------------------------------------------------------
+
+@pytest.mark.finding("R1")
+def test_slowloris_headers_are_dropped_and_a_normal_client_is_served(shim_t3):
+    """100 connections send their request head one byte per second and never
+    finish it. A normal client is served meanwhile, and the shim drops the
+    slow ones (or answers 408) within the bound: SHIM_CONNECTION_TIMEOUT=3
+    must not be renewable forever one byte at a time."""
+    shim = shim_t3
+    head = (b"GET /health HTTP/1.1\r\nHost: slow\r\nUser-Agent: slowloris\r\nX-Pad: "
+            + b"a" * 200)  # never terminated: longer than the bound in bytes
+    socks = [raw_connect(shim) for _ in range(100)]
+    try:
+        with HealthProbe(shim) as probe:
+            closed = _trickle(socks, head, ABUSE_BOUND_S)
+        assert probe.failures == [], probe.failures
+        assert probe.ok > 0
+        still_open = len(socks) - len(closed)
+        statuses = {status_of(v) for v in closed.values()}
+        assert statuses <= {None, 408, 400}, statuses
+        assert still_open == 0, (
+            f"{still_open} of 100 slowloris connections still open after {ABUSE_BOUND_S:.0f}s "
+            f"with SHIM_CONNECTION_TIMEOUT=3 (one header byte a second renews the idle timeout)")
+    finally:
+        for s in socks:
+            s.close()
+    assert health_ok(shim)
+
+
+@pytest.mark.finding("R1")
+def test_slowloris_cannot_lock_normal_clients_out(procs):
+    """With SHIM_MAX_CONNECTIONS=32, 32 slowloris connections take every
+    slot. Their idle timeout (3 s) must still end them, so a normal client
+    gets /health within the bound."""
+    gw = procs.gateway()
+    shim = procs.shim(gw, env={"SHIM_CONNECTION_TIMEOUT": "3", "SHIM_MAX_CONNECTIONS": "32"})
+    head = b"GET /health HTTP/1.1\r\nHost: slow\r\nX-Pad: " + b"a" * 200
+    socks = [raw_connect(shim) for _ in range(32)]
+    stop = threading.Event()
+
+    def trickle():
+        i = 0
+        while not stop.is_set() and i < len(head):
+            for s in socks:
+                with contextlib.suppress(OSError):
+                    s.send(head[i:i + 1])
+            i += 1
+            stop.wait(1.0)
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    try:
+        time.sleep(1.0)
+        served = poll(lambda: health_ok(shim, timeout=3.0), ABUSE_BOUND_S, interval=1.0)
+        assert served, (f"32 slowloris connections locked every client out of the shim for "
+                        f"{ABUSE_BOUND_S:.0f}s (SHIM_MAX_CONNECTIONS=32, SHIM_CONNECTION_TIMEOUT=3)")
+    finally:
+        stop.set()
+        t.join(5)
+        for s in socks:
+            s.close()
+    assert poll(lambda: health_ok(shim), 20.0, interval=0.5)
+
+
+@pytest.mark.finding("R1")
+@pytest.mark.parametrize("route", ["/sandboxes", "/sandboxes/slowbody/restore"])
+def test_slow_bodies_are_dropped_and_a_normal_client_is_served(shim_t3, route):
+    """20 clients declare a body and send it one byte per second. A normal
+    client is served meanwhile; the shim drops the slow ones (or answers
+    408) within the bound; no sandbox comes out of it."""
+    shim = shim_t3
+    ctype = "application/json" if route == "/sandboxes" else "application/x-tar"
+    head = (f"POST {route} HTTP/1.1\r\nHost: slow\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: 4096\r\n").encode() + _auth(shim) + b"\r\n"
+    socks = [raw_connect(shim) for _ in range(20)]
+    try:
+        for s in socks:
+            s.sendall(head)
+        body = b'{"sandbox_id": "' + b"x" * 4000 if route == "/sandboxes" else b"\0" * 4096
+        with HealthProbe(shim) as probe:
+            closed = _trickle(socks, body, ABUSE_BOUND_S)
+        assert probe.failures == [], probe.failures
+        assert probe.ok > 0
+        still_open = len(socks) - len(closed)
+        assert still_open == 0, (
+            f"{still_open} of 20 slow-body connections still open after {ABUSE_BOUND_S:.0f}s "
+            f"with SHIM_CONNECTION_TIMEOUT=3")
+    finally:
+        for s in socks:
+            s.close()
+    r = shim.request("GET", "/sandboxes")
+    assert r.status == 200, r
+    assert r.json()["sandboxes"] == [], r
+
+
+# --- huge declared bodies -------------------------------------------------------------
+
+@pytest.mark.parametrize("route", ["/sandboxes", "/sandboxes/huge/exec", "/sandboxes/huge/restore"])
+def test_a_declared_10gb_body_is_refused_at_once(procs, route):
+    """Content-Length: 10 GB: 413 before a byte of body is sent (the client
+    sends none, so an answer proves the shim did not wait for it)."""
+    gw = procs.gateway()
+    shim = procs.shim(gw)
+    with HealthProbe(shim) as probe:
+        s = raw_connect(shim)
+        try:
+            s.sendall(f"POST {route} HTTP/1.1\r\nHost: big\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: 10000000000\r\n".encode() + _auth(shim) + b"\r\n")
+            head = read_response_head(s, 10.0)
+        finally:
+            s.close()
+    assert status_of(head) == 413, head
+    assert probe.failures == [], probe.failures
+    r = shim.request("GET", "/sandboxes")
+    assert r.status == 200 and r.json()["sandboxes"] == [], r
+
+
+@pytest.mark.parametrize("length", ["99999999999999999999999", "-1", "1e10", "12abc", "5, 5"])
+def test_a_nonsense_content_length_is_refused(procs, length):
+    """A Content-Length that is not a number, overflows 64 bits or repeats:
+    400 or 413 (or the connection closed), and the shim keeps serving."""
+    gw = procs.gateway()
+    shim = procs.shim(gw)
+    s = raw_connect(shim)
+    try:
+        s.sendall(f"POST /sandboxes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {length}\r\n".encode() + _auth(shim) + b"\r\n")
+        head = read_response_head(s, 10.0)
+    finally:
+        s.close()
+    assert head == b"" or status_of(head) in (400, 413), head
+    assert health_ok(shim)
+    r = shim.request("GET", "/sandboxes")
+    assert r.status == 200 and r.json()["sandboxes"] == [], r
+
+
+def _tar_of(size: int) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        info = tarfile.TarInfo("root/blob")
+        info.size = size
+        tf.addfile(info, io.BytesIO(b"\xa5" * size))
+    return buf.getvalue()
+
+
+def test_a_streamed_restore_over_the_cap_is_refused_and_leaves_no_sandbox(procs):
+    """SHIM_MAX_RESTORE_BYTES=1 MiB and a chunked (undeclared) 3 MiB tar:
+    413, and the partial restore does not leave a sandbox behind."""
+    gw = procs.gateway()
+    shim = procs.shim(gw, env={"SHIM_MAX_RESTORE_BYTES": str(1 << 20)})
+    data = _tar_of(3 << 20)
+    conn = shim.connection(60)
+    try:
+        conn.putrequest("POST", "/sandboxes/overcap/restore")
+        conn.putheader("Authorization", f"Bearer {shim.secret}")
+        conn.putheader("Content-Type", "application/x-tar")
+        conn.putheader("Transfer-Encoding", "chunked")
+        conn.endheaders()
+        with contextlib.suppress(OSError):
+            for off in range(0, len(data), 64 * 1024):
+                piece = data[off:off + 64 * 1024]
+                conn.send(b"%x\r\n%s\r\n" % (len(piece), piece))
+            conn.send(b"0\r\n\r\n")
+        resp = conn.getresponse()
+        status = resp.status
+        resp.read()
+    finally:
+        conn.close()
+    assert status == 413
+    # The gateway must not keep a half-restored sandbox.
+    gone = poll(lambda: shim.request("GET", "/sandboxes").json()["sandboxes"] == [], 15.0, 0.5)
+    assert gone, shim.request("GET", "/sandboxes")
+    assert poll(lambda: gw.leftovers() == [], 15.0, 0.2), gw.leftovers()
+    assert health_ok(shim)
+
+
+# --- broken chunked encoding and huge headers ----------------------------------------
+
+BAD_CHUNKS = {
+    "not-hex": b"ZZZ\r\nabc\r\n0\r\n\r\n",
+    "over-64-bits": b"FFFFFFFFFFFFFFFFFFFFFF\r\nabc\r\n",
+    "2^64": b"10000000000000000\r\nabc",
+    "negative": b"-1\r\nabc\r\n",
+    "longer-than-declared": b"5\r\nabcdefghij\r\n0\r\n\r\n",
+    "no-crlf": b"5abcde0\r\n\r\n",
+    "huge-but-plausible": b"7FFFFFFFFFFFFFFF\r\nabc",
+    "extension-garbage": b"3;" + b"x" * 70000 + b"\r\nabc\r\n0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CHUNKS))
+@pytest.mark.parametrize("route", ["/sandboxes", "/sandboxes/chunky/restore"])
+def test_bad_chunked_bodies_are_refused(procs, name, route):
+    gw = procs.gateway()
+    shim = procs.shim(gw)
+    s = raw_connect(shim)
+    try:
+        s.sendall(f"POST {route} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Transfer-Encoding: chunked\r\n".encode() + _auth(shim) + b"\r\n")
+        with contextlib.suppress(OSError):
+            s.sendall(BAD_CHUNKS[name])
+        head = read_response_head(s, 10.0)
+        if head is None:
+            # Still waiting for more body: it must at least not hang forever
+            # once the client stops (the half-close ends the request).
+            s.shutdown(socket.SHUT_WR)
+            head = read_response_head(s, 10.0)
+    finally:
+        s.close()
+    status = status_of(head)
+    assert head == b"" or (status is not None and 400 <= status < 500), head
+    assert health_ok(shim)
+    assert shim.alive()
+    r = shim.request("GET", "/sandboxes")
+    assert r.status == 200 and r.json()["sandboxes"] == [], r
+
+
+@pytest.mark.parametrize("shape", ["one-header", "many-headers", "long-url"])
+def test_a_1mb_request_head_is_refused(procs, shape):
+    gw = procs.gateway()
+    shim = procs.shim(gw)
+    if shape == "one-header":
+        head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n"
+    elif shape == "many-headers":
+        head = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(
+            b"X-H%d: %s\r\n" % (i, b"b" * 100) for i in range(10000)) + b"\r\n"
+    else:
+        head = b"GET /health?" + b"q" * (1 << 20) + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    with HealthProbe(shim) as probe:
+        s = raw_connect(shim)
+        try:
+            with contextlib.suppress(OSError):
+                s.sendall(head)
+            got = read_response_head(s, 10.0)
+        finally:
+            s.close()
+    assert got == b"" or status_of(got) in (400, 414, 431), got
+    assert probe.failures == [], probe.failures
+    assert health_ok(shim)
+
+
+# --- floods of idle connections -------------------------------------------------------
+
+def _raise_nofile(n: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < n:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(n, hard), hard))
+
+
+def test_many_idle_connections_are_bounded_and_released(procs):
+    """2000 idle connections against SHIM_MAX_CONNECTIONS=512: at most 512
+    stay open (the rest are refused or closed), resident memory stays
+    bounded, the idle timeout closes the rest, and a normal client is served
+    once they are gone."""
+    _raise_nofile(4096)
+    gw = procs.gateway()
+    shim = procs.shim(gw, env={"SHIM_MAX_CONNECTIONS": "512", "SHIM_CONNECTION_TIMEOUT": "5"})
+    assert health_ok(shim)
+    threads_before = len(os.listdir(f"/proc/{shim.pid}/task"))
+    socks: list[socket.socket] = []
+    refused = 0
+    try:
+        with RssPeak(shim.pid) as rss:
+            for _ in range(2000):
+                try:
+                    socks.append(socket.create_connection((shim.host, shim.port), timeout=5))
+                except OSError:
+                    refused += 1
+            time.sleep(1.0)
+            open_now = [s for s in socks if not peer_closed(s, 0.001)]
+            assert len(open_now) <= 512 + 8, (len(open_now), refused)
+            # The idle timeout (5 s) ends the survivors.
+            all_closed = poll(lambda: all(peer_closed(s, 0.001) for s in open_now), 30.0, 0.5)
+            assert all_closed, sum(1 for s in open_now if not peer_closed(s, 0.001))
+        assert rss.growth_mib < 200, f"shim VmRSS grew {rss.growth_mib:.0f} MiB"
+    finally:
+        for s in socks:
+            s.close()
+    assert poll(lambda: health_ok(shim, 5.0), 20.0, 0.5)
+    # Its connection threads are gone too.
+    settled = poll(lambda: len(os.listdir(f"/proc/{shim.pid}/task")) <= threads_before + 4, 20.0, 0.5)
+    assert settled, (threads_before, len(os.listdir(f"/proc/{shim.pid}/task")))
+
+
+@pytest.mark.parametrize("n", [200])
+def test_connections_that_open_and_reset_at_once_do_not_hurt(procs, n):
+    """Connections that send half a request and reset (RST), repeatedly:
+    the shim keeps serving and its memory and threads settle."""
+    import struct
+    gw = procs.gateway()
+    shim = procs.shim(gw)
+    before = vm_rss_kib(shim.pid)
+    with HealthProbe(shim) as probe:
+        for i in range(n):
+            s = raw_connect(shim)
+            with contextlib.suppress(OSError):
+                s.send(b"POST /sandboxes HTTP/1.1\r\nContent-Length: 100\r\n" + _auth(shim) + b"\r\n{")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+    assert probe.failures == [], probe.failures
+    assert health_ok(shim)
+    assert (vm_rss_kib(shim.pid) - before) / 1024 < 64
