@@ -36,4 +36,4 @@ step "Fuzzing (libFuzzer, 60 s per target)"
 tests/fuzz/run --seconds "${SANDBOX_FUZZ_SECONDS:-60}"
 
 step "Integration tests"
-exec "$PYTHON" -m pytest -v tests/integration tests/gcs tests/security tests/deploy
+exec "$PYTHON" -m pytest -v tests/integration tests/gcs tests/security tests/reliability tests/deploy
