@@ -52,6 +52,11 @@ typedef struct rpc_opts_s
 {
   size_t max_message_bytes; /* 0: RPC_DEFAULT_MAX_MESSAGE_BYTES */
   int keepalive_ms;         /* 0: RPC_DEFAULT_KEEPALIVE_MS */
+  /* Receive with a fixed 4 MiB window per stream instead of growing it
+   * with the measured bandwidth-delay product: for processes that relay
+   * streams to slower consumers (the shim; the gateway's restores), so a
+   * fast peer cannot fill their memory. Costs some throughput. */
+  bool fixed_window;
   /* TLS. Server: cert + key enable TLS; ca additionally requires and
    * verifies client certificates (mTLS). Client: `tls` enables TLS; ca is
    * the root bundle (NULL: the system's); cert + key present a client

@@ -174,11 +174,14 @@ rpc_channel_args_init (rpc_channel_args_t *a, const rpc_opts_t *opts, bool serve
   ARG_INT (GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
   ARG_INT (GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   ARG_INT (GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  /* A fixed flow-control window: with automatic growth (BDP probing) a fast
-   * sender can park tens of MiB in a slow receiver's process. 4 MiB keeps
-   * loopback streams fast and memory bounded per stream. */
-  ARG_INT (GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  ARG_INT (GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 4 * 1024 * 1024);
+  if (opts != NULL && opts->fixed_window)
+    {
+      /* A fixed receive window: with automatic growth (BDP probing) a fast
+       * sender can park tens of MiB in this process when it relays to a
+       * slower consumer. 4 MiB per stream keeps memory bounded. */
+      ARG_INT (GRPC_ARG_HTTP2_BDP_PROBE, 0);
+      ARG_INT (GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 4 * 1024 * 1024);
+    }
   if (server)
     {
       /* Never share a port with another process (SO_REUSEPORT would let a

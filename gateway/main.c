@@ -316,6 +316,7 @@ main (int argc, char **argv)
 
   rpc_init ();
   rpc_opts_t opts = {
+      .fixed_window = true,
       .max_message_bytes = (size_t) cfg.max_message_mb * 1024 * 1024,
       .tls_cert_file = cfg.tls_cert,
       .tls_key_file = cfg.tls_key,

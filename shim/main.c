@@ -136,6 +136,7 @@ main (int argc, char **argv)
 
   rpc_init ();
   rpc_opts_t opts = {
+      .fixed_window = true,
       .tls = shim.cfg.gateway_tls,
       .tls_ca_file = shim.cfg.gateway_tls_ca,
       .tls_cert_file = shim.cfg.gateway_tls_cert,
