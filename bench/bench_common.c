@@ -24,6 +24,19 @@ bc_now_ms (void)
   return (double) ts.tv_sec * 1e3 + (double) ts.tv_nsec / 1e6;
 }
 
+double
+bc_mbps (uint64_t bytes, double ms)
+{
+  return (double) bytes / 1e6 / (ms / 1e3);
+}
+
+void
+bc_die (const char *prog, const char *what, err_t *err)
+{
+  fprintf (stderr, "%s: %s: %s\n", prog, what, err_msg (err));
+  exit (1);
+}
+
 /* ---- series -------------------------------------------------------------- */
 
 void
@@ -87,6 +100,14 @@ typedef struct row_s
 
 static row_t ROWS[32];
 static int NROWS;
+static int WHAT_W = 50, BASE_W = 26;
+
+void
+bc_table_widths (int what, int base_name)
+{
+  WHAT_W = what;
+  BASE_W = base_name;
+}
 
 void
 bc_row_add_values (const char *what, const char *unit, double ours_med, double ours_tail, const char *base_name,
@@ -150,7 +171,8 @@ bc_print_table (FILE *f, bool markdown)
       fprintf (f, "\n|---|--:|--:|---|--:|--:|--:|\n");
     }
   else
-    fprintf (f, "%-50s %11s %10s  %-26s %15s %13s %8s\n", hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], hdr[5], "ratio");
+    fprintf (f, "%-*s %11s %10s  %-*s %15s %13s %8s\n", WHAT_W, hdr[0], hdr[1], hdr[2], BASE_W, hdr[3], hdr[4],
+             hdr[5], "ratio");
   for (int i = 0; i < NROWS; i++)
     {
       const row_t *r = &ROWS[i];
@@ -194,7 +216,7 @@ bc_print_table (FILE *f, bool markdown)
           fprintf (f, "| %s | %s | %s | %s | %s | %s | %s |\n", what, a, b, base, c, d, e);
         }
       else
-        fprintf (f, "%-50s %11s %10s  %-26s %15s %13s %8s\n", what, a, b, r->base_name, c, d, e);
+        fprintf (f, "%-*s %11s %10s  %-*s %15s %13s %8s\n", WHAT_W, what, a, b, BASE_W, r->base_name, c, d, e);
     }
 }
 
@@ -293,15 +315,14 @@ bc_channel (const char *prog, const char *target)
   return ch;
 }
 
-int
-bc_launch (rpc_channel_t *ch, const char *id, err_t *err)
+/* A unary call with the authorization metadata whose reply is dropped. */
+static int
+unary (rpc_channel_t *ch, const char *method, const ProtobufCMessage *req,
+       const ProtobufCMessageDescriptor *resp_desc, err_t *err)
 {
-  Sandbox__V1__LaunchRequest req = SANDBOX__V1__LAUNCH_REQUEST__INIT;
-  req.sandbox_id = (char *) id;
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
-  int rc = rpc_client_unary (ch, "/sandbox.v1.Sandbox/Launch", 60000, BC_MD, 1, &req.base,
-                             &sandbox__v1__sandbox_info__descriptor, &resp, &st, err);
+  int rc = rpc_client_unary (ch, method, 60000, BC_MD, 1, req, resp_desc, &resp, &st, err);
   rpc_status_release (&st);
   if (resp != NULL)
     protobuf_c_message_free_unpacked (resp, NULL);
@@ -309,17 +330,56 @@ bc_launch (rpc_channel_t *ch, const char *id, err_t *err)
 }
 
 int
+bc_launch (rpc_channel_t *ch, const char *id, err_t *err)
+{
+  Sandbox__V1__LaunchRequest req = SANDBOX__V1__LAUNCH_REQUEST__INIT;
+  req.sandbox_id = (char *) id;
+  return unary (ch, "/sandbox.v1.Sandbox/Launch", &req.base, &sandbox__v1__sandbox_info__descriptor, err);
+}
+
+int
 bc_delete (rpc_channel_t *ch, const char *id, err_t *err)
 {
   Sandbox__V1__DeleteRequest req = SANDBOX__V1__DELETE_REQUEST__INIT;
   req.sandbox_id = (char *) id;
-  ProtobufCMessage *resp = NULL;
+  return unary (ch, "/sandbox.v1.Sandbox/Delete", &req.base, &sandbox__v1__delete_response__descriptor, err);
+}
+
+int
+bc_get (rpc_channel_t *ch, const char *id, err_t *err)
+{
+  Sandbox__V1__GetRequest req = SANDBOX__V1__GET_REQUEST__INIT;
+  req.sandbox_id = (char *) id;
+  return unary (ch, "/sandbox.v1.Sandbox/Get", &req.base, &sandbox__v1__sandbox_info__descriptor, err);
+}
+
+int
+bc_call_start (rpc_channel_t *ch, const char *method, int64_t timeout_ms, const ProtobufCMessage *req,
+               rpc_client_call_t **out, err_t *err)
+{
+  rpc_client_call_t *c = NULL;
+  if (rpc_client_start (ch, method, timeout_ms, BC_MD, 1, &c, err) < 0)
+    return -1;
+  if (rpc_client_send (c, req, err) < 0 || rpc_client_close_send (c, err) < 0)
+    {
+      rpc_client_destroy (c);
+      return -1;
+    }
+  *out = c;
+  return 0;
+}
+
+int
+bc_call_finish (rpc_client_call_t *c, const char *what, err_t *err)
+{
   rpc_status_t st = RPC_STATUS_INIT;
-  int rc = rpc_client_unary (ch, "/sandbox.v1.Sandbox/Delete", 60000, BC_MD, 1, &req.base,
-                             &sandbox__v1__delete_response__descriptor, &resp, &st, err);
+  grpc_status_code code = rpc_client_finish (c, &st);
+  rpc_client_destroy (c);
+  int rc = 0;
+  if (code != GRPC_STATUS_OK && err != NULL)
+    rc = err_make (err, rpc_errno_from_status (code), "%s: %s: %s", what, rpc_status_name (code),
+                   st.details ? st.details : "");
   rpc_status_release (&st);
-  if (resp != NULL)
-    protobuf_c_message_free_unpacked (resp, NULL);
   return rc;
 }
 
@@ -333,15 +393,10 @@ bc_exec (rpc_channel_t *ch, const char *id, char **argv, size_t argc, uint32_t t
   req.n_argv = argc;
   req.timeout_seconds = timeout_s;
   rpc_client_call_t *c = NULL;
-  if (rpc_client_start (ch, "/sandbox.v1.Sandbox/Exec", (int64_t) (timeout_s ? timeout_s : 300) * 1000 + 60000,
-                        BC_MD, 1, &c, err)
+  if (bc_call_start (ch, "/sandbox.v1.Sandbox/Exec", (int64_t) (timeout_s ? timeout_s : 300) * 1000 + 60000,
+                     &req.base, &c, err)
       < 0)
     return -1;
-  if (rpc_client_send (c, &req.base, err) < 0 || rpc_client_close_send (c, err) < 0)
-    {
-      rpc_client_destroy (c);
-      return -1;
-    }
   uint64_t bytes = 0;
   int exit_code = -2, sig = 0;
   char stderr_head[200] = "";
@@ -369,17 +424,8 @@ bc_exec (rpc_channel_t *ch, const char *id, char **argv, size_t argc, uint32_t t
         }
       protobuf_c_message_free_unpacked (m, NULL);
     }
-  rpc_status_t st = RPC_STATUS_INIT;
-  grpc_status_code code = rpc_client_finish (c, &st);
-  rpc_client_destroy (c);
-  if (code != GRPC_STATUS_OK)
-    {
-      err_make (err, rpc_errno_from_status (code), "exec: %s: %s", rpc_status_name (code),
-                st.details ? st.details : "");
-      rpc_status_release (&st);
-      return -1;
-    }
-  rpc_status_release (&st);
+  if (bc_call_finish (c, "exec", err) < 0)
+    return -1;
   if (exit_code != 0)
     return err_make (err, EIO, "exec `%s`: exit %d, signal %d; stderr: %s", argv[0], exit_code, sig, stderr_head);
   if (out_bytes != NULL)

@@ -1,13 +1,14 @@
-/* bench_common: what snapshots_bench and shim_bench share: a clock, series of
- * samples with their median and tail, the results table (plain and
- * Markdown), spawning a baseline tool, and a few calls to the gateway.
+/* bench_common: what runtime_bench, snapshots_bench and shim_bench share: a
+ * clock, series of samples with their median and tail, the results table
+ * (plain and Markdown), spawning a baseline tool, and calls to the gateway.
  *
  * The table has the columns of bench/runtime: measurement, ours median, ours
  * p99 (or another tail), baseline, baseline median and tail, and the ratio of
  * the medians (ours / baseline).
  *
- * Threading: series are not locked; the table and the gateway helpers are
- * used from the main thread, except bc_exec, which any thread may call.
+ * Threading: series and the table are not locked (the main thread's); the
+ * gateway helpers may be called from any thread once bc_auth_from_env has
+ * run.
  */
 #ifndef SBX_BENCH_BENCH_COMMON_H
 #define SBX_BENCH_BENCH_COMMON_H
@@ -23,6 +24,12 @@
 
 /* CLOCK_MONOTONIC in milliseconds. */
 double bc_now_ms (void);
+
+/* `bytes` in `ms` milliseconds as MB/s (10^6 bytes a second). */
+double bc_mbps (uint64_t bytes, double ms);
+
+/* Prints "PROG: what: <err's message>" to stderr and exits 1. */
+void bc_die (const char *prog, const char *what, err_t *err) __attribute__ ((noreturn));
 
 typedef struct bc_series_s
 {
@@ -48,6 +55,10 @@ void bc_row_add (const char *what, const char *unit, bc_series_t *ours, double p
 /* A row from figures already computed (NAN: n/a). */
 void bc_row_add_values (const char *what, const char *unit, double ours_med, double ours_tail, const char *base_name,
                         double base_med, double base_tail);
+
+/* The widths of the plain table's measurement and baseline columns (the
+ * Markdown form has none); 50 and 26 unless set. */
+void bc_table_widths (int what, int base_name);
 
 void bc_print_table (FILE *f, bool markdown);
 
@@ -76,11 +87,25 @@ void bc_auth_from_env (const char *prog);
 /* A channel to `target` with large messages allowed; exits on failure. */
 rpc_channel_t *bc_channel (const char *prog, const char *target);
 
+/* Launch, Delete and Get of sandbox `id` (60 s deadline, reply dropped). */
 int bc_launch (rpc_channel_t *ch, const char *id, err_t *err);
 int bc_delete (rpc_channel_t *ch, const char *id, err_t *err);
+int bc_get (rpc_channel_t *ch, const char *id, err_t *err);
+
+/* Starts a call of `method` with the authorization metadata that sends the
+ * single request `req` and half-closes, for calls whose server streams the
+ * replies; read them with rpc_client_recv, then bc_call_finish. */
+int bc_call_start (rpc_channel_t *ch, const char *method, int64_t timeout_ms, const ProtobufCMessage *req,
+                   rpc_client_call_t **out, err_t *err);
+
+/* Waits for the call's status and destroys it; -1 with "what: STATUS:
+ * details" in *err unless the status is OK. err NULL: the status is only
+ * awaited (an error already in hand stands). */
+int bc_call_finish (rpc_client_call_t *c, const char *what, err_t *err);
 
 /* Exec of argv in `id`, stdout bytes counted into *out_bytes (may be NULL);
- * fails unless the command exits 0. */
+ * fails unless the command exits 0. timeout_s 0: no limit on the command,
+ * and the call's deadline is 360 s. */
 int bc_exec (rpc_channel_t *ch, const char *id, char **argv, size_t argc, uint32_t timeout_s, uint64_t *out_bytes,
              err_t *err);
 

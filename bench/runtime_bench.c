@@ -20,13 +20,9 @@
  * bench/runtime builds everything, starts a gateway and runs this program.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <getopt.h>
-#include <math.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
-#include <spawn.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,22 +30,15 @@
 #include <string.h>
 #include <sched.h>
 #include <sys/mount.h>
-#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "bench/bench_common.h"
 #include "common/err.h"
 #include "common/rpc.h"
-#include "sandbox/v1/sandbox.pb-c.h"
 
-extern char **environ;
-
-#define M_LAUNCH "/sandbox.v1.Sandbox/Launch"
-#define M_EXEC "/sandbox.v1.Sandbox/Exec"
-#define M_DELETE "/sandbox.v1.Sandbox/Delete"
-#define M_GET "/sandbox.v1.Sandbox/Get"
+#define PROG "runtime_bench"
 
 /* ---- options ------------------------------------------------------------- */
 
@@ -83,76 +72,6 @@ static opts_t O = {
     .mem_n = 200,
 };
 
-/* ---- time and statistics ------------------------------------------------- */
-
-static double
-now_ms (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (double) ts.tv_sec * 1e3 + (double) ts.tv_nsec / 1e6;
-}
-
-typedef struct series_s
-{
-  double *v;
-  int n, cap;
-  bool na;           /* the tool is missing or failed: print n/a */
-  char why[160];     /* why it is n/a */
-} series_t;
-
-static void
-series_add (series_t *s, double x)
-{
-  if (s->n == s->cap)
-    {
-      s->cap = s->cap ? s->cap * 2 : 64;
-      s->v = realloc (s->v, (size_t) s->cap * sizeof *s->v);
-      if (s->v == NULL)
-        {
-          perror ("realloc");
-          exit (1);
-        }
-    }
-  s->v[s->n++] = x;
-}
-
-static void
-series_na (series_t *s, const char *fmt, ...) __attribute__ ((format (printf, 2, 3)));
-
-static void
-series_na (series_t *s, const char *fmt, ...)
-{
-  va_list ap;
-  va_start (ap, fmt);
-  if (!s->na)
-    vsnprintf (s->why, sizeof s->why, fmt, ap);
-  va_end (ap);
-  s->na = true;
-}
-
-static int
-cmp_double (const void *a, const void *b)
-{
-  double x = *(const double *) a, y = *(const double *) b;
-  return x < y ? -1 : x > y;
-}
-
-/* Percentile `p` (0..100) by nearest rank; the median interpolates. */
-static double
-pct (series_t *s, double p)
-{
-  if (s->na || s->n == 0)
-    return NAN;
-  qsort (s->v, (size_t) s->n, sizeof *s->v, cmp_double);
-  if (p == 50)
-    return s->n % 2 ? s->v[s->n / 2] : (s->v[s->n / 2 - 1] + s->v[s->n / 2]) / 2;
-  int rank = (int) ceil (p / 100.0 * s->n);
-  if (rank < 1)
-    rank = 1;
-  return s->v[rank - 1];
-}
-
 /* ---- processes ----------------------------------------------------------- */
 
 /* Whether `name` is an executable on PATH (or a path that is). */
@@ -176,43 +95,11 @@ have_tool (const char *name)
   return found;
 }
 
-/* Spawns argv (stdin, stdout from/to /dev/null; stderr to `errfd`, or
- * /dev/null when -1), waits for it, and returns its wait status, or -1. The
- * time from before the spawn until waitpid returned goes to *ms. */
-static int
-run_timed (char *const argv[], int errfd, double *ms)
-{
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init (&fa);
-  posix_spawn_file_actions_addopen (&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen (&fa, 1, "/dev/null", O_WRONLY, 0);
-  if (errfd >= 0)
-    posix_spawn_file_actions_adddup2 (&fa, errfd, 2);
-  else
-    posix_spawn_file_actions_addopen (&fa, 2, "/dev/null", O_WRONLY, 0);
-  pid_t pid;
-  double t0 = now_ms ();
-  int rc = posix_spawnp (&pid, argv[0], &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy (&fa);
-  if (rc != 0)
-    {
-      errno = rc;
-      return -1;
-    }
-  int status;
-  while (waitpid (pid, &status, 0) < 0)
-    if (errno != EINTR)
-      return -1;
-  if (ms != NULL)
-    *ms = now_ms () - t0;
-  return status;
-}
-
 /* fork + execv + waitpid, the plainest way to run a program. */
 static int
 fork_exec_timed (const char *path, double *ms)
 {
-  double t0 = now_ms ();
+  double t0 = bc_now_ms ();
   pid_t pid = fork ();
   if (pid < 0)
     return -1;
@@ -222,11 +109,10 @@ fork_exec_timed (const char *path, double *ms)
       execv (path, argv);
       _exit (127);
     }
-  int status;
-  while (waitpid (pid, &status, 0) < 0)
-    if (errno != EINTR)
-      return -1;
-  *ms = now_ms () - t0;
+  int status = bc_wait (pid);
+  if (status == -1)
+    return -1;
+  *ms = bc_now_ms () - t0;
   return status;
 }
 
@@ -237,7 +123,7 @@ typedef struct baseline_s
   const char *name;
   const char *tool;
   const char *words[24];
-  series_t s;
+  bc_series_t s;
 } baseline_t;
 
 static void
@@ -269,8 +155,9 @@ baseline_run (baseline_t *b, int iter, bool record)
   char *argv[25];
   expand_argv (b, iter, bufs, argv);
   FILE *errf = tmpfile ();
-  double ms = 0;
-  int st = run_timed (argv, errf ? fileno (errf) : -1, &ms);
+  double t0 = bc_now_ms ();
+  int st = bc_run (argv, errf ? fileno (errf) : -1);
+  double ms = bc_now_ms () - t0;
   if (st == -1 || !WIFEXITED (st) || WEXITSTATUS (st) != 0)
     {
       char line[160] = "";
@@ -280,12 +167,12 @@ baseline_run (baseline_t *b, int iter, bool record)
           if (fgets (line, sizeof line, errf) != NULL)
             line[strcspn (line, "\n")] = '\0';
         }
-      series_na (&b->s, "`%s` failed (%s%d)%s%s", b->words[0], st == -1 ? "spawn errno " : "status ",
-                 st == -1 ? errno : st, line[0] ? ": " : "", line);
-      fprintf (stderr, "runtime_bench: baseline %s: %s; reported as n/a\n", b->name, b->s.why);
+      bc_series_na (&b->s, "`%s` failed (%s%d)%s%s", b->words[0], st == -1 ? "spawn errno " : "status ",
+                    st == -1 ? errno : st, line[0] ? ": " : "", line);
+      fprintf (stderr, PROG ": baseline %s: %s; reported as n/a\n", b->name, b->s.why);
     }
   else if (record)
-    series_add (&b->s, ms);
+    bc_series_add (&b->s, ms);
   if (errf != NULL)
     fclose (errf);
 }
@@ -295,68 +182,14 @@ baseline_check_tool (baseline_t *b)
 {
   if (b->tool != NULL && !have_tool (b->tool))
     {
-      series_na (&b->s, "`%s` is not installed", b->tool);
-      fprintf (stderr, "runtime_bench: baseline %s: %s; reported as n/a\n", b->name, b->s.why);
+      bc_series_na (&b->s, "`%s` is not installed", b->tool);
+      fprintf (stderr, PROG ": baseline %s: %s; reported as n/a\n", b->name, b->s.why);
     }
 }
 
 /* ---- the gateway --------------------------------------------------------- */
 
 static rpc_channel_t *CH;
-static rpc_metadata_t MD[1];
-static char AUTH[512];
-
-static void
-die (const char *what, err_t *err)
-{
-  fprintf (stderr, "runtime_bench: %s: %s\n", what, err_msg (err));
-  exit (1);
-}
-
-static int
-gw_launch (const char *id, err_t *err)
-{
-  Sandbox__V1__LaunchRequest req = SANDBOX__V1__LAUNCH_REQUEST__INIT;
-  req.sandbox_id = (char *) id;
-  ProtobufCMessage *resp = NULL;
-  rpc_status_t st = RPC_STATUS_INIT;
-  int rc = rpc_client_unary (CH, M_LAUNCH, 60000, MD, 1, &req.base, &sandbox__v1__sandbox_info__descriptor, &resp,
-                             &st, err);
-  rpc_status_release (&st);
-  if (resp != NULL)
-    protobuf_c_message_free_unpacked (resp, NULL);
-  return rc;
-}
-
-static int
-gw_delete (const char *id, err_t *err)
-{
-  Sandbox__V1__DeleteRequest req = SANDBOX__V1__DELETE_REQUEST__INIT;
-  req.sandbox_id = (char *) id;
-  ProtobufCMessage *resp = NULL;
-  rpc_status_t st = RPC_STATUS_INIT;
-  int rc = rpc_client_unary (CH, M_DELETE, 60000, MD, 1, &req.base, &sandbox__v1__delete_response__descriptor,
-                             &resp, &st, err);
-  rpc_status_release (&st);
-  if (resp != NULL)
-    protobuf_c_message_free_unpacked (resp, NULL);
-  return rc;
-}
-
-static int
-gw_get (const char *id, err_t *err)
-{
-  Sandbox__V1__GetRequest req = SANDBOX__V1__GET_REQUEST__INIT;
-  req.sandbox_id = (char *) id;
-  ProtobufCMessage *resp = NULL;
-  rpc_status_t st = RPC_STATUS_INIT;
-  int rc = rpc_client_unary (CH, M_GET, 60000, MD, 1, &req.base, &sandbox__v1__sandbox_info__descriptor, &resp, &st,
-                             err);
-  rpc_status_release (&st);
-  if (resp != NULL)
-    protobuf_c_message_free_unpacked (resp, NULL);
-  return rc;
-}
 
 /* Deletes run on a pool of threads, so that a slow Delete (the gateway waits
  * for the sandbox's killed processes to be reaped) does not hold up the
@@ -372,7 +205,7 @@ static struct
   unsigned head, tail; /* q[head % N] .. q[tail % N] */
   int busy;
   bool stop;
-  series_t lat;
+  bc_series_t lat;
   int failures;
   pthread_t threads[POOL_THREADS];
 } P = {.mu = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER};
@@ -391,18 +224,18 @@ pool_main (void *unused)
       P.busy++;
       pthread_mutex_unlock (&P.mu);
       err_t err = ERR_INIT;
-      double t0 = now_ms ();
-      int rc = gw_delete (id, &err);
-      double ms = now_ms () - t0;
+      double t0 = bc_now_ms ();
+      int rc = bc_delete (CH, id, &err);
+      double ms = bc_now_ms () - t0;
       if (rc < 0)
-        fprintf (stderr, "runtime_bench: delete %s: %s\n", id, err_msg (&err));
+        fprintf (stderr, PROG ": delete %s: %s\n", id, err_msg (&err));
       err_release (&err);
       free (id);
       pthread_mutex_lock (&P.mu);
       if (rc < 0)
         P.failures++;
       else
-        series_add (&P.lat, ms);
+        bc_series_add (&P.lat, ms);
       P.busy--;
       pthread_cond_broadcast (&P.idle);
     }
@@ -416,7 +249,7 @@ pool_start (void)
   for (int i = 0; i < POOL_THREADS; i++)
     if (pthread_create (&P.threads[i], NULL, pool_main, NULL) != 0)
       {
-        fprintf (stderr, "runtime_bench: pthread_create failed\n");
+        fprintf (stderr, PROG ": pthread_create failed\n");
         exit (1);
       }
 }
@@ -451,68 +284,6 @@ pool_stop (void)
   pthread_mutex_unlock (&P.mu);
   for (int i = 0; i < POOL_THREADS; i++)
     pthread_join (P.threads[i], NULL);
-}
-
-/* Runs argv in sandbox `id` through Exec, counting the stdout bytes into
- * *out_bytes; fails unless the command exits 0. */
-static int
-gw_exec (const char *id, char **argv, size_t argc, uint64_t *out_bytes, err_t *err)
-{
-  Sandbox__V1__ExecRequest req = SANDBOX__V1__EXEC_REQUEST__INIT;
-  req.sandbox_id = (char *) id;
-  req.argv = argv;
-  req.n_argv = argc;
-  rpc_client_call_t *c = NULL;
-  if (rpc_client_start (CH, M_EXEC, 300000, MD, 1, &c, err) < 0)
-    return -1;
-  if (rpc_client_send (c, &req.base, err) < 0 || rpc_client_close_send (c, err) < 0)
-    {
-      rpc_client_destroy (c);
-      return -1;
-    }
-  uint64_t bytes = 0;
-  int exit_code = -2, sig = 0;
-  char stderr_head[200] = "";
-  for (;;)
-    {
-      ProtobufCMessage *m = NULL;
-      int rc = rpc_client_recv (c, &sandbox__v1__exec_event__descriptor, &m, err);
-      if (rc < 0)
-        {
-          rpc_client_destroy (c);
-          return -1;
-        }
-      if (rc == 0)
-        break;
-      Sandbox__V1__ExecEvent *ev = (Sandbox__V1__ExecEvent *) m;
-      if (ev->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDOUT)
-        bytes += ev->stdout.len;
-      else if (ev->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDERR && stderr_head[0] == '\0')
-        snprintf (stderr_head, sizeof stderr_head, "%.*s", (int) (ev->stderr.len < 199 ? ev->stderr.len : 199),
-                  (const char *) ev->stderr.data);
-      else if (ev->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_EXIT)
-        {
-          exit_code = ev->exit->exit_code;
-          sig = ev->exit->signal;
-        }
-      protobuf_c_message_free_unpacked (m, NULL);
-    }
-  rpc_status_t st = RPC_STATUS_INIT;
-  grpc_status_code code = rpc_client_finish (c, &st);
-  rpc_client_destroy (c);
-  if (code != GRPC_STATUS_OK)
-    {
-      err_make (err, rpc_errno_from_status (code), "exec: %s: %s", rpc_status_name (code),
-                st.details ? st.details : "");
-      rpc_status_release (&st);
-      return -1;
-    }
-  rpc_status_release (&st);
-  if (exit_code != 0)
-    return err_make (err, EIO, "exec `%s`: exit %d, signal %d; stderr: %s", argv[0], exit_code, sig, stderr_head);
-  if (out_bytes != NULL)
-    *out_bytes = bytes;
-  return 0;
 }
 
 /* ---- reading /proc and cgroups ------------------------------------------- */
@@ -552,107 +323,6 @@ cgroup_pids (const char *path, pid_t *out, int max)
   return n;
 }
 
-/* ---- the table ----------------------------------------------------------- */
-
-typedef struct row_s
-{
-  char what[64];
-  char unit[12];
-  double ours_med, ours_p99;
-  char base_name[40];
-  double base_med, base_p99;
-  bool lower_is_better; /* ratio > 1 means slower */
-} row_t;
-
-static row_t ROWS[16];
-static int NROWS;
-
-static void
-row_add (const char *what, const char *unit, series_t *ours, double p_tail, const char *base_name, series_t *base)
-{
-  row_t *r = &ROWS[NROWS++];
-  snprintf (r->what, sizeof r->what, "%s", what);
-  snprintf (r->unit, sizeof r->unit, "%s", unit);
-  r->ours_med = pct (ours, 50);
-  r->ours_p99 = pct (ours, p_tail);
-  snprintf (r->base_name, sizeof r->base_name, "%s", base_name ? base_name : "-");
-  r->base_med = base ? pct (base, 50) : NAN;
-  r->base_p99 = base ? pct (base, p_tail) : NAN;
-}
-
-static void
-fmt_num (char *buf, size_t n, double v)
-{
-  if (isnan (v))
-    snprintf (buf, n, "n/a");
-  else if (fabs (v) >= 100)
-    snprintf (buf, n, "%.0f", v);
-  else if (fabs (v) >= 10)
-    snprintf (buf, n, "%.1f", v);
-  else
-    snprintf (buf, n, "%.3f", v);
-}
-
-static void
-fmt_ratio (char *buf, size_t n, const row_t *r)
-{
-  if (isnan (r->ours_med) || isnan (r->base_med) || r->base_med == 0)
-    snprintf (buf, n, "%s", isnan (r->base_med) && strcmp (r->base_name, "-") != 0 ? "n/a" : "-");
-  else
-    snprintf (buf, n, "%.2fx", r->ours_med / r->base_med);
-}
-
-static void
-print_table (FILE *f, bool markdown)
-{
-  static const char *hdr[] = {"measurement", "ours median", "ours p99", "baseline", "baseline median",
-                              "baseline p99", "ratio (ours/baseline)"};
-  if (markdown)
-    {
-      fprintf (f, "|");
-      for (int i = 0; i < 7; i++)
-        fprintf (f, " %s |", hdr[i]);
-      fprintf (f, "\n|---|--:|--:|---|--:|--:|--:|\n");
-    }
-  else
-    fprintf (f, "%-42s %11s %10s  %-16s %15s %13s %8s\n", hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], hdr[5], "ratio");
-  for (int i = 0; i < NROWS; i++)
-    {
-      const row_t *r = &ROWS[i];
-      char what[128], a[32], b[32], c[32], d[32], e[32];
-      snprintf (what, sizeof what, "%.63s (%.11s)", r->what, r->unit);
-      fmt_num (a, sizeof a, r->ours_med);
-      fmt_num (b, sizeof b, r->ours_p99);
-      if (strcmp (r->base_name, "-") == 0)
-        {
-          snprintf (c, sizeof c, "-");
-          snprintf (d, sizeof d, "-");
-        }
-      else
-        {
-          fmt_num (c, sizeof c, r->base_med);
-          fmt_num (d, sizeof d, r->base_p99);
-        }
-      fmt_ratio (e, sizeof e, r);
-      if (markdown)
-        {
-          /* A '|' in a cell would end it. */
-          char base[96];
-          size_t k = 0;
-          for (const char *p = r->base_name; *p != '\0' && k + 2 < sizeof base; p++)
-            {
-              if (*p == '|')
-                base[k++] = '\\';
-              base[k++] = *p;
-            }
-          base[k] = '\0';
-          fprintf (f, "| %s | %s | %s | %s | %s | %s | %s |\n", what, a, b, base, c, d, e);
-        }
-      else
-        fprintf (f, "%-42s %11s %10s  %-16s %15s %13s %8s\n", what, a, b, r->base_name, c, d, e);
-    }
-}
-
 /* ---- the measurements ---------------------------------------------------- */
 
 static void
@@ -676,25 +346,25 @@ bench_launch (void)
   };
   const int nb = sizeof bl / sizeof bl[0];
   if (O.crun_bundle == NULL)
-    series_na (&bl[2].s, "no crun bundle given");
+    bc_series_na (&bl[2].s, "no crun bundle given");
   for (int b = 0; b < nb; b++)
     baseline_check_tool (&bl[b]);
 
-  series_t ours = {0};
+  bc_series_t ours = {0};
   err_t err = ERR_INIT;
   const int warm = 3;
-  fprintf (stderr, "runtime_bench: launch: %d warm-up + %d runs of each\n", warm, O.launch_n);
+  fprintf (stderr, PROG ": launch: %d warm-up + %d runs of each\n", warm, O.launch_n);
   for (int i = 0; i < warm + O.launch_n; i++)
     {
       char id[80];
       snprintf (id, sizeof id, "%s-launch-%d", O.prefix, i);
-      double t0 = now_ms ();
-      if (gw_launch (id, &err) < 0)
-        die ("launch", &err);
-      double ms = now_ms () - t0;
+      double t0 = bc_now_ms ();
+      if (bc_launch (CH, id, &err) < 0)
+        bc_die (PROG, "launch", &err);
+      double ms = bc_now_ms () - t0;
       pool_delete (id);
       if (i >= warm)
-        series_add (&ours, ms);
+        bc_series_add (&ours, ms);
       for (int b = 0; b < nb; b++)
         baseline_run (&bl[b], i, i >= warm);
     }
@@ -702,7 +372,7 @@ bench_launch (void)
     {
       char name[40];
       snprintf (name, sizeof name, "%s", bl[b].name);
-      row_add ("launch", "ms", &ours, 99, name, &bl[b].s);
+      bc_row_add ("launch", "ms", &ours, 99, name, &bl[b].s);
     }
   pool_drain ();
 }
@@ -713,62 +383,62 @@ bench_exec (void)
   char id[80];
   snprintf (id, sizeof id, "%s-exec", O.prefix);
   err_t err = ERR_INIT;
-  if (gw_launch (id, &err) < 0)
-    die ("launch", &err);
+  if (bc_launch (CH, id, &err) < 0)
+    bc_die (PROG, "launch", &err);
   baseline_t crun_exec = {.name = "crun exec",
                           .tool = "crun",
                           .words = {"crun", "--cgroup-manager=disabled", "exec", O.crun_container ? O.crun_container : "",
                                     "/bin/true"}};
   if (O.crun_container == NULL)
-    series_na (&crun_exec.s, "no running crun container given");
+    bc_series_na (&crun_exec.s, "no running crun container given");
   baseline_check_tool (&crun_exec);
 
   char *argv[] = {"/bin/true"};
-  series_t ours = {0}, fe = {0}, get = {0};
+  bc_series_t ours = {0}, fe = {0}, get = {0};
   int exec_failures = 0;
-  fprintf (stderr, "runtime_bench: exec: %d warm-up + %d runs of each\n", O.exec_warmup, O.exec_n);
+  fprintf (stderr, PROG ": exec: %d warm-up + %d runs of each\n", O.exec_warmup, O.exec_n);
   for (int i = 0; i < O.exec_warmup + O.exec_n; i++)
     {
       bool rec = i >= O.exec_warmup;
-      double t0 = now_ms ();
-      int xrc = gw_exec (id, argv, 1, NULL, &err);
-      double ms = now_ms () - t0;
+      double t0 = bc_now_ms ();
+      int xrc = bc_exec (CH, id, argv, 1, 0, NULL, &err);
+      double ms = bc_now_ms () - t0;
       if (xrc < 0)
         {
           /* Counted and reported, not fatal: one failure should not cost the
            * whole run; many should. */
-          fprintf (stderr, "runtime_bench: exec %d failed after %.1f ms: %s\n", i, ms, err_msg (&err));
+          fprintf (stderr, PROG ": exec %d failed after %.1f ms: %s\n", i, ms, err_msg (&err));
           err_release (&err);
           if (++exec_failures > O.exec_n / 10)
             {
-              fprintf (stderr, "runtime_bench: too many exec failures\n");
+              fprintf (stderr, PROG ": too many exec failures\n");
               exit (1);
             }
         }
       else if (rec)
-        series_add (&ours, ms);
+        bc_series_add (&ours, ms);
       int st = fork_exec_timed ("/bin/true", &ms);
       if (st != 0)
         {
-          fprintf (stderr, "runtime_bench: fork+exec of /bin/true failed (%d)\n", st);
+          fprintf (stderr, PROG ": fork+exec of /bin/true failed (%d)\n", st);
           exit (1);
         }
       if (rec)
-        series_add (&fe, ms);
+        bc_series_add (&fe, ms);
       baseline_run (&crun_exec, i, rec);
       /* The floor under any call: a unary Get on the same channel. */
-      t0 = now_ms ();
-      if (gw_get (id, &err) < 0)
-        die ("get", &err);
+      t0 = bc_now_ms ();
+      if (bc_get (CH, id, &err) < 0)
+        bc_die (PROG, "get", &err);
       if (rec)
-        series_add (&get, now_ms () - t0);
+        bc_series_add (&get, bc_now_ms () - t0);
     }
   if (exec_failures > 0)
-    fprintf (stderr, "runtime_bench: exec: %d of %d calls failed (left out of the figures)\n", exec_failures,
+    fprintf (stderr, PROG ": exec: %d of %d calls failed (left out of the figures)\n", exec_failures,
              O.exec_warmup + O.exec_n);
-  row_add ("exec /bin/true round trip", "ms", &ours, 99, "fork+exec+wait", &fe);
-  row_add ("exec /bin/true round trip", "ms", &ours, 99, "crun exec", &crun_exec.s);
-  row_add ("for reference: unary Get round trip", "ms", &get, 99, NULL, NULL);
+  bc_row_add ("exec /bin/true round trip", "ms", &ours, 99, "fork+exec+wait", &fe);
+  bc_row_add ("exec /bin/true round trip", "ms", &ours, 99, "crun exec", &crun_exec.s);
+  bc_row_add ("for reference: unary Get round trip", "ms", &get, 99, NULL, NULL);
   pool_delete (id);
   pool_drain ();
 }
@@ -779,8 +449,8 @@ bench_throughput (void)
   char id[80];
   snprintf (id, sizeof id, "%s-tput", O.prefix);
   err_t err = ERR_INIT;
-  if (gw_launch (id, &err) < 0)
-    die ("launch", &err);
+  if (bc_launch (CH, id, &err) < 0)
+    bc_die (PROG, "launch", &err);
   uint64_t want = (uint64_t) O.tput_mib * 1024 * 1024;
   char bytes_s[32], cmd[256];
   snprintf (bytes_s, sizeof bytes_s, "%llu", (unsigned long long) want);
@@ -788,32 +458,32 @@ bench_throughput (void)
   char *argv[] = {"head", "-c", bytes_s, "/dev/zero"};
   baseline_t ddcat = {.name = "dd | cat", .tool = "dd", .words = {"sh", "-c", cmd}};
   baseline_check_tool (&ddcat);
-  series_t ours = {0}, ours_ms = {0};
-  fprintf (stderr, "runtime_bench: throughput: %d runs of %ld MiB each way\n", O.tput_n, O.tput_mib);
+  bc_series_t ours = {0}, ours_ms = {0};
+  fprintf (stderr, PROG ": throughput: %d runs of %ld MiB each way\n", O.tput_n, O.tput_mib);
   for (int i = 0; i < O.tput_n; i++)
     {
       uint64_t got = 0;
-      double t0 = now_ms ();
-      if (gw_exec (id, argv, 4, &got, &err) < 0)
-        die ("exec head", &err);
-      double ms = now_ms () - t0;
+      double t0 = bc_now_ms ();
+      if (bc_exec (CH, id, argv, 4, 0, &got, &err) < 0)
+        bc_die (PROG, "exec head", &err);
+      double ms = bc_now_ms () - t0;
       if (got != want)
         {
-          fprintf (stderr, "runtime_bench: received %llu bytes, expected %llu\n", (unsigned long long) got,
+          fprintf (stderr, PROG ": received %llu bytes, expected %llu\n", (unsigned long long) got,
                    (unsigned long long) want);
           exit (1);
         }
-      series_add (&ours_ms, ms);
-      series_add (&ours, (double) want / 1e6 / (ms / 1e3));
+      bc_series_add (&ours_ms, ms);
+      bc_series_add (&ours, bc_mbps (want, ms));
       baseline_run (&ddcat, i, true);
     }
   /* The baseline's times become MB/s. */
   for (int i = 0; i < ddcat.s.n; i++)
-    ddcat.s.v[i] = (double) want / 1e6 / (ddcat.s.v[i] / 1e3);
+    ddcat.s.v[i] = bc_mbps (want, ddcat.s.v[i]);
   char what[64];
   snprintf (what, sizeof what, "stdout %ld MiB, p99 col = slowest", O.tput_mib);
   /* For a rate the bad tail is the low end: the 1st percentile. */
-  row_add (what, "MB/s", &ours, 1, "dd | cat", &ddcat.s);
+  bc_row_add (what, "MB/s", &ours, 1, "dd | cat", &ddcat.s);
   pool_delete (id);
   pool_drain ();
 }
@@ -823,11 +493,11 @@ bench_memory (void)
 {
   if (O.cgroup_group == NULL)
     {
-      fprintf (stderr, "runtime_bench: memory: no --cgroup-group; skipped\n");
+      fprintf (stderr, PROG ": memory: no --cgroup-group; skipped\n");
       return;
     }
   err_t err = ERR_INIT;
-  fprintf (stderr, "runtime_bench: memory: %d idle sandboxes\n", O.mem_n);
+  fprintf (stderr, PROG ": memory: %d idle sandboxes\n", O.mem_n);
   sync ();
   long slab0 = proc_kb ("/proc/meminfo", "Slab");
   long kstack0 = proc_kb ("/proc/meminfo", "KernelStack");
@@ -835,20 +505,20 @@ bench_memory (void)
   char gwstatus[64];
   snprintf (gwstatus, sizeof gwstatus, "/proc/%d/status", (int) O.gateway_pid);
   long gw0 = O.gateway_pid > 0 ? proc_kb (gwstatus, "VmRSS") : -1;
-  double t0 = now_ms ();
+  double t0 = bc_now_ms ();
   int launched = 0;
   for (int i = 0; i < O.mem_n; i++, launched++)
     {
       char id[80];
       snprintf (id, sizeof id, "%s-mem-%03d", O.prefix, i);
-      if (gw_launch (id, &err) < 0)
+      if (bc_launch (CH, id, &err) < 0)
         {
-          fprintf (stderr, "runtime_bench: memory: launch %d: %s\n", i, err_msg (&err));
+          fprintf (stderr, PROG ": memory: launch %d: %s\n", i, err_msg (&err));
           err_release (&err);
           break;
         }
     }
-  double launch_all_ms = now_ms () - t0;
+  double launch_all_ms = bc_now_ms () - t0;
   /* Let deferred frees (RCU) and the holders settle. */
   usleep (500 * 1000);
   long slab1 = proc_kb ("/proc/meminfo", "Slab");
@@ -856,7 +526,7 @@ bench_memory (void)
   long ptab1 = proc_kb ("/proc/meminfo", "PageTables");
   long gw1 = O.gateway_pid > 0 ? proc_kb (gwstatus, "VmRSS") : -1;
 
-  series_t pss = {0}, priv = {0}, nproc = {0};
+  bc_series_t pss = {0}, priv = {0}, nproc = {0};
   for (int i = 0; i < launched; i++)
     {
       char path[512];
@@ -866,7 +536,7 @@ bench_memory (void)
       int n = cgroup_pids (path, pids, 64);
       if (n <= 0)
         {
-          fprintf (stderr, "runtime_bench: memory: no process in %s\n", path);
+          fprintf (stderr, PROG ": memory: no process in %s\n", path);
           continue;
         }
       long sum_pss = 0, sum_priv = 0;
@@ -882,26 +552,26 @@ bench_memory (void)
           if (pc >= 0 && pd >= 0)
             sum_priv += pc + pd;
         }
-      series_add (&pss, (double) sum_pss);
-      series_add (&priv, (double) sum_priv);
-      series_add (&nproc, n);
+      bc_series_add (&pss, (double) sum_pss);
+      bc_series_add (&priv, (double) sum_priv);
+      bc_series_add (&nproc, n);
     }
-  fprintf (stderr, "runtime_bench: memory: %d launched in %.0f ms; %.1f processes in each sandbox's own group (median)\n",
-           launched, launch_all_ms, pct (&nproc, 50));
-  series_t slab = {0}, kother = {0}, gw = {0};
+  fprintf (stderr, PROG ": memory: %d launched in %.0f ms; %.1f processes in each sandbox's own group (median)\n",
+           launched, launch_all_ms, bc_pct (&nproc, 50));
+  bc_series_t slab = {0}, kother = {0}, gw = {0};
   if (launched > 0)
     {
-      series_add (&slab, (double) (slab1 - slab0) / launched);
-      series_add (&kother, (double) ((kstack1 - kstack0) + (ptab1 - ptab0)) / launched);
+      bc_series_add (&slab, (double) (slab1 - slab0) / launched);
+      bc_series_add (&kother, (double) ((kstack1 - kstack0) + (ptab1 - ptab0)) / launched);
       if (gw0 >= 0 && gw1 >= 0)
-        series_add (&gw, (double) (gw1 - gw0) / launched);
+        bc_series_add (&gw, (double) (gw1 - gw0) / launched);
     }
-  row_add ("idle sandbox: user memory, Pss", "KiB", &pss, 99, NULL, NULL);
-  row_add ("idle sandbox: user memory, private", "KiB", &priv, 99, NULL, NULL);
-  row_add ("idle sandbox: kernel slab growth/n", "KiB", &slab, 99, NULL, NULL);
-  row_add ("idle sandbox: kstack+pagetables/n", "KiB", &kother, 99, NULL, NULL);
+  bc_row_add ("idle sandbox: user memory, Pss", "KiB", &pss, 99, NULL, NULL);
+  bc_row_add ("idle sandbox: user memory, private", "KiB", &priv, 99, NULL, NULL);
+  bc_row_add ("idle sandbox: kernel slab growth/n", "KiB", &slab, 99, NULL, NULL);
+  bc_row_add ("idle sandbox: kstack+pagetables/n", "KiB", &kother, 99, NULL, NULL);
   if (gw.n > 0)
-    row_add ("idle sandbox: gateway RSS growth/n", "KiB", &gw, 99, NULL, NULL);
+    bc_row_add ("idle sandbox: gateway RSS growth/n", "KiB", &gw, 99, NULL, NULL);
 
   for (int i = 0; i < launched; i++)
     {
@@ -918,7 +588,7 @@ static void
 usage (FILE *f)
 {
   fprintf (f,
-           "Usage: runtime_bench --target HOST:PORT [options]\n"
+           "Usage: " PROG " --target HOST:PORT [options]\n"
            "Benchmarks a running sandbox-gateway (secret in CLOUD_RUN_SANDBOX_GATEWAY_SECRET).\n"
            "  --target HOST:PORT      the gateway\n"
            "  --cgroup-group NAME     the gateway's SANDBOX_CGROUP_GROUP (memory test)\n"
@@ -977,16 +647,15 @@ main (int argc, char **argv)
   if (O.target == NULL || secret == NULL || secret[0] == '\0')
     {
       usage (stderr);
-      fprintf (stderr, "runtime_bench: --target and CLOUD_RUN_SANDBOX_GATEWAY_SECRET are required\n");
+      fprintf (stderr, PROG ": --target and CLOUD_RUN_SANDBOX_GATEWAY_SECRET are required\n");
       return 2;
     }
   if (O.launch_n < 1 || O.exec_n < 1 || O.tput_n < 1 || O.tput_mib < 1 || O.mem_n < 0)
     {
-      fprintf (stderr, "runtime_bench: counts must be positive\n");
+      fprintf (stderr, PROG ": counts must be positive\n");
       return 2;
     }
-  snprintf (AUTH, sizeof AUTH, "Bearer %s", secret);
-  MD[0] = (rpc_metadata_t){"authorization", AUTH};
+  bc_auth_from_env (PROG);
   signal (SIGPIPE, SIG_IGN);
 
   /* Before any thread exists: the baselines (crun) then see a v1 layout. The
@@ -996,17 +665,15 @@ main (int argc, char **argv)
       if (unshare (CLONE_NEWNS) < 0 || mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0
           || umount2 ("/sys/fs/cgroup/unified", MNT_DETACH) < 0)
         {
-          perror ("runtime_bench: --hide-cgroup2");
+          perror (PROG ": --hide-cgroup2");
           return 1;
         }
     }
 
   rpc_init ();
-  err_t err = ERR_INIT;
-  rpc_opts_t ropts = {0};
-  ropts.max_message_bytes = 64u * 1024u * 1024u;
-  if (rpc_channel_new (O.target, &ropts, &CH, &err) < 0)
-    die ("channel", &err);
+  CH = bc_channel (PROG, O.target);
+  /* This program's table has always had these widths. */
+  bc_table_widths (42, 16);
 
   pool_start ();
   char list[128];
@@ -1022,31 +689,18 @@ main (int argc, char **argv)
       snprintf (key, sizeof key, ",%s,", stages[i].name);
       if (strstr (list, key) == NULL || (strcmp (stages[i].name, "mem") == 0 && O.mem_n == 0))
         continue;
-      double t0 = now_ms ();
+      double t0 = bc_now_ms ();
       stages[i].fn ();
-      fprintf (stderr, "runtime_bench: %s: done in %.1f s\n", stages[i].name, (now_ms () - t0) / 1e3);
+      fprintf (stderr, PROG ": %s: done in %.1f s\n", stages[i].name, (bc_now_ms () - t0) / 1e3);
     }
 
   pool_stop ();
   if (P.lat.n > 0)
-    row_add ("delete (background, 64 at once)", "ms", &P.lat, 99, NULL, NULL);
+    bc_row_add ("delete (background, 64 at once)", "ms", &P.lat, 99, NULL, NULL);
   if (P.failures > 0)
-    fprintf (stderr, "runtime_bench: %d deletes failed\n", P.failures);
-  printf ("\n");
-  print_table (stdout, false);
-  fflush (stdout);
-  if (O.markdown != NULL)
-    {
-      FILE *f = fopen (O.markdown, "we");
-      if (f == NULL)
-        {
-          perror (O.markdown);
-          return 1;
-        }
-      print_table (f, true);
-      fclose (f);
-    }
+    fprintf (stderr, PROG ": %d deletes failed\n", P.failures);
+  int rc = bc_print_tables (O.markdown) < 0 ? 1 : 0;
   rpc_channel_destroy (CH);
   rpc_shutdown ();
-  return 0;
+  return rc;
 }

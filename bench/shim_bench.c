@@ -70,13 +70,6 @@ static rpc_channel_t *CH;
 static char SECRET[256];
 static struct sockaddr_in SHIM_ADDR;
 
-static void
-die (const char *what, err_t *err)
-{
-  fprintf (stderr, PROG ": %s: %s\n", what, err_msg (err));
-  exit (1);
-}
-
 /* ---- a minimal HTTP/1.1 client (keep-alive) ------------------------------- */
 
 typedef struct http_s
@@ -299,16 +292,16 @@ bench_rtt (void)
       bool rec = i >= O.rtt_warmup;
       double t0 = bc_now_ms ();
       if (rest_exec (&h, &err) < 0)
-        die ("exec through the shim", &err);
+        bc_die (PROG, "exec through the shim", &err);
       double t1 = bc_now_ms ();
       if (grpc_exec (&err) < 0)
-        die ("exec", &err);
+        bc_die (PROG, "exec", &err);
       double t2 = bc_now_ms ();
       if (rest_health (&h, &err) < 0)
-        die ("GET /health", &err);
+        bc_die (PROG, "GET /health", &err);
       double t3 = bc_now_ms ();
       if (grpc_health (&err) < 0)
-        die ("health", &err);
+        bc_die (PROG, "health", &err);
       double t4 = bc_now_ms ();
       if (rec)
         {
@@ -564,7 +557,7 @@ main (int argc, char **argv)
   char body[1024];
   if (http_do (&h, "POST", "/sandboxes", "{\"sandbox_id\":\"" SANDBOX_ID "\"}", &status, body, sizeof body, &err)
       < 0)
-    die ("POST /sandboxes", &err);
+    bc_die (PROG, "POST /sandboxes", &err);
   if (status != 201)
     {
       fprintf (stderr, PROG ": POST /sandboxes: HTTP %d: %s\n", status, body);
@@ -588,7 +581,7 @@ main (int argc, char **argv)
     }
 
   if (bc_delete (CH, SANDBOX_ID, &err) < 0)
-    die ("delete", &err);
+    bc_die (PROG, "delete", &err);
   int rc = bc_print_tables (O.markdown) < 0 ? 1 : 0;
   if (LOAD_ERRORS > 0)
     {

@@ -74,19 +74,6 @@ static int TREE_FILES;
 
 static rpc_channel_t *CH, *GCS_CH;
 
-static void
-die (const char *what, err_t *err)
-{
-  fprintf (stderr, PROG ": %s: %s\n", what, err_msg (err));
-  exit (1);
-}
-
-static double
-mbps (uint64_t bytes, double ms)
-{
-  return (double) bytes / 1e6 / (ms / 1e3);
-}
-
 /* ---- the tree ------------------------------------------------------------ */
 
 static void
@@ -119,7 +106,7 @@ make_tree (const char *id)
   err_t err = ERR_INIT;
   double t0 = bc_now_ms ();
   if (bc_exec (CH, id, argv, 3, 600, NULL, &err) < 0)
-    die ("making the tree in the sandbox", &err);
+    bc_die (PROG, "making the tree in the sandbox", &err);
   fprintf (stderr, PROG ": tree: %d files, %.0f MiB, made in the sandbox in %.1f s\n", TREE_FILES,
            (double) TREE_BYTES / (1 << 20), (bc_now_ms () - t0) / 1e3);
 }
@@ -136,13 +123,8 @@ export_once (const char *id, int fd, uint64_t *bytes, err_t *err)
   req.sandbox_id = (char *) id;
   req.compression = SANDBOX__V1__COMPRESSION__COMPRESSION_NONE;
   rpc_client_call_t *c = NULL;
-  if (rpc_client_start (CH, "/sandbox.v1.Sandbox/ExportSnapshot", 600000, BC_MD, 1, &c, err) < 0)
+  if (bc_call_start (CH, "/sandbox.v1.Sandbox/ExportSnapshot", 600000, &req.base, &c, err) < 0)
     return -1;
-  if (rpc_client_send (c, &req.base, err) < 0 || rpc_client_close_send (c, err) < 0)
-    {
-      rpc_client_destroy (c);
-      return -1;
-    }
   uint64_t got = 0, total = 0;
   bool last = false;
   for (;;)
@@ -179,17 +161,8 @@ export_once (const char *id, int fd, uint64_t *bytes, err_t *err)
         }
       protobuf_c_message_free_unpacked (m, NULL);
     }
-  rpc_status_t st = RPC_STATUS_INIT;
-  grpc_status_code code = rpc_client_finish (c, &st);
-  rpc_client_destroy (c);
-  if (code != GRPC_STATUS_OK)
-    {
-      err_make (err, rpc_errno_from_status (code), "export: %s: %s", rpc_status_name (code),
-                st.details ? st.details : "");
-      rpc_status_release (&st);
-      return -1;
-    }
-  rpc_status_release (&st);
+  if (bc_call_finish (c, "export", err) < 0)
+    return -1;
   if (!last || total != got)
     return err_make (err, EIO, "export: %llu bytes received, the last chunk says %llu%s", (unsigned long long) got,
                      (unsigned long long) total, last ? "" : " (no last chunk)");
@@ -250,7 +223,7 @@ bench_export (const char *src)
       uint64_t ob = 0, tb = 0;
       double t0 = bc_now_ms ();
       if (export_once (src, -1, &ob, &err) < 0)
-        die ("export", &err);
+        bc_die (PROG, "export", &err);
       double ms = bc_now_ms () - t0;
       double tms = tar_c_once (&tb);
       if (isnan (tms))
@@ -262,8 +235,8 @@ bench_export (const char *src)
                (unsigned long long) ob, tms, (unsigned long long) tb, i == 0 ? " (warm-up)" : "");
       if (i > 0)
         {
-          bc_series_add (&ours, mbps (TREE_BYTES, ms));
-          bc_series_add (&tar, mbps (TREE_BYTES, tms));
+          bc_series_add (&ours, bc_mbps (TREE_BYTES, ms));
+          bc_series_add (&tar, bc_mbps (TREE_BYTES, tms));
         }
     }
   char what[96];
@@ -326,13 +299,9 @@ restore_once (rpc_channel_t *ch, const char *id, const char *path, err_t *err)
     }
   if (m != NULL)
     protobuf_c_message_free_unpacked (m, NULL);
-  rpc_status_t st = RPC_STATUS_INIT;
-  grpc_status_code code = rpc_client_finish (c, &st);
-  rpc_client_destroy (c);
-  if (rc == 0 && code != GRPC_STATUS_OK)
-    rc = err_make (err, rpc_errno_from_status (code), "restore: %s: %s", rpc_status_name (code),
-                   st.details ? st.details : "");
-  rpc_status_release (&st);
+  /* A status that is not OK counts only when our side did not fail first. */
+  if (bc_call_finish (c, "restore", rc == 0 ? err : NULL) < 0)
+    rc = -1;
   return rc;
 }
 
@@ -376,12 +345,12 @@ bench_restore (const char *tarpath)
       snprintf (id, sizeof id, "snapbench-restore-%d", i);
       double t0 = bc_now_ms ();
       if (restore_once (CH, id, tarpath, &err) < 0)
-        die ("restore", &err);
+        bc_die (PROG, "restore", &err);
       double ms = bc_now_ms () - t0;
       /* Not timed: the restored sandbox's memory goes back before the next
        * run. */
       if (bc_delete (CH, id, &err) < 0)
-        die ("delete", &err);
+        bc_die (PROG, "delete", &err);
       double tms = tar_x_once (tarpath);
       if (isnan (tms))
         {
@@ -392,8 +361,8 @@ bench_restore (const char *tarpath)
                i == 0 ? " (warm-up)" : "");
       if (i > 0)
         {
-          bc_series_add (&ours, mbps (TREE_BYTES, ms));
-          bc_series_add (&tar, mbps (TREE_BYTES, tms));
+          bc_series_add (&ours, bc_mbps (TREE_BYTES, ms));
+          bc_series_add (&tar, bc_mbps (TREE_BYTES, tms));
         }
     }
   char what[96];
@@ -410,13 +379,8 @@ persist_once (rpc_channel_t *ch, const char *id, uint64_t *bytes, char *store, s
   Sandbox__V1__PersistSnapshotRequest req = SANDBOX__V1__PERSIST_SNAPSHOT_REQUEST__INIT;
   req.sandbox_id = (char *) id;
   rpc_client_call_t *c = NULL;
-  if (rpc_client_start (ch, "/sandbox.v1.Sandbox/PersistSnapshot", 600000, BC_MD, 1, &c, err) < 0)
+  if (bc_call_start (ch, "/sandbox.v1.Sandbox/PersistSnapshot", 600000, &req.base, &c, err) < 0)
     return -1;
-  if (rpc_client_send (c, &req.base, err) < 0 || rpc_client_close_send (c, err) < 0)
-    {
-      rpc_client_destroy (c);
-      return -1;
-    }
   bool done = false;
   for (;;)
     {
@@ -438,17 +402,8 @@ persist_once (rpc_channel_t *ch, const char *id, uint64_t *bytes, char *store, s
         }
       protobuf_c_message_free_unpacked (m, NULL);
     }
-  rpc_status_t st = RPC_STATUS_INIT;
-  grpc_status_code code = rpc_client_finish (c, &st);
-  rpc_client_destroy (c);
-  if (code != GRPC_STATUS_OK)
-    {
-      err_make (err, rpc_errno_from_status (code), "persist: %s: %s", rpc_status_name (code),
-                st.details ? st.details : "");
-      rpc_status_release (&st);
-      return -1;
-    }
-  rpc_status_release (&st);
+  if (bc_call_finish (c, "persist", err) < 0)
+    return -1;
   if (!done)
     return err_make (err, EIO, "persist: no final progress event");
   return 0;
@@ -461,7 +416,7 @@ bench_persist (const char *src, const char *tarpath)
   /* The same tree in the GCS gateway: restored from the same tar. */
   double t0 = bc_now_ms ();
   if (restore_once (GCS_CH, src, tarpath, &err) < 0)
-    die ("restore into the GCS gateway", &err);
+    bc_die (PROG, "restore into the GCS gateway", &err);
   fprintf (stderr, PROG ": persist: the tree restored into the GCS gateway in %.1f s\n", (bc_now_ms () - t0) / 1e3);
   bc_series_t gcs = {0}, local = {0};
   fprintf (stderr, PROG ": persist: 1 warm-up + %d runs of each\n", O.runs);
@@ -471,11 +426,11 @@ bench_persist (const char *src, const char *tarpath)
       char gstore[16] = "", lstore[16] = "";
       t0 = bc_now_ms ();
       if (persist_once (GCS_CH, src, &gb, gstore, sizeof gstore, &err) < 0)
-        die ("persist to GCS", &err);
+        bc_die (PROG, "persist to GCS", &err);
       double gms = bc_now_ms () - t0;
       t0 = bc_now_ms ();
       if (persist_once (CH, src, &lb, lstore, sizeof lstore, &err) < 0)
-        die ("persist to the local store", &err);
+        bc_die (PROG, "persist to the local store", &err);
       double lms = bc_now_ms () - t0;
       if (strcmp (gstore, "gcs") != 0 || strcmp (lstore, "local") != 0)
         {
@@ -486,15 +441,15 @@ bench_persist (const char *src, const char *tarpath)
                (unsigned long long) gb, lms, (unsigned long long) lb, i == 0 ? " (warm-up)" : "");
       if (i > 0)
         {
-          bc_series_add (&gcs, mbps (TREE_BYTES, gms));
-          bc_series_add (&local, mbps (TREE_BYTES, lms));
+          bc_series_add (&gcs, bc_mbps (TREE_BYTES, gms));
+          bc_series_add (&local, bc_mbps (TREE_BYTES, lms));
         }
     }
   char what[96];
   snprintf (what, sizeof what, "persist %.0f MiB tree to GCS, p99 col = slowest", (double) TREE_BYTES / (1 << 20));
   bc_row_add (what, "MB/s", &gcs, 1, "local store (tmpfs)", &local);
   if (bc_delete (GCS_CH, src, &err) < 0)
-    die ("delete", &err);
+    bc_die (PROG, "delete", &err);
 }
 
 /* ---- main ---------------------------------------------------------------- */
@@ -552,7 +507,7 @@ main (int argc, char **argv)
   const char *src = "snapbench-src";
   err_t err = ERR_INIT;
   if (bc_launch (CH, src, &err) < 0)
-    die ("launch", &err);
+    bc_die (PROG, "launch", &err);
   make_tree (src);
 
   /* The copy out: the first export (which also warms the export path up)
@@ -569,7 +524,7 @@ main (int argc, char **argv)
   uint64_t tar_bytes = 0;
   double t0 = bc_now_ms ();
   if (export_once (src, fd, &tar_bytes, &err) < 0)
-    die ("export to a file", &err);
+    bc_die (PROG, "export to a file", &err);
   close (fd);
   fprintf (stderr, PROG ": copied out: %s, %llu bytes, in %.1f s\n", tarpath, (unsigned long long) tar_bytes,
            (bc_now_ms () - t0) / 1e3);
@@ -602,7 +557,7 @@ main (int argc, char **argv)
     fprintf (stderr, PROG ": persist: no --gcs-target; skipped\n");
 
   if (bc_delete (CH, src, &err) < 0)
-    die ("delete", &err);
+    bc_die (PROG, "delete", &err);
   int rc = bc_print_tables (O.markdown) < 0 ? 1 : 0;
   rpc_channel_destroy (CH);
   if (GCS_CH != NULL)
