@@ -728,3 +728,79 @@ def running_shim(gateway: Optional[Gateway] = None, **kw) -> Iterator[Shim]:
         yield shim
     finally:
         shim.stop()
+
+
+# --- helpers shared by tests that need a peer ------------------------------
+
+@contextlib.contextmanager
+def answering_server(host: str, reply: bytes) -> Iterator[int]:
+    """A TCP server on `host` (port picked by the kernel) that sends `reply`
+    to every connection and closes it; yields the port, stops on exit."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((host, 0))
+    srv.listen(16)
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                continue
+            with c:
+                c.sendall(reply)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        stop.set()
+        t.join(5)
+        srv.close()
+
+
+FAKE_GCS = REPO_ROOT / "tests" / "gcs" / "fake_gcs.py"
+
+
+class FakeGcs:
+    """tests/gcs/fake_gcs.py running on loopback: `host` ("127.0.0.1:port",
+    for STORAGE_EMULATOR_HOST), its fault-injection control endpoint, and
+    reading an object back."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(["/usr/bin/python3", str(FAKE_GCS)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        self.host = f"127.0.0.1:{int(self.proc.stdout.readline().strip())}"
+
+    def control(self, path: str, body: Optional[dict] = None) -> dict:
+        import urllib.request
+        req = urllib.request.Request(f"http://{self.host}{path}", method="POST" if body is not None else "GET",
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read() or b"{}")
+
+    def object_bytes(self, bucket: str, name: str) -> bytes:
+        """The object's bytes; urllib.error.HTTPError (404) when absent."""
+        import urllib.parse
+        import urllib.request
+        quoted = urllib.parse.quote(name, safe="")
+        with urllib.request.urlopen(f"http://{self.host}/storage/v1/b/{bucket}/o/{quoted}?alt=media",
+                                    timeout=30) as r:
+            return r.read()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def running_fake_gcs() -> Iterator[FakeGcs]:
+    g = FakeGcs()
+    try:
+        yield g
+    finally:
+        g.stop()

@@ -10,12 +10,11 @@ import random
 import secrets
 import socket
 import subprocess
-import threading
 import time
 
 import pytest
 
-from gateway_fixture import start_gateway
+from gateway_fixture import answering_server, start_gateway
 from test_runtime_common import Sandboxes, connect_argv, holder_pids, pid_alive, run, wait_for
 
 NS_SERVER = r"""
@@ -95,30 +94,8 @@ def netns():
 @pytest.fixture(scope="module")
 def host_loopback_server():
     """A server on the host's 127.0.0.1 that sandboxes must not reach."""
-    srv = socket.socket()
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    srv.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve():
-        while not stop.is_set():
-            try:
-                c, _ = srv.accept()
-            except OSError:
-                continue
-            with c:
-                c.sendall(b"host-loopback")
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    try:
-        yield srv.getsockname()[1]
-    finally:
-        stop.set()
-        t.join(5)
-        srv.close()
+    with answering_server("127.0.0.1", b"host-loopback") as port:
+        yield port
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ import hashlib
 import os
 import secrets
 import shutil
-import socket
-import threading
 
 import pytest
+
+from gateway_fixture import answering_server
 
 from test_runtime_common import Sandboxes, connect_argv, new_id
 
@@ -198,30 +198,8 @@ def test_gateway_port_is_not_reachable_from_inside(sbx, pair, gateway):
 @pytest.fixture
 def host_server():
     """A TCP server on all the host's addresses, answering "host"."""
-    srv = socket.socket()
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind(("0.0.0.0", 0))
-    srv.listen(16)
-    srv.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve():
-        while not stop.is_set():
-            try:
-                c, _ = srv.accept()
-            except OSError:
-                continue
-            with c:
-                c.sendall(b"host")
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    try:
-        yield srv.getsockname()[1]
-    finally:
-        stop.set()
-        t.join(5)
-        srv.close()
+    with answering_server("0.0.0.0", b"host") as port:
+        yield port
 
 
 def host_addresses() -> list[str]:

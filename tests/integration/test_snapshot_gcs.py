@@ -5,53 +5,36 @@ injected faults, carries a sandbox across two gateway processes, and goes
 away with Delete(delete_snapshot=True)."""
 
 import hashlib
-import json
-import subprocess
 import urllib.error
-import urllib.parse
-import urllib.request
 
 import grpc
 import pytest
 
-from gateway_fixture import REPO_ROOT, running_gateway
+from gateway_fixture import running_fake_gcs, running_gateway
 from grpc_clients import sandbox_modules
 
 pb, pb_grpc = sandbox_modules()
 
 SECRET = "gcs-test-secret"
 BUCKET = "snapshots-bucket"
-FAKE_GCS = REPO_ROOT / "tests" / "gcs" / "fake_gcs.py"
 
 
 @pytest.fixture()
 def fake_gcs():
-    proc = subprocess.Popen(["/usr/bin/python3", str(FAKE_GCS)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
-    try:
-        port = int(proc.stdout.readline().strip())
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with running_fake_gcs() as g:
+        yield g
 
 
-def control(host, path, body=None):
-    req = urllib.request.Request(f"http://{host}{path}", method="POST" if body is not None else "GET",
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read() or b"{}")
+def control(gcs, path, body=None):
+    return gcs.control(path, body)
 
 
-def object_bytes(host, name):
-    quoted = urllib.parse.quote(name, safe="")
-    with urllib.request.urlopen(f"http://{host}/storage/v1/b/{BUCKET}/o/{quoted}?alt=media", timeout=30) as r:
-        return r.read()
+def object_bytes(gcs, name):
+    return gcs.object_bytes(BUCKET, name)
 
 
-def gcs_env(host):
-    return {"CLOUD_RUN_SANDBOX_GCS_BUCKET": BUCKET, "STORAGE_EMULATOR_HOST": host,
+def gcs_env(gcs):
+    return {"CLOUD_RUN_SANDBOX_GCS_BUCKET": BUCKET, "STORAGE_EMULATOR_HOST": gcs.host,
             "SANDBOX_GCS_CHUNK_MB": "1", "SANDBOX_GCS_RETRY_SECONDS": "20"}
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import signal
 import subprocess
@@ -28,7 +27,7 @@ import grpc
 import pytest
 
 from conftest import gateway_leftovers, health_ok, poll, processes_in_group, vm_rss_kib
-from gateway_fixture import REPO_ROOT, Gateway, START_TIMEOUT_S
+from gateway_fixture import Gateway, START_TIMEOUT_S, running_fake_gcs
 from test_runtime_common import Sandboxes, cgroup_pids, collect, pb
 
 
@@ -338,34 +337,21 @@ def test_a_sandbox_out_of_memory_is_reported_and_the_gateway_is_fine(procs):
 
 # --- a GCS outage ----------------------------------------------------------------------------------
 
-FAKE_GCS = REPO_ROOT / "tests" / "gcs" / "fake_gcs.py"
 BUCKET = "reliability-bucket"
 
 
 @pytest.fixture
 def fake_gcs():
-    proc = subprocess.Popen(["/usr/bin/python3", str(FAKE_GCS)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
-    try:
-        port = int(proc.stdout.readline().strip())
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with running_fake_gcs() as g:
+        yield g
 
 
-def gcs_control(host, path, body=None):
-    req = urllib.request.Request(f"http://{host}{path}", method="POST" if body is not None else "GET",
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read() or b"{}")
+def gcs_control(gcs, path, body=None):
+    return gcs.control(path, body)
 
 
-def gcs_object(host, name):
-    quoted = urllib.parse.quote(name, safe="")
-    with urllib.request.urlopen(f"http://{host}/storage/v1/b/{BUCKET}/o/{quoted}?alt=media", timeout=30) as r:
-        return r.read()
+def gcs_object(gcs, name):
+    return gcs.object_bytes(BUCKET, name)
 
 
 @pytest.mark.parametrize("fault", [
@@ -374,7 +360,7 @@ def gcs_object(host, name):
     {"kind": "status", "code": 500, "methods": ["PUT"]},
 ], ids=["503-everything", "dropped-connections", "500-on-chunks"])
 def test_a_gcs_outage_longer_than_the_retry_budget_fails_clearly_and_recovers(procs, fake_gcs, fault):
-    env = {"CLOUD_RUN_SANDBOX_GCS_BUCKET": BUCKET, "STORAGE_EMULATOR_HOST": fake_gcs,
+    env = {"CLOUD_RUN_SANDBOX_GCS_BUCKET": BUCKET, "STORAGE_EMULATOR_HOST": fake_gcs.host,
            "SANDBOX_GCS_CHUNK_MB": "1", "SANDBOX_GCS_RETRY_SECONDS": "3"}
     gw = procs.gateway(env)
     sbx = Sandboxes(gw)
