@@ -858,26 +858,38 @@ gcs_reader_close (snap_reader_t *sr)
 
 /* ---- metadata and deletion ----------------------------------------------- */
 
+/* One small request on an object's resource (metadata, deletion), with
+ * retries. Fills *resp (the caller clears it) and names the object in `what`
+ * (freed by the caller) for messages. */
 static int
-gcs_exists (snap_store_t *store, const char *object, err_t *err)
+object_request (gcs_store_t *s, const char *object, const char *method, const char *query, const char *verb,
+                gcs_resp_t *resp, char **what, bool *retried, err_t *err)
 {
-  gcs_store_t *s = (gcs_store_t *) store;
+  *what = NULL;
   if (check_object_name (object, err) < 0)
     return -1;
-  cleanup_free char *url = object_url (s, object, "?fields=name");
-  cleanup_free char *what = NULL;
-  if (asprintf (&what, "gs://%s/%s", s->bucket, object) < 0)
-    what = NULL;
+  cleanup_free char *url = object_url (s, object, query);
+  if (asprintf (what, "gs://%s/%s", s->bucket, object) < 0)
+    *what = NULL;
   CURL *h = curl_easy_init ();
-  if (url == NULL || what == NULL || h == NULL)
+  if (url == NULL || *what == NULL || h == NULL)
     {
       if (h != NULL)
         curl_easy_cleanup (h);
-      return err_make (err, ENOMEM, "look up `%s`: out of memory", object);
+      return err_make (err, ENOMEM, "%s `%s`: out of memory", verb, object);
     }
-  gcs_req_t req = {.method = "GET", .url = url, .timeout_s = SMALL_REQUEST_TIMEOUT_S};
+  gcs_req_t req = {.method = method, .url = url, .timeout_s = SMALL_REQUEST_TIMEOUT_S};
+  int rc = do_with_retry (s, h, &req, resp, *what, verb, retried, err);
+  curl_easy_cleanup (h);
+  return rc;
+}
+
+static int
+gcs_exists (snap_store_t *store, const char *object, err_t *err)
+{
   gcs_resp_t resp = {0};
-  int rc = do_with_retry (s, h, &req, &resp, what, "look up", NULL, err);
+  cleanup_free char *what = NULL;
+  int rc = object_request ((gcs_store_t *) store, object, "GET", "?fields=name", "look up", &resp, &what, NULL, err);
   if (rc == 0)
     {
       if (resp.status == 200)
@@ -888,31 +900,16 @@ gcs_exists (snap_store_t *store, const char *object, err_t *err)
         rc = fail_status (&resp, "look up", what, err);
     }
   gcs_resp_clear (&resp);
-  curl_easy_cleanup (h);
   return rc;
 }
 
 static int
 gcs_remove (snap_store_t *store, const char *object, err_t *err)
 {
-  gcs_store_t *s = (gcs_store_t *) store;
-  if (check_object_name (object, err) < 0)
-    return -1;
-  cleanup_free char *url = object_url (s, object, "");
-  cleanup_free char *what = NULL;
-  if (asprintf (&what, "gs://%s/%s", s->bucket, object) < 0)
-    what = NULL;
-  CURL *h = curl_easy_init ();
-  if (url == NULL || what == NULL || h == NULL)
-    {
-      if (h != NULL)
-        curl_easy_cleanup (h);
-      return err_make (err, ENOMEM, "delete `%s`: out of memory", object);
-    }
-  gcs_req_t req = {.method = "DELETE", .url = url, .timeout_s = SMALL_REQUEST_TIMEOUT_S};
   gcs_resp_t resp = {0};
+  cleanup_free char *what = NULL;
   bool retried = false;
-  int rc = do_with_retry (s, h, &req, &resp, what, "delete", &retried, err);
+  int rc = object_request ((gcs_store_t *) store, object, "DELETE", "", "delete", &resp, &what, &retried, err);
   if (rc == 0)
     {
       if (resp.status == 200 || resp.status == 204)
@@ -925,7 +922,6 @@ gcs_remove (snap_store_t *store, const char *object, err_t *err)
         rc = fail_status (&resp, "delete", what, err);
     }
   gcs_resp_clear (&resp);
-  curl_easy_cleanup (h);
   return rc;
 }
 
