@@ -20,7 +20,7 @@
 #include <sys/types.h>
 
 #include "common/err.h"
-#include "common/rpc.h"
+#include "common/rpc/rpc.h"
 
 /* CLOCK_MONOTONIC in milliseconds. */
 double bc_now_ms (void);

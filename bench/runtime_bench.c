@@ -36,7 +36,7 @@
 
 #include "bench/bench_common.h"
 #include "common/err.h"
-#include "common/rpc.h"
+#include "common/rpc/rpc.h"
 
 #define PROG "runtime_bench"
 

@@ -36,7 +36,7 @@
 
 #include "bench/bench_common.h"
 #include "common/err.h"
-#include "common/rpc.h"
+#include "common/rpc/rpc.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "sandbox/v1/sandbox.pb-c.h"
 

@@ -38,7 +38,7 @@
 
 #include "bench/bench_common.h"
 #include "common/err.h"
-#include "common/rpc.h"
+#include "common/rpc/rpc.h"
 #include "sandbox/v1/sandbox.pb-c.h"
 
 #define PROG "snapshots_bench"

@@ -8,7 +8,10 @@
 #define SBX_COMMON_CLEANUP_H
 
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static inline void
@@ -28,8 +31,33 @@ cleanup_close_fn (int *fd)
     }
 }
 
+static inline void
+cleanup_pipe_fn (int (*fds)[2])
+{
+  cleanup_close_fn (&(*fds)[0]);
+  cleanup_close_fn (&(*fds)[1]);
+}
+
+/* A child process: killed (SIGKILL) and reaped when the scope ends, unless
+ * take_pid handed it out. */
+static inline void
+cleanup_pid_fn (pid_t *pid)
+{
+  if (*pid > 0)
+    {
+      int saved = errno;
+      kill (*pid, SIGKILL);
+      while (waitpid (*pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+      errno = saved;
+    }
+}
+
 #define cleanup_free __attribute__ ((cleanup (cleanup_free_fn)))
 #define cleanup_close __attribute__ ((cleanup (cleanup_close_fn)))
+/* For `int p[2]` pipes and socket pairs: both ends closed. */
+#define cleanup_pipe __attribute__ ((cleanup (cleanup_pipe_fn)))
+#define cleanup_pid __attribute__ ((cleanup (cleanup_pid_fn)))
 
 /* Returns *pp and sets it to NULL: ownership leaves the scope. */
 static inline void *
@@ -41,6 +69,15 @@ take_ptr_impl (void *pp)
   return v;
 }
 #define take_ptr(pp) take_ptr_impl ((void *) (pp))
+
+/* Returns *pid and sets it to -1: the caller reaps it. */
+static inline pid_t
+take_pid (pid_t *pid)
+{
+  pid_t v = *pid;
+  *pid = -1;
+  return v;
+}
 
 /* Returns *fd and sets it to -1. */
 static inline int

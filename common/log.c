@@ -129,3 +129,18 @@ log_fields (log_level_t level, json_t *fields, const char *fmt, ...)
   log_write (level, fields, fmt, ap);
   va_end (ap);
 }
+
+void
+err_warn_release (err_t *err, const char *fmt, ...)
+{
+  if (log_enabled (SEV_WARNING))
+    {
+      char context[512];
+      va_list ap;
+      va_start (ap, fmt);
+      vsnprintf (context, sizeof context, fmt, ap);
+      va_end (ap);
+      log_msg (SEV_WARNING, "%s: %s", context, err_msg (err));
+    }
+  err_release (err);
+}

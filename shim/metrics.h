@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "common/rpc.h"
+#include "common/rpc/rpc.h"
 
 /* Counts a finished request: `route` is the route's template (e.g.
  * "/sandboxes/{id}/exec"), one of a fixed set. */

@@ -1,4 +1,4 @@
-/* shim: what the HTTP server (server.c) and the REST routes (routes.c)
+/* shim: what the HTTP server (server.c) and the REST routes (routes/)
  * share: the configuration, the gateway channel, the request state and the
  * response helpers.
  *
@@ -13,9 +13,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/rpc.h"
+#include "common/rpc/rpc.h"
 #include "shim/validate.h"
-#include "shim/watch.h"
+#include "shim/hangup.h"
 
 typedef struct shim_config_s
 {
@@ -108,12 +108,18 @@ void shim_req_fail (shim_req_t *r, unsigned code, const char *detail);
 void shim_req_fail_json (shim_req_t *r, unsigned code, json_t *body);
 
 /* The HTTP answer for a failed gateway call (status mapping table). */
-struct MHD_Response *shim_gateway_error (grpc_status_code code, const char *details, unsigned *status);
+struct MHD_Response *shim_gateway_error (grpc_status_code code, const rpc_status_t *st, unsigned *status);
+/* The HTTP status for a failed gateway call: `from_handler` tells the
+ * gateway's own UNAVAILABLE (503) from no gateway at all (502). */
+unsigned shim_http_status (grpc_status_code code, bool from_handler);
 
 /* The client connection's socket (for watch_add), or -1. */
 int shim_req_fd (shim_req_t *r);
 
-/* The route table (routes.c). */
+/* Monotonic nanoseconds. */
+int64_t shim_mono_ns (void);
+
+/* The route table (routes/table.c). */
 extern const shim_route_t shim_routes[];
 extern const size_t shim_n_routes;
 

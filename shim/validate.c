@@ -250,27 +250,3 @@ shim_exec_body_release (shim_exec_body_t *b)
   b->argv = NULL;
   b->argc = 0;
 }
-
-bool
-shim_match_path (const char *tmpl, const char *url, char *id, size_t id_cap, bool *id_too_long)
-{
-  const char *brace = strstr (tmpl, "{id}");
-  if (brace == NULL)
-    return strcmp (tmpl, url) == 0;
-  size_t pre = (size_t) (brace - tmpl);
-  if (strncmp (tmpl, url, pre) != 0)
-    return false;
-  const char *start = url + pre;
-  const char *end = strchr (start, '/');
-  size_t len = end != NULL ? (size_t) (end - start) : strlen (start);
-  const char *suffix = brace + 4;
-  if (strcmp (end != NULL ? end : "", suffix) != 0)
-    return false;
-  if (len == 0)
-    return false;
-  *id_too_long = len >= id_cap;
-  size_t n = *id_too_long ? id_cap - 1 : len;
-  memcpy (id, start, n);
-  id[n] = '\0';
-  return true;
-}

@@ -61,12 +61,5 @@ bool shim_parse_exec (const char *content_type, const char *body, size_t len, sh
                       shim_errors_t *e);
 void shim_exec_body_release (shim_exec_body_t *b);
 
-/* Matches `url` against a route template with at most one "{id}" component
- * ("/sandboxes/{id}/exec"). On a match the component is copied into `id`
- * (`id_cap` bytes, truncated and *id_too_long set when it does not fit: the
- * length check is left to validation); a template without "{id}" matches
- * only the same string and leaves `id` and *id_too_long alone. An empty
- * component does not match. `id_cap` must be at least 1. */
-bool shim_match_path (const char *tmpl, const char *url, char *id, size_t id_cap, bool *id_too_long);
 
 #endif

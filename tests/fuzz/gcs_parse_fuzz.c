@@ -22,7 +22,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "gateway/gcs/parse.h"
+#include "gateway/store/gcs/parse.h"
 
 #define CHECK(cond)                                                                                \
   do                                                                                               \

@@ -31,7 +31,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "gateway/snap_unpack.h"
+#include "gateway/snapshot/unpack.h"
 
 static char base[4096];
 static char run[4200];

@@ -22,7 +22,7 @@
 #include "common/cleanup.h"
 #include "common/err.h"
 #include "common/log.h"
-#include "gateway/gcs/gcs.h"
+#include "gateway/store/gcs/gcs.h"
 
 static int
 usage (void)

@@ -1,0 +1,699 @@
+/* rpc_server: the server half of the call layer (see rpc.h).
+ *
+ * Shape: one "next" completion queue, registered with the gRPC server, on
+ * which a single poller thread learns of new calls. For every method (and
+ * for unregistered ones, answered UNIMPLEMENTED) a few accept slots are kept
+ * outstanding; each slot brings its own "pluck" completion queue, which
+ * becomes the call's private queue. An accepted call is handed to a thread
+ * of its own that runs the handler; all operations of that call are plucked
+ * from its queue by that thread, so handlers are plain blocking code and a
+ * slow call never holds up another.
+ *
+ * Every call starts RECV_CLOSE_ON_SERVER at once; rpc_call_cancelled()
+ * peeks at it without blocking.
+ *
+ * Threading: the server struct's mutable fields (inflight, shutdown state)
+ * are guarded by `mu`; a call's fields belong to its handler thread.
+ */
+#include "common/rpc/internal.h"
+
+#include <errno.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/time.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cleanup.h"
+#include "common/log.h"
+
+/* Outstanding accept slots per method: enough to take a burst of calls
+ * without waiting for the poller to re-arm. */
+#define RPC_ACCEPT_DEPTH 8
+
+/* Stack of a handler thread. */
+#define RPC_HANDLER_STACK (2u * 1024u * 1024u)
+
+typedef struct rpc_method_s
+{
+  char *path;
+  void *handle; /* from grpc_server_register_method */
+  rpc_handler_fn fn;
+  void *user;
+} rpc_method_t;
+
+/* One outstanding request for a new call. */
+typedef struct rpc_slot_s
+{
+  rpc_server_t *server;
+  long method; /* index into methods, or -1: any unregistered method */
+  grpc_call *call;
+  gpr_timespec deadline;
+  grpc_metadata_array md;
+  grpc_call_details details;
+  grpc_completion_queue *cq;
+} rpc_slot_t;
+
+struct rpc_call_s
+{
+  rpc_server_t *server;
+  rpc_method_t *method; /* NULL: unregistered */
+  char *path;
+  grpc_call *call;
+  grpc_completion_queue *cq;
+  gpr_timespec deadline;
+  grpc_metadata_array md;
+  int close_tag;   /* its address tags RECV_CLOSE_ON_SERVER */
+  int batch_tag;   /* its address tags every other batch */
+  int cancelled;   /* written by RECV_CLOSE_ON_SERVER */
+  bool closed;     /* RECV_CLOSE_ON_SERVER has completed */
+  bool md_sent;    /* initial metadata has gone out */
+  bool finished;   /* the status has gone out */
+  bool half_closed;
+  bool peer_gone;
+  grpc_byte_buffer *reply;
+};
+
+struct rpc_server_s
+{
+  grpc_server *server;
+  grpc_completion_queue *cq;
+  rpc_method_t *methods;
+  size_t n_methods;
+  size_t max_message;
+  rpc_opts_t opts;
+  char *tls_cert_file, *tls_key_file, *tls_ca_file;
+
+  pthread_t poller;
+  bool started;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  size_t inflight;
+  atomic_bool shutting_down;
+  bool shutdown_called;
+  bool shutdown_done;
+  bool destroyed_grpc;
+  int shutdown_tag;
+};
+
+gpr_timespec
+rpc_deadline_in_ms (int64_t ms)
+{
+  return gpr_time_add (gpr_now (GPR_CLOCK_MONOTONIC), gpr_time_from_millis (ms, GPR_TIMESPAN));
+}
+
+static void
+slot_free (rpc_slot_t *slot)
+{
+  grpc_metadata_array_destroy (&slot->md);
+  grpc_call_details_destroy (&slot->details);
+  if (slot->cq != NULL)
+    rpc_cq_destroy (slot->cq);
+  free (slot);
+}
+
+/* Arms one accept slot for `method` (-1: unregistered methods). */
+static void
+slot_request (rpc_server_t *s, long method)
+{
+  rpc_slot_t *slot = calloc (1, sizeof *slot);
+  if (slot == NULL)
+    {
+      log_msg (SEV_ERROR, "rpc: out of memory arming an accept slot");
+      return;
+    }
+  slot->server = s;
+  slot->method = method;
+  grpc_metadata_array_init (&slot->md);
+  grpc_call_details_init (&slot->details);
+  slot->cq = grpc_completion_queue_create_for_pluck (NULL);
+  grpc_call_error e;
+  if (method >= 0)
+    e = grpc_server_request_registered_call (s->server, s->methods[method].handle, &slot->call, &slot->deadline,
+                                             &slot->md, NULL, slot->cq, s->cq, slot);
+  else
+    e = grpc_server_request_call (s->server, &slot->call, &slot->details, &slot->md, slot->cq, s->cq, slot);
+  if (e != GRPC_CALL_OK)
+    {
+      log_msg (SEV_ERROR, "rpc: cannot request a call: error %d", (int) e);
+      slot_free (slot);
+    }
+}
+
+static grpc_call_error
+start_batch (rpc_call_t *c, const grpc_op *ops, size_t n, void *tag)
+{
+  return grpc_call_start_batch (c->call, ops, n, tag, NULL);
+}
+
+/* Runs one batch on the call and waits for it. Returns its success flag. */
+static bool
+run_batch (rpc_call_t *c, const grpc_op *ops, size_t n)
+{
+  if (start_batch (c, ops, n, &c->batch_tag) != GRPC_CALL_OK)
+    return false;
+  grpc_event ev = grpc_completion_queue_pluck (c->cq, &c->batch_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+  return ev.type == GRPC_OP_COMPLETE && ev.success;
+}
+
+static void
+add_initial_md (rpc_call_t *c, grpc_op *ops, size_t *n)
+{
+  if (c->md_sent)
+    return;
+  memset (&ops[*n], 0, sizeof ops[*n]);
+  ops[*n].op = GRPC_OP_SEND_INITIAL_METADATA;
+  (*n)++;
+  c->md_sent = true;
+}
+
+int
+rpc_call_finish (rpc_call_t *c, grpc_status_code code, const char *details)
+{
+  if (c->finished)
+    return 0;
+  c->finished = true;
+  grpc_op ops[3];
+  size_t n = 0;
+  add_initial_md (c, ops, &n);
+  if (code == GRPC_STATUS_OK && c->reply != NULL)
+    {
+      memset (&ops[n], 0, sizeof ops[n]);
+      ops[n].op = GRPC_OP_SEND_MESSAGE;
+      ops[n].data.send_message.send_message = c->reply;
+      n++;
+    }
+  grpc_slice det = grpc_slice_from_copied_string (details != NULL ? details : "");
+  memset (&ops[n], 0, sizeof ops[n]);
+  ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+  ops[n].data.send_status_from_server.status = code;
+  ops[n].data.send_status_from_server.status_details = &det;
+  grpc_metadata origin = {.key = grpc_slice_from_static_string (RPC_ORIGIN_KEY),
+                          .value = grpc_slice_from_static_string (RPC_ORIGIN_HANDLER)};
+  ops[n].data.send_status_from_server.trailing_metadata_count = 1;
+  ops[n].data.send_status_from_server.trailing_metadata = &origin;
+  n++;
+  bool ok = run_batch (c, ops, n);
+  grpc_slice_unref (det);
+  return ok ? 0 : -1;
+}
+
+int
+rpc_call_recv (rpc_call_t *c, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err)
+{
+  *out = NULL;
+  if (c->half_closed)
+    return 0;
+  grpc_byte_buffer *bb = NULL;
+  grpc_op op;
+  memset (&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_MESSAGE;
+  op.data.recv_message.recv_message = &bb;
+  if (!run_batch (c, &op, 1))
+    {
+      if (bb != NULL)
+        grpc_byte_buffer_destroy (bb);
+      c->peer_gone = true;
+      return err_make (err, ECANCELED, "%s: the call was cancelled while receiving", c->path);
+    }
+  if (bb == NULL)
+    {
+      /* The end of the client's stream: a half-close — or a cancellation,
+       * whose close notice follows at once. Tell them apart, so that a
+       * client that gave up never has its partial stream taken as whole. */
+      if (!c->closed)
+        {
+          gpr_timespec soon = rpc_deadline_in_ms (5);
+          if (grpc_completion_queue_pluck (c->cq, &c->close_tag, soon, NULL).type == GRPC_OP_COMPLETE)
+            c->closed = true;
+        }
+      if (c->closed && c->cancelled)
+        {
+          c->peer_gone = true;
+          return err_make (err, ECANCELED, "%s: the client cancelled the call", c->path);
+        }
+      c->half_closed = true;
+      return 0;
+    }
+  int rc = rpc_unpack (bb, desc, c->server->max_message, out, err);
+  grpc_byte_buffer_destroy (bb);
+  return rc < 0 ? -1 : 1;
+}
+
+int
+rpc_call_send (rpc_call_t *c, const ProtobufCMessage *msg, err_t *err)
+{
+  if (c->finished || c->peer_gone)
+    return err_make (err, ECANCELED, "%s: the call has ended", c->path);
+  grpc_byte_buffer *bb = NULL;
+  if (rpc_pack (msg, c->server->max_message, &bb, err) < 0)
+    return -1;
+  grpc_op ops[2];
+  size_t n = 0;
+  add_initial_md (c, ops, &n);
+  memset (&ops[n], 0, sizeof ops[n]);
+  ops[n].op = GRPC_OP_SEND_MESSAGE;
+  ops[n].data.send_message.send_message = bb;
+  n++;
+  bool ok = run_batch (c, ops, n);
+  grpc_byte_buffer_destroy (bb);
+  if (!ok)
+    {
+      c->peer_gone = true;
+      return err_make (err, ECANCELED, "%s: the client has gone", c->path);
+    }
+  return 0;
+}
+
+int
+rpc_call_reply (rpc_call_t *c, const ProtobufCMessage *msg, err_t *err)
+{
+  grpc_byte_buffer *bb = NULL;
+  if (rpc_pack (msg, c->server->max_message, &bb, err) < 0)
+    return -1;
+  if (c->reply != NULL)
+    grpc_byte_buffer_destroy (c->reply);
+  c->reply = bb;
+  return 0;
+}
+
+bool
+rpc_call_cancelled (rpc_call_t *c)
+{
+  if (c->peer_gone)
+    return true;
+  if (!c->closed)
+    {
+      grpc_event ev = grpc_completion_queue_pluck (c->cq, &c->close_tag, gpr_inf_past (GPR_CLOCK_MONOTONIC), NULL);
+      if (ev.type == GRPC_OP_COMPLETE)
+        c->closed = true;
+    }
+  return c->closed && c->cancelled != 0;
+}
+
+const char *
+rpc_call_method (const rpc_call_t *c)
+{
+  return c->path;
+}
+
+rpc_server_t *
+rpc_call_server (const rpc_call_t *c)
+{
+  return c->server;
+}
+
+char *
+rpc_call_metadata (const rpc_call_t *c, const char *key)
+{
+  size_t klen = strlen (key);
+  for (size_t i = 0; i < c->md.count; i++)
+    {
+      const grpc_slice *k = &c->md.metadata[i].key;
+      if (GRPC_SLICE_LENGTH (*k) == klen && memcmp (GRPC_SLICE_START_PTR (*k), key, klen) == 0)
+        {
+          const grpc_slice *v = &c->md.metadata[i].value;
+          return strndup ((const char *) GRPC_SLICE_START_PTR (*v), GRPC_SLICE_LENGTH (*v));
+        }
+    }
+  return NULL;
+}
+
+int64_t
+rpc_call_deadline_ms_left (const rpc_call_t *c)
+{
+  if (gpr_time_cmp (c->deadline, gpr_inf_future (c->deadline.clock_type)) == 0)
+    return INT64_MAX;
+  gpr_timespec d = gpr_convert_clock_type (c->deadline, GPR_CLOCK_MONOTONIC);
+  gpr_timespec left = gpr_time_sub (d, gpr_now (GPR_CLOCK_MONOTONIC));
+  return gpr_time_to_millis (left);
+}
+
+static void
+call_free (rpc_call_t *c)
+{
+  if (c->reply != NULL)
+    grpc_byte_buffer_destroy (c->reply);
+  if (c->call != NULL)
+    grpc_call_unref (c->call);
+  grpc_metadata_array_destroy (&c->md);
+  if (c->cq != NULL)
+    rpc_cq_destroy (c->cq);
+  free (c->path);
+  free (c);
+}
+
+static void
+call_run (rpc_call_t *c)
+{
+  grpc_op op;
+  memset (&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  op.data.recv_close_on_server.cancelled = &c->cancelled;
+  if (start_batch (c, &op, 1, &c->close_tag) != GRPC_CALL_OK)
+    c->closed = true; /* nothing to wait for */
+
+  if (c->method == NULL)
+    {
+      cleanup_free char *msg = NULL;
+      if (asprintf (&msg, "method `%s` is not implemented", c->path) < 0)
+        msg = NULL;
+      rpc_call_finish (c, GRPC_STATUS_UNIMPLEMENTED, msg);
+    }
+  else
+    {
+      err_t err = ERR_INIT;
+      int rc = c->method->fn (c, c->method->user, &err);
+      if (!c->finished)
+        {
+          if (rc < 0)
+            rpc_call_finish (c, rpc_status_from_errno (err.status), err_msg (&err));
+          else
+            rpc_call_finish (c, GRPC_STATUS_OK, NULL);
+        }
+      err_release (&err);
+    }
+  if (!c->closed)
+    {
+      grpc_completion_queue_pluck (c->cq, &c->close_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+      c->closed = true;
+    }
+}
+
+static void
+call_done (rpc_server_t *s, rpc_call_t *c)
+{
+  call_free (c);
+  pthread_mutex_lock (&s->mu);
+  s->inflight--;
+  pthread_cond_broadcast (&s->cv);
+  pthread_mutex_unlock (&s->mu);
+}
+
+static void *
+call_thread (void *arg)
+{
+  rpc_call_t *c = arg;
+  rpc_server_t *s = c->server;
+  call_run (c);
+  call_done (s, c);
+  return NULL;
+}
+
+/* Turns a completed accept slot into a call and starts its thread. */
+static void
+call_start (rpc_server_t *s, rpc_slot_t *slot)
+{
+  rpc_call_t *c = calloc (1, sizeof *c);
+  if (c == NULL)
+    {
+      grpc_call_cancel_with_status (slot->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
+      grpc_call_unref (slot->call);
+      slot_free (slot);
+      return;
+    }
+  c->server = s;
+  c->call = slot->call;
+  c->cq = slot->cq;
+  c->deadline = slot->deadline;
+  c->md = slot->md; /* moved */
+  if (slot->method >= 0)
+    {
+      c->method = &s->methods[slot->method];
+      c->path = strdup (c->method->path);
+    }
+  else
+    {
+      c->deadline = slot->details.deadline;
+      c->path = strndup ((const char *) GRPC_SLICE_START_PTR (slot->details.method),
+                         GRPC_SLICE_LENGTH (slot->details.method));
+    }
+  grpc_metadata_array_init (&slot->md);
+  slot->cq = NULL;
+  slot->call = NULL;
+  slot_free (slot);
+  if (c->path == NULL)
+    c->path = strdup ("?");
+
+  pthread_mutex_lock (&s->mu);
+  s->inflight++;
+  pthread_mutex_unlock (&s->mu);
+
+  pthread_attr_t attr;
+  pthread_attr_init (&attr);
+  pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize (&attr, RPC_HANDLER_STACK);
+  pthread_t th;
+  int rc = pthread_create (&th, &attr, call_thread, c);
+  pthread_attr_destroy (&attr);
+  if (rc != 0)
+    {
+      log_msg (SEV_ERROR, "rpc: cannot start a handler thread for %s: %s", c->path, strerror (rc));
+      grpc_call_cancel_with_status (c->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "server out of threads", NULL);
+      c->finished = true;
+      grpc_op op;
+      memset (&op, 0, sizeof op);
+      op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+      op.data.recv_close_on_server.cancelled = &c->cancelled;
+      if (start_batch (c, &op, 1, &c->close_tag) == GRPC_CALL_OK)
+        grpc_completion_queue_pluck (c->cq, &c->close_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+      call_done (s, c);
+    }
+}
+
+static void *
+poller_thread (void *arg)
+{
+  rpc_server_t *s = arg;
+  for (;;)
+    {
+      grpc_event ev = grpc_completion_queue_next (s->cq, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+      if (ev.type == GRPC_QUEUE_SHUTDOWN)
+        break;
+      if (ev.type != GRPC_OP_COMPLETE)
+        continue;
+      if (ev.tag == &s->shutdown_tag)
+        {
+          pthread_mutex_lock (&s->mu);
+          s->shutdown_done = true;
+          pthread_cond_broadcast (&s->cv);
+          pthread_mutex_unlock (&s->mu);
+          continue;
+        }
+      rpc_slot_t *slot = ev.tag;
+      if (!ev.success || slot->call == NULL)
+        {
+          slot_free (slot);
+          continue;
+        }
+      if (!atomic_load (&s->shutting_down))
+        slot_request (s, slot->method);
+      call_start (s, slot);
+    }
+  return NULL;
+}
+
+int
+rpc_server_new (const rpc_opts_t *opts, rpc_server_t **out, err_t *err)
+{
+  rpc_server_t *s = calloc (1, sizeof *s);
+  if (s == NULL)
+    return err_make (err, ENOMEM, "rpc server: out of memory");
+  if (opts != NULL)
+    s->opts = *opts;
+  s->tls_cert_file = s->opts.tls_cert_file != NULL ? strdup (s->opts.tls_cert_file) : NULL;
+  s->tls_key_file = s->opts.tls_key_file != NULL ? strdup (s->opts.tls_key_file) : NULL;
+  s->tls_ca_file = s->opts.tls_ca_file != NULL ? strdup (s->opts.tls_ca_file) : NULL;
+  pthread_mutex_init (&s->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init (&ca);
+  pthread_condattr_setclock (&ca, CLOCK_MONOTONIC);
+  pthread_cond_init (&s->cv, &ca);
+  pthread_condattr_destroy (&ca);
+  atomic_init (&s->shutting_down, false);
+
+  rpc_channel_args_t args;
+  rpc_channel_args_init (&args, &s->opts, true);
+  s->max_message = args.max_message;
+  s->server = grpc_server_create (&args.channel_args, NULL);
+  s->cq = grpc_completion_queue_create_for_next (NULL);
+  grpc_server_register_completion_queue (s->server, s->cq, NULL);
+  *out = s;
+  return 0;
+}
+
+int
+rpc_server_add_method (rpc_server_t *s, const char *path, rpc_handler_fn fn, void *user, err_t *err)
+{
+  if (s->started)
+    return err_make (err, EBUSY, "register `%s`: the server has already started", path);
+  rpc_method_t *m = realloc (s->methods, (s->n_methods + 1) * sizeof *m);
+  if (m == NULL)
+    return err_make (err, ENOMEM, "register `%s`: out of memory", path);
+  s->methods = m;
+  rpc_method_t *nm = &s->methods[s->n_methods];
+  nm->path = strdup (path);
+  nm->fn = fn;
+  nm->user = user;
+  nm->handle = grpc_server_register_method (s->server, path, NULL, GRPC_SRM_PAYLOAD_NONE, 0);
+  if (nm->path == NULL || nm->handle == NULL)
+    {
+      free (nm->path);
+      return err_make (err, EINVAL, "register `%s`: refused (registered twice?)", path);
+    }
+  s->n_methods++;
+  return 0;
+}
+
+static int
+server_credentials (rpc_server_t *s, grpc_server_credentials **out, err_t *err)
+{
+  if (s->tls_cert_file == NULL && s->tls_key_file == NULL)
+    {
+      *out = grpc_insecure_server_credentials_create ();
+      return 0;
+    }
+  if (s->tls_cert_file == NULL || s->tls_key_file == NULL)
+    return err_make (err, EINVAL, "TLS needs both a certificate and a key file");
+  cleanup_free char *cert = NULL;
+  cleanup_free char *key = NULL;
+  cleanup_free char *ca = NULL;
+  if (rpc_read_pem (s->tls_cert_file, &cert, err) < 0 || rpc_read_pem (s->tls_key_file, &key, err) < 0)
+    return err_wrap (err, "TLS");
+  if (s->tls_ca_file != NULL && rpc_read_pem (s->tls_ca_file, &ca, err) < 0)
+    return err_wrap (err, "TLS client CA");
+  grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
+  *out = grpc_ssl_server_credentials_create_ex (
+      ca, &pair, 1,
+      ca != NULL ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+      NULL);
+  if (*out == NULL)
+    return err_make (err, EINVAL, "TLS: the certificate or key is not valid PEM");
+  return 0;
+}
+
+int
+rpc_server_start (rpc_server_t *s, const char *addr, int *bound_port, err_t *err)
+{
+  if (s->started)
+    return err_make (err, EBUSY, "the server has already started");
+  grpc_server_credentials *creds = NULL;
+  if (server_credentials (s, &creds, err) < 0)
+    return -1;
+  int port = grpc_server_add_http2_port (s->server, addr, creds);
+  grpc_server_credentials_release (creds);
+  if (port == 0)
+    return err_make (err, EADDRINUSE, "cannot listen on `%s` (address in use or not valid)", addr);
+  grpc_server_start (s->server);
+  s->started = true;
+  int rc = pthread_create (&s->poller, NULL, poller_thread, s);
+  if (rc != 0)
+    return err_make_sys (err, rc, "start the rpc poller thread");
+  for (int d = 0; d < RPC_ACCEPT_DEPTH; d++)
+    {
+      for (size_t i = 0; i < s->n_methods; i++)
+        slot_request (s, (long) i);
+      if (d < 2)
+        slot_request (s, -1);
+    }
+  if (bound_port != NULL)
+    *bound_port = port;
+  return 0;
+}
+
+bool
+rpc_server_shutting_down (const rpc_server_t *s)
+{
+  return atomic_load (&((rpc_server_t *) s)->shutting_down);
+}
+
+size_t
+rpc_server_inflight (rpc_server_t *s)
+{
+  pthread_mutex_lock (&s->mu);
+  size_t n = s->inflight;
+  pthread_mutex_unlock (&s->mu);
+  return n;
+}
+
+void
+rpc_server_shutdown (rpc_server_t *s, int64_t grace_ms)
+{
+  pthread_mutex_lock (&s->mu);
+  if (s->shutdown_called)
+    {
+      pthread_mutex_unlock (&s->mu);
+      return;
+    }
+  s->shutdown_called = true;
+  pthread_mutex_unlock (&s->mu);
+  atomic_store (&s->shutting_down, true);
+
+  if (!s->started)
+    {
+      /* No poller: wait for the shutdown tag here. */
+      grpc_server_shutdown_and_notify (s->server, s->cq, &s->shutdown_tag);
+      for (;;)
+        {
+          grpc_event ev = grpc_completion_queue_next (s->cq, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+          if (ev.type == GRPC_OP_COMPLETE && ev.tag == &s->shutdown_tag)
+            break;
+        }
+      grpc_server_destroy (s->server);
+      grpc_completion_queue_shutdown (s->cq);
+      while (grpc_completion_queue_next (s->cq, gpr_inf_future (GPR_CLOCK_REALTIME), NULL).type
+             != GRPC_QUEUE_SHUTDOWN)
+        ;
+      s->destroyed_grpc = true;
+      return;
+    }
+
+  grpc_server_shutdown_and_notify (s->server, s->cq, &s->shutdown_tag);
+  struct timespec until;
+  clock_gettime (CLOCK_MONOTONIC, &until);
+  int64_t ns = (int64_t) until.tv_nsec + (grace_ms > 0 ? grace_ms : 0) % 1000 * 1000000;
+  until.tv_sec += (grace_ms > 0 ? grace_ms : 0) / 1000 + ns / 1000000000;
+  until.tv_nsec = ns % 1000000000;
+
+  pthread_mutex_lock (&s->mu);
+  while (!s->shutdown_done)
+    if (pthread_cond_timedwait (&s->cv, &s->mu, &until) == ETIMEDOUT)
+      break;
+  bool done = s->shutdown_done;
+  size_t left = s->inflight;
+  pthread_mutex_unlock (&s->mu);
+  if (!done)
+    {
+      log_msg (SEV_WARNING, "rpc: grace period over; cancelling %zu call(s) still in flight", left);
+      grpc_server_cancel_all_calls (s->server);
+    }
+  pthread_mutex_lock (&s->mu);
+  while (!s->shutdown_done || s->inflight > 0)
+    pthread_cond_wait (&s->cv, &s->mu);
+  pthread_mutex_unlock (&s->mu);
+
+  grpc_server_destroy (s->server);
+  grpc_completion_queue_shutdown (s->cq);
+  pthread_join (s->poller, NULL);
+  s->destroyed_grpc = true;
+}
+
+void
+rpc_server_destroy (rpc_server_t *s)
+{
+  if (s == NULL)
+    return;
+  rpc_server_shutdown (s, 0);
+  grpc_completion_queue_destroy (s->cq);
+  for (size_t i = 0; i < s->n_methods; i++)
+    free (s->methods[i].path);
+  free (s->methods);
+  free (s->tls_cert_file);
+  free (s->tls_key_file);
+  free (s->tls_ca_file);
+  pthread_cond_destroy (&s->cv);
+  pthread_mutex_destroy (&s->mu);
+  free (s);
+}

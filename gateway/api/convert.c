@@ -1,0 +1,89 @@
+/* api/convert: protobuf messages <-> the runtime's and the snapshot layer's
+ * types (see internal.h). No state. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cleanup.h"
+#include "gateway/api/internal.h"
+
+void
+api_info_to_proto (const sbx_info_t *in, Sandbox__V1__SandboxInfo *out)
+{
+  sandbox__v1__sandbox_info__init (out);
+  out->sandbox_id = (char *) in->id;
+  out->created_at_unix_ms = in->created_ms;
+  out->last_used_unix_ms = in->last_used_ms;
+  out->allow_egress = in->allow_egress;
+  out->process_count = (uint32_t) in->process_count;
+  out->disk_used_bytes = in->disk_used_bytes;
+  out->disk_limit_bytes = in->disk_limit_bytes;
+}
+
+int
+api_reply_info (rpc_call_t *call, const sbx_info_t *info, err_t *err)
+{
+  Sandbox__V1__SandboxInfo pb;
+  api_info_to_proto (info, &pb);
+  return rpc_call_reply (call, &pb.base, err);
+}
+
+void
+api_exit_to_proto (const sbx_exec_result_t *in, Sandbox__V1__ExitStatus *out)
+{
+  sandbox__v1__exit_status__init (out);
+  out->exit_code = in->exit_code;
+  out->signal = in->signal;
+  out->timed_out = in->timed_out;
+  out->duration_ms = in->duration_ms;
+  out->oom_killed = in->oom_killed;
+  out->message = (char *) in->message;
+}
+
+int
+api_compression_from_proto (Sandbox__V1__Compression c, snap_compression_t *out, err_t *err)
+{
+  switch (c)
+    {
+    case SANDBOX__V1__COMPRESSION__COMPRESSION_NONE: *out = SNAP_COMPRESSION_NONE; return 0;
+    case SANDBOX__V1__COMPRESSION__COMPRESSION_GZIP: *out = SNAP_COMPRESSION_GZIP; return 0;
+    case SANDBOX__V1__COMPRESSION__COMPRESSION_ZSTD: *out = SNAP_COMPRESSION_ZSTD; return 0;
+    default: return err_make (err, EINVAL, "unknown compression %d", (int) c);
+    }
+}
+
+void
+api_env_free (char **env)
+{
+  for (size_t i = 0; env != NULL && env[i] != NULL; i++)
+    free (env[i]);
+  free (env);
+}
+
+int
+api_env_from_proto (Sandbox__V1__ExecRequest__EnvEntry **entries, size_t n, char ***out, err_t *err)
+{
+  char **env = calloc (n + 1, sizeof *env);
+  if (env == NULL)
+    return err_make (err, ENOMEM, "Exec: out of memory");
+  for (size_t i = 0; i < n; i++)
+    {
+      const char *key = entries[i]->key, *val = entries[i]->value;
+      int rc = 0;
+      if (key[0] == '\0' || strchr (key, '=') != NULL)
+        rc = err_make (err, EINVAL, "env: `%s` is not a variable name", key);
+      else if (asprintf (&env[i], "%s=%s", key, val) < 0)
+        {
+          env[i] = NULL;
+          rc = err_make (err, ENOMEM, "Exec: out of memory");
+        }
+      if (rc < 0)
+        {
+          api_env_free (env);
+          return -1;
+        }
+    }
+  *out = env;
+  return 0;
+}

@@ -1,0 +1,188 @@
+/* api/sandbox: the handlers of the sandbox methods — Launch, Get, Delete,
+ * List, Exec, Status (see internal.h). No state: everything comes from the
+ * service's context. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cleanup.h"
+#include "common/log.h"
+#include "gateway/api/internal.h"
+#include "gateway/snapshot/session.h"
+
+int
+api_launch (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (api_recv_request (call, &sandbox__v1__launch_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__LaunchRequest *req = (Sandbox__V1__LaunchRequest *) m;
+  if (rpc_call_deadline_ms_left (call) <= 0)
+    return err_make (err, ETIMEDOUT, "deadline exceeded before the launch");
+  sbx_info_t info;
+  if (sbx_launch (ctx->rt, req->sandbox_id, req->allow_egress, &info, err) < 0
+      || api_undo_if_gone (call, ctx->rt, req->sandbox_id, err) < 0)
+    return -1;
+  return api_reply_info (call, &info, err);
+}
+
+int
+api_get (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (api_recv_request (call, &sandbox__v1__get_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__GetRequest *req = (Sandbox__V1__GetRequest *) m;
+  sbx_info_t info;
+  if (sbx_get (ctx->rt, req->sandbox_id, &info, err) < 0)
+    return -1;
+  return api_reply_info (call, &info, err);
+}
+
+int
+api_delete (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (api_recv_request (call, &sandbox__v1__delete_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__DeleteRequest *req = (Sandbox__V1__DeleteRequest *) m;
+  int rc = sbx_delete (ctx->rt, req->sandbox_id, err);
+  bool snapshot_deleted = false;
+  if (req->delete_snapshot && (rc == 0 || err->status == ENOENT))
+    {
+      /* The snapshot goes too; NOT_FOUND only when neither existed. */
+      bool live = rc == 0;
+      err_release (err);
+      rc = snap_delete_stored (ctx->store, req->sandbox_id, &snapshot_deleted, err);
+      if (rc == 0 && !live && !snapshot_deleted)
+        rc = err_make (err, ENOENT, "sandbox `%s` not found, and no stored snapshot", req->sandbox_id);
+    }
+  if (rc < 0)
+    return -1;
+  Sandbox__V1__DeleteResponse resp = SANDBOX__V1__DELETE_RESPONSE__INIT;
+  resp.snapshot_deleted = snapshot_deleted;
+  return rpc_call_reply (call, &resp.base, err);
+}
+
+int
+api_list (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (api_recv_request (call, &sandbox__v1__list_request__descriptor, &m, err) < 0)
+    return -1;
+  cleanup_free sbx_info_t *infos = NULL;
+  size_t n = 0;
+  if (sbx_list (ctx->rt, &infos, &n, err) < 0)
+    return -1;
+  cleanup_free Sandbox__V1__SandboxInfo *pbs = calloc (n + 1, sizeof *pbs);
+  cleanup_free Sandbox__V1__SandboxInfo **ptrs = calloc (n + 1, sizeof *ptrs);
+  if (pbs == NULL || ptrs == NULL)
+    return err_make (err, ENOMEM, "List: out of memory");
+  for (size_t i = 0; i < n; i++)
+    {
+      api_info_to_proto (&infos[i], &pbs[i]);
+      ptrs[i] = &pbs[i];
+    }
+  Sandbox__V1__ListResponse resp = SANDBOX__V1__LIST_RESPONSE__INIT;
+  resp.n_sandboxes = n;
+  resp.sandboxes = ptrs;
+  return rpc_call_reply (call, &resp.base, err);
+}
+
+/* Exec's sink: output chunks become ExecEvents on the call. */
+static int
+exec_output (void *ctx, int stream, const uint8_t *data, size_t len)
+{
+  rpc_call_t *call = ctx;
+  Sandbox__V1__ExecEvent ev = SANDBOX__V1__EXEC_EVENT__INIT;
+  ProtobufCBinaryData bytes = {.len = len, .data = (uint8_t *) data};
+  if (stream == 1)
+    {
+      ev.event_case = SANDBOX__V1__EXEC_EVENT__EVENT_STDOUT;
+      ev.stdout = bytes;
+    }
+  else
+    {
+      ev.event_case = SANDBOX__V1__EXEC_EVENT__EVENT_STDERR;
+      ev.stderr = bytes;
+    }
+  err_t err = ERR_INIT;
+  int rc = rpc_call_send (call, &ev.base, &err);
+  err_release (&err);
+  return rc;
+}
+
+static bool
+exec_cancelled (void *ctx)
+{
+  /* At shutdown, calls still running after the grace period are cancelled,
+   * which this sees too. */
+  return rpc_call_cancelled ((rpc_call_t *) ctx);
+}
+
+/* Sends the final ExecEvent: how the command ended. */
+static int
+send_exit (rpc_call_t *call, const sbx_exec_result_t *res, err_t *err)
+{
+  if (res->cancelled)
+    return err_make (err, ECANCELED, "exec cancelled: %s", res->message);
+  Sandbox__V1__ExitStatus st;
+  api_exit_to_proto (res, &st);
+  Sandbox__V1__ExecEvent ev = SANDBOX__V1__EXEC_EVENT__INIT;
+  ev.event_case = SANDBOX__V1__EXEC_EVENT__EVENT_EXIT;
+  ev.exit = &st;
+  return rpc_call_send (call, &ev.base, err);
+}
+
+static void
+cleanup_env_fn (char ***env)
+{
+  api_env_free (*env);
+}
+
+int
+api_exec (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (api_recv_request (call, &sandbox__v1__exec_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__ExecRequest *req = (Sandbox__V1__ExecRequest *) m;
+  if (req->n_argv == 0)
+    return err_make (err, EINVAL, "argv must have at least one element");
+  cleanup_free char **argv = calloc (req->n_argv + 1, sizeof *argv);
+  if (argv == NULL)
+    return err_make (err, ENOMEM, "Exec: out of memory");
+  memcpy (argv, req->argv, req->n_argv * sizeof *argv);
+  __attribute__ ((cleanup (cleanup_env_fn))) char **env = NULL;
+  if (api_env_from_proto (req->env, req->n_env, &env, err) < 0)
+    return -1;
+  sbx_exec_req_t xr = {
+      .id = req->sandbox_id,
+      .argv = argv,
+      .env = env,
+      .cwd = req->cwd,
+      .stdin_data = req->stdin.data,
+      .stdin_len = req->stdin.len,
+      .timeout_seconds = req->timeout_seconds,
+  };
+  sbx_exec_sink_t sink = {.output = exec_output, .cancelled = exec_cancelled, .ctx = call};
+  sbx_exec_result_t res;
+  if (sbx_exec (ctx->rt, &xr, &sink, &res, err) < 0)
+    return -1;
+  return send_exit (call, &res, err);
+}
+
+int
+api_status (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (api_recv_request (call, &sandbox__v1__status_request__descriptor, &m, err) < 0)
+    return -1;
+  const sbx_config_t *cfg = sbx_runtime_config (ctx->rt);
+  Sandbox__V1__StatusResponse resp = SANDBOX__V1__STATUS_RESPONSE__INIT;
+  resp.allow_egress = cfg->allow_egress;
+  resp.sandboxes = (uint32_t) sbx_count (ctx->rt);
+  resp.max_sandboxes = (uint32_t) cfg->max_sandboxes;
+  resp.store = (char *) (ctx->store != NULL ? ctx->store->kind : "");
+  return rpc_call_reply (call, &resp.base, err);
+}

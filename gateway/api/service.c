@@ -1,0 +1,110 @@
+/* api/service: the sandbox.v1.Sandbox method table, the authentication
+ * guard in front of it, and what every handler shares (see api.h). State:
+ * the api_t made at registration, immutable afterwards. */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "common/bearer.h"
+#include "common/cleanup.h"
+#include "common/log.h"
+#include "gateway/api/internal.h"
+
+/* A method of the service; `fn` runs only after authentication. */
+typedef struct api_method_s
+{
+  const char *path;
+  api_handler_fn fn;
+} api_method_t;
+
+static const api_method_t api_methods[] = {
+    {"/sandbox.v1.Sandbox/Launch", api_launch},
+    {"/sandbox.v1.Sandbox/Restore", api_restore},
+    {"/sandbox.v1.Sandbox/Exec", api_exec},
+    {"/sandbox.v1.Sandbox/ExportSnapshot", api_export},
+    {"/sandbox.v1.Sandbox/PersistSnapshot", api_persist},
+    {"/sandbox.v1.Sandbox/Connect", api_connect},
+    {"/sandbox.v1.Sandbox/Delete", api_delete},
+    {"/sandbox.v1.Sandbox/Get", api_get},
+    {"/sandbox.v1.Sandbox/List", api_list},
+    {"/sandbox.v1.Sandbox/Status", api_status},
+};
+
+#define N_METHODS (sizeof api_methods / sizeof api_methods[0])
+
+/* What the call layer hands a method: the context and the method. */
+typedef struct api_binding_s
+{
+  const api_ctx_t *ctx;
+  const api_method_t *method;
+} api_binding_t;
+
+struct api_s
+{
+  api_ctx_t ctx;
+  api_binding_t bindings[N_METHODS];
+};
+
+int
+api_recv_request (rpc_call_t *call, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err)
+{
+  int rc = rpc_call_recv (call, desc, out, err);
+  if (rc == 0)
+    return err_make (err, EINVAL, "%s: no request message", rpc_call_method (call));
+  return rc < 0 ? -1 : 0;
+}
+
+int
+api_undo_if_gone (rpc_call_t *call, sbx_runtime_t *rt, const char *id, err_t *err)
+{
+  if (!rpc_call_cancelled (call) && rpc_call_deadline_ms_left (call) > 0)
+    return 0;
+  /* Nobody will learn of this sandbox: it must not linger and count. */
+  err_t derr = ERR_INIT;
+  sbx_delete (rt, id, &derr);
+  err_release (&derr);
+  return err_make (err, ETIMEDOUT, "the call ended (deadline or cancellation) before `%s` was ready: undone", id);
+}
+
+static int
+guarded (rpc_call_t *call, void *user, err_t *err)
+{
+  const api_binding_t *b = user;
+  const char *secret = b->ctx->secret;
+  if (secret == NULL || secret[0] == '\0')
+    {
+      rpc_call_finish (call, GRPC_STATUS_UNAVAILABLE, "gateway secret not configured");
+      return 0;
+    }
+  cleanup_free char *auth = rpc_call_metadata (call, "authorization");
+  if (!bearer_matches (auth, secret))
+    {
+      log_fields (SEV_WARNING, json_pack ("{s:s}", "method", rpc_call_method (call)),
+                  "rejected a call with a missing or wrong bearer token");
+      rpc_call_finish (call, GRPC_STATUS_UNAUTHENTICATED, "invalid or missing bearer token");
+      return 0;
+    }
+  return b->method->fn (call, b->ctx, err);
+}
+
+int
+api_register (rpc_server_t *server, const api_ctx_t *ctx, api_t **out, err_t *err)
+{
+  api_t *api = calloc (1, sizeof *api);
+  if (api == NULL)
+    return err_make (err, ENOMEM, "out of memory");
+  api->ctx = *ctx;
+  *out = api; /* also on failure: the server may hold bindings already */
+  for (size_t i = 0; i < N_METHODS; i++)
+    {
+      api->bindings[i] = (api_binding_t){.ctx = &api->ctx, .method = &api_methods[i]};
+      if (rpc_server_add_method (server, api_methods[i].path, guarded, &api->bindings[i], err) < 0)
+        return -1;
+    }
+  return 0;
+}
+
+void
+api_free (api_t *api)
+{
+  free (api);
+}

@@ -1,0 +1,169 @@
+/* api/snapshot: the handlers of the snapshot methods — Restore,
+ * ExportSnapshot, PersistSnapshot, Connect (see internal.h). They turn
+ * messages into calls of the snapshot layer (snapshot/session.h) and its
+ * results back into messages; streams pass through in bounded pieces. No
+ * state. */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "common/cleanup.h"
+#include "gateway/api/internal.h"
+#include "gateway/snapshot/session.h"
+
+/* ---- Restore ------------------------------------------------------------------ */
+
+/* The tar pieces of a Restore call, one message at a time. */
+typedef struct restore_src_s
+{
+  rpc_call_t *call;
+  ProtobufCMessage *msg;
+} restore_src_t;
+
+static ssize_t
+restore_next (void *ctx, const uint8_t **data, err_t *err)
+{
+  restore_src_t *s = ctx;
+  for (;;)
+    {
+      cleanup_message_fn (&s->msg);
+      s->msg = NULL;
+      int rc = rpc_call_recv (s->call, &sandbox__v1__restore_request__descriptor, &s->msg, err);
+      if (rc <= 0)
+        return rc;
+      Sandbox__V1__RestoreRequest *m = (Sandbox__V1__RestoreRequest *) s->msg;
+      if (m->payload_case != SANDBOX__V1__RESTORE_REQUEST__PAYLOAD_TAR_CHUNK)
+        return err_make (err, EINVAL, "only the first Restore message may carry a header");
+      if (m->tar_chunk.len == 0)
+        continue;
+      *data = m->tar_chunk.data;
+      return (ssize_t) m->tar_chunk.len;
+    }
+}
+
+int
+api_restore (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *first = NULL;
+  if (api_recv_request (call, &sandbox__v1__restore_request__descriptor, &first, err) < 0)
+    return -1;
+  Sandbox__V1__RestoreRequest *req = (Sandbox__V1__RestoreRequest *) first;
+  if (req->payload_case != SANDBOX__V1__RESTORE_REQUEST__PAYLOAD_HEADER || req->header == NULL)
+    return err_make (err, EINVAL, "the first Restore message must carry the header");
+  const char *id = req->header->sandbox_id;
+  restore_src_t src = {.call = call};
+  sbx_info_t info;
+  int rc = sbx_restore (ctx->rt, id, req->header->allow_egress, restore_next, &src, &info, err);
+  cleanup_message_fn (&src.msg);
+  if (rc < 0 || api_undo_if_gone (call, ctx->rt, id, err) < 0)
+    return -1;
+  return api_reply_info (call, &info, err);
+}
+
+/* ---- ExportSnapshot ----------------------------------------------------------- */
+
+static int
+export_sink (void *ctx, const uint8_t *data, size_t len, err_t *err)
+{
+  Sandbox__V1__SnapshotChunk chunk = SANDBOX__V1__SNAPSHOT_CHUNK__INIT;
+  chunk.data.data = (uint8_t *) data;
+  chunk.data.len = len;
+  return rpc_call_send ((rpc_call_t *) ctx, &chunk.base, err);
+}
+
+int
+api_export (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (api_recv_request (call, &sandbox__v1__export_snapshot_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__ExportSnapshotRequest *req = (Sandbox__V1__ExportSnapshotRequest *) m;
+  snap_compression_t compression;
+  snap_export_result_t res;
+  if (api_compression_from_proto (req->compression, &compression, err) < 0
+      || snap_export_sandbox (ctx->rt, req->sandbox_id, compression, export_sink, call, &res, err) < 0)
+    return -1;
+  Sandbox__V1__SnapshotChunk last = SANDBOX__V1__SNAPSHOT_CHUNK__INIT;
+  last.last = true;
+  last.total_bytes = res.total_bytes;
+  last.sha256 = res.sha256;
+  return rpc_call_send (call, &last.base, err);
+}
+
+/* ---- PersistSnapshot ---------------------------------------------------------- */
+
+static int
+persist_progress (void *ctx, uint64_t written, err_t *err)
+{
+  Sandbox__V1__PersistProgress ev = SANDBOX__V1__PERSIST_PROGRESS__INIT;
+  ev.bytes_written = written;
+  return rpc_call_send ((rpc_call_t *) ctx, &ev.base, err);
+}
+
+int
+api_persist (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (api_recv_request (call, &sandbox__v1__persist_snapshot_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__PersistSnapshotRequest *req = (Sandbox__V1__PersistSnapshotRequest *) m;
+  snap_persisted_t done;
+  if (snap_persist (ctx->rt, ctx->store, req->sandbox_id, persist_progress, call, &done, err) < 0)
+    return -1;
+  cleanup_free char *object = done.object;
+  Sandbox__V1__PersistProgress ev = SANDBOX__V1__PERSIST_PROGRESS__INIT;
+  ev.bytes_written = done.bytes;
+  ev.done = true;
+  ev.object_name = object;
+  ev.store = (char *) ctx->store->kind;
+  ev.sha256 = done.export.sha256;
+  return rpc_call_send (call, &ev.base, err);
+}
+
+/* ---- Connect ------------------------------------------------------------------ */
+
+typedef struct connect_job_s
+{
+  rpc_call_t *call;
+  sbx_runtime_t *rt;
+} connect_job_t;
+
+static int
+connect_made (void *ctx, const char *id, err_t *err)
+{
+  connect_job_t *j = ctx;
+  return api_undo_if_gone (j->call, j->rt, id, err);
+}
+
+static Sandbox__V1__ConnectResponse__Outcome
+outcome_to_proto (snap_outcome_t o)
+{
+  switch (o)
+    {
+    case SNAP_OUTCOME_LIVE: return SANDBOX__V1__CONNECT_RESPONSE__OUTCOME__OUTCOME_LIVE;
+    case SNAP_OUTCOME_RESTORED: return SANDBOX__V1__CONNECT_RESPONSE__OUTCOME__OUTCOME_RESTORED;
+    case SNAP_OUTCOME_CREATED: return SANDBOX__V1__CONNECT_RESPONSE__OUTCOME__OUTCOME_CREATED;
+    }
+  return SANDBOX__V1__CONNECT_RESPONSE__OUTCOME__OUTCOME_UNSPECIFIED;
+}
+
+int
+api_connect (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (api_recv_request (call, &sandbox__v1__connect_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__ConnectRequest *req = (Sandbox__V1__ConnectRequest *) m;
+  connect_job_t job = {.call = call, .rt = ctx->rt};
+  sbx_info_t info;
+  snap_outcome_t outcome;
+  if (snap_connect (ctx->rt, ctx->store, req->sandbox_id, req->allow_egress, connect_made, &job, &info, &outcome,
+                    err)
+      < 0)
+    return -1;
+  Sandbox__V1__SandboxInfo pb;
+  api_info_to_proto (&info, &pb);
+  Sandbox__V1__ConnectResponse resp = SANDBOX__V1__CONNECT_RESPONSE__INIT;
+  resp.outcome = outcome_to_proto (outcome);
+  resp.sandbox = &pb;
+  return rpc_call_reply (call, &resp.base, err);
+}

@@ -1,0 +1,80 @@
+/* config: the gateway's configuration, from the environment.
+ *
+ * One table describes every variable (name, default, bounds, help: see
+ * common/config.h); gw_config_load() reads it, checks what the table cannot
+ * (addresses, paths, pairs that go together, the volume list) and derives
+ * what the runtime needs (CPU millis, volumes, paths hidden from
+ * sandboxes, the unpacker's path). A unit of its own so tests can drive it.
+ *
+ * Threading: start-up only, before any thread exists (it reads the
+ * environment and sets the log level).
+ */
+#ifndef SBX_GATEWAY_CONFIG_H
+#define SBX_GATEWAY_CONFIG_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "common/err.h"
+#include "gateway/runtime/runtime.h"
+
+/* Most SANDBOX_VOLUME_MOUNTS entries. */
+#define GW_MAX_VOLUMES 32
+/* Host paths hidden inside sandboxes: state, snapshots, TLS key, credentials. */
+#define GW_MAX_MASKS 4
+
+typedef struct gw_config_s
+{
+  char *listen;
+  char *secret;
+  char *log_level;
+  long max_message_mb;
+  long grace_seconds;
+  char *tls_cert;
+  char *tls_key;
+  char *tls_client_ca;
+  char *state_dir;
+  char *rootfs;
+  char *helper;
+  long disk_mb;
+  long max_sandboxes;
+  long pids_max;
+  long memory_mb;
+  char *cpus;
+  long idle_ttl;
+  bool allow_egress;
+  char *volume_mounts;
+  char *slirp4netns;
+  char *cgroup_group;
+  char *snapshot_dir;
+  char *gcs_bucket;
+  char *gcs_emulator;
+  char *gcs_credentials;
+  char *gcs_metadata_host;
+  long gcs_chunk_mb;
+  long gcs_retry_seconds;
+  char *snapshot_prefix;
+  long snapshot_max_entries;
+
+  /* Derived by gw_config_load. */
+  long cpu_millis;                          /* 0: unlimited */
+  char *volumes[GW_MAX_VOLUMES + 1];        /* "host:sandbox[:ro]", NULL-terminated */
+  const char *masks[GW_MAX_MASKS + 1];      /* NULL-terminated, borrowed from fields above */
+  char *unpacker;                           /* sandbox-unpack, beside sandbox-helper */
+} gw_config_t;
+
+/* Reads and checks the environment into *cfg (zeroed first). The message
+ * of a failure names the variable. Release with gw_config_release, also
+ * after a failure. */
+int gw_config_load (gw_config_t *cfg, err_t *err);
+
+/* Frees what gw_config_load allocated. */
+void gw_config_release (gw_config_t *cfg);
+
+/* Prints --help: the usage line and every variable with its default. */
+void gw_config_print_help (FILE *out);
+
+/* The runtime's part of the configuration (strings borrowed from cfg). */
+void gw_config_runtime (const gw_config_t *cfg, sbx_config_t *out);
+
+#endif

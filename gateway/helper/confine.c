@@ -1,0 +1,148 @@
+/* sbx_confine: capabilities, no_new_privs and seccomp for sandboxed
+ * commands (see sbx_confine.h). No state. */
+#include "gateway/helper/confine.h"
+
+#include <errno.h>
+#include <linux/capability.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <seccomp.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <linux/seccomp.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Capabilities a sandbox's root keeps: Docker's default set without
+ * CAP_MKNOD (no device nodes) and CAP_AUDIT_WRITE. */
+static const int kept_caps[] = {
+    CAP_CHOWN,  CAP_DAC_OVERRIDE, CAP_FSETID,     CAP_FOWNER,     CAP_SETGID,     CAP_SETUID,
+    CAP_SETFCAP, CAP_SETPCAP,     CAP_NET_RAW,    CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT, CAP_KILL,
+};
+
+static int
+set_caps (err_t *err)
+{
+  uint64_t keep = 0;
+  for (size_t i = 0; i < sizeof kept_caps / sizeof kept_caps[0]; i++)
+    keep |= 1ULL << kept_caps[i];
+  for (int cap = 0; cap <= 63; cap++)
+    {
+      if (keep & (1ULL << cap))
+        continue;
+      if (prctl (PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
+        return err_make_sys (err, errno, "drop capability %d from the bounding set", cap);
+    }
+  struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct data[2];
+  memset (data, 0, sizeof data);
+  data[0].effective = data[0].permitted = data[0].inheritable = (uint32_t) keep;
+  data[1].effective = data[1].permitted = data[1].inheritable = (uint32_t) (keep >> 32);
+  if (syscall (SYS_capset, &hdr, data) < 0)
+    return err_make_sys (err, errno, "capset");
+  /* Ambient capabilities would let them survive exec of non-root programs;
+   * clear them so only root keeps its (reduced) set. */
+  prctl (PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+  return 0;
+}
+
+/* System calls no sandboxed program needs and that widen the kernel's
+ * attack surface or reach outside the sandbox. */
+static const char *const denied_syscalls[] = {
+    /* kernel and module control */
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff",
+    "acct", "syslog", "iopl", "ioperm", "lookup_dcookie", "quotactl", "quotactl_fd", "nfsservctl",
+    /* time */
+    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "stime",
+    /* tracing, observing and handles that bypass paths */
+    "bpf", "perf_event_open", "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "open_by_handle_at",
+    "name_to_handle_at", "userfaultfd", "fanotify_init",
+    /* keyring */
+    "keyctl", "add_key", "request_key",
+    /* io_uring: a large, fast-moving surface that bypasses seccomp checks on
+     * the operations it performs */
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    /* mounts and namespaces: the sandbox's shape is fixed at launch */
+    "mount", "umount", "umount2", "pivot_root", "setns", "unshare", "fsopen", "fsconfig", "fsmount", "fspick",
+    "move_mount", "open_tree", "mount_setattr",
+    /* misc */
+    "personality", "vhangup", "uselib", "ustat", "sysfs", "_sysctl", "vm86", "vm86old", "get_kernel_syms",
+    "query_module", "create_module", "pciconfig_read", "pciconfig_write", "pciconfig_iobase",
+};
+
+int
+sbx_confine_prepare (sbx_confine_t *out, err_t *err)
+{
+  scmp_filter_ctx ctx = seccomp_init (SCMP_ACT_ALLOW);
+  if (ctx == NULL)
+    return err_make (err, ENOMEM, "seccomp_init");
+  int rc = 0;
+  for (size_t i = 0; i < sizeof denied_syscalls / sizeof denied_syscalls[0] && rc == 0; i++)
+    {
+      int nr = seccomp_syscall_resolve_name (denied_syscalls[i]);
+      if (nr == __NR_SCMP_ERROR || nr < 0)
+        continue; /* not on this architecture */
+      rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), nr, 0);
+    }
+  /* clone() creating namespaces: denied. clone3 passes its flags in memory
+   * that seccomp cannot read, so it answers ENOSYS and libc falls back to
+   * clone, which is checked. */
+  static const unsigned long ns_flags[] = {CLONE_NEWNS,  CLONE_NEWPID,    CLONE_NEWNET,  CLONE_NEWIPC,
+                                           CLONE_NEWUTS, CLONE_NEWCGROUP, CLONE_NEWUSER, CLONE_NEWTIME};
+  for (size_t i = 0; i < sizeof ns_flags / sizeof ns_flags[0] && rc == 0; i++)
+    rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), SCMP_SYS (clone), 1,
+                           SCMP_A0 (SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i]));
+  if (rc == 0)
+    rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (ENOSYS), SCMP_SYS (clone3), 0);
+  /* Socket families network namespaces do not fence: vsock reaches the VM's
+   * host and other VMs whatever the sandbox's network; the others are large
+   * rarely used surfaces. */
+  static const int families[] = {AF_VSOCK, AF_KEY, AF_TIPC, AF_RDS};
+  for (size_t i = 0; i < sizeof families / sizeof families[0] && rc == 0; i++)
+    rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EAFNOSUPPORT), SCMP_SYS (socket), 1,
+                           SCMP_A0 (SCMP_CMP_EQ, (scmp_datum_t) families[i]));
+  /* TIOCSTI pushes input into a terminal: another process's session. */
+  if (rc == 0)
+    rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), SCMP_SYS (ioctl), 1,
+                           SCMP_A1 (SCMP_CMP_MASKED_EQ, 0xFFFFFFFFu, 0x5412u /* TIOCSTI */));
+  /* Export the compiled BPF once; children load it with one syscall. */
+  int mfd = rc == 0 ? memfd_create ("seccomp", MFD_CLOEXEC) : -1;
+  if (rc == 0 && mfd < 0)
+    rc = -errno;
+  if (rc == 0)
+    rc = seccomp_export_bpf (ctx, mfd);
+  seccomp_release (ctx);
+  if (rc < 0)
+    {
+      if (mfd >= 0)
+        close (mfd);
+      return err_make_sys (err, -rc, "compile the seccomp filter");
+    }
+  off_t size = lseek (mfd, 0, SEEK_END);
+  struct sock_filter *insns = size > 0 ? malloc ((size_t) size) : NULL;
+  if (insns == NULL || pread (mfd, insns, (size_t) size, 0) != size)
+    {
+      free (insns);
+      close (mfd);
+      return err_make (err, EIO, "read back the compiled seccomp filter");
+    }
+  close (mfd);
+  out->prog.len = (unsigned short) ((size_t) size / sizeof *insns);
+  out->prog.filter = insns;
+  return 0;
+}
+
+int
+sbx_confine_apply (const sbx_confine_t *c, err_t *err)
+{
+  if (set_caps (err) < 0)
+    return -1;
+  if (prctl (PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+    return err_make_sys (err, errno, "PR_SET_NO_NEW_PRIVS");
+  if (syscall (SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &c->prog) < 0)
+    return err_make_sys (err, errno, "load the seccomp filter");
+  return 0;
+}

@@ -1,0 +1,465 @@
+/* sbx_cgroup: sandbox cgroups on v2 or v1 (see sbx_cgroup.h).
+ * Only file operations on cgroupfs; no state. */
+#include "gateway/runtime/cgroup.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/cleanup.h"
+
+static int
+write_file (const char *path, const char *value, err_t *err)
+{
+  cleanup_close int fd = open (path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return err_make_sys (err, errno, "open `%s`", path);
+  size_t len = strlen (value);
+  if (TEMP_FAILURE_RETRY (write (fd, value, len)) != (ssize_t) len)
+    return err_make_sys (err, errno, "write `%s` to `%s`", value, path);
+  return 0;
+}
+
+/* Reads up to cap-1 bytes of a small file; -1 when it cannot be read. */
+static ssize_t
+read_file (const char *path, char *buf, size_t cap)
+{
+  cleanup_close int fd = open (path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  ssize_t n = TEMP_FAILURE_RETRY (read (fd, buf, cap - 1));
+  if (n < 0)
+    return -1;
+  buf[n] = '\0';
+  return n;
+}
+
+/* The number after `key ` in a "key value" lines file, or 0. */
+static long
+read_keyed (const char *path, const char *key)
+{
+  char buf[4096];
+  if (read_file (path, buf, sizeof buf) < 0)
+    return 0;
+  size_t klen = strlen (key);
+  for (char *line = buf; line != NULL && *line != '\0';)
+    {
+      if (strncmp (line, key, klen) == 0 && line[klen] == ' ')
+        return strtol (line + klen + 1, NULL, 10);
+      line = strchr (line, '\n');
+      if (line != NULL)
+        line++;
+    }
+  return 0;
+}
+
+static void
+path_of (char *out, size_t cap, const char *root, const char *id, const char *sub, const char *file)
+{
+  snprintf (out, cap, "%s%s%s%s%s%s%s", root, id ? "/" : "", id ? id : "", sub ? "/" : "", sub ? sub : "",
+            file ? "/" : "", file ? file : "");
+}
+
+int
+sbx_cg_detect (const char *mount, const char *group, bool cpu, sbx_cg_layout_t *out, err_t *err)
+{
+  if (group[0] == '\0' || strchr (group, '/') != NULL || strcmp (group, ".") == 0 || strcmp (group, "..") == 0)
+    return err_make (err, EINVAL, "cgroup group `%s` is not a single path component", group);
+  memset (out, 0, sizeof *out);
+  out->freezer = out->memory = out->cpu = -1;
+  char probe[256];
+  snprintf (probe, sizeof probe, "%s/cgroup.controllers", mount);
+  if (access (probe, F_OK) == 0)
+    {
+      out->v2 = true;
+      snprintf (out->roots[0], sizeof out->roots[0], "%s/%s", mount, group);
+      out->n = 1;
+      out->freezer = out->memory = out->cpu = 0;
+      return 0;
+    }
+  static const char *const names[] = {"pids", "memory", "cpu", "freezer"};
+  for (size_t i = 0; i < 4; i++)
+    {
+      if (i == 2 && !cpu)
+        continue;
+      snprintf (probe, sizeof probe, "%s/%s/cgroup.procs", mount, names[i]);
+      if (access (probe, F_OK) != 0)
+        {
+          if (i == 0)
+            return err_make (err, ENOTSUP, "no cgroup v2 at `%s` and no v1 pids hierarchy", mount);
+          continue;
+        }
+      snprintf (out->roots[out->n], sizeof out->roots[0], "%s/%s/%s", mount, names[i], group);
+      if (i == 1)
+        out->memory = (int) out->n;
+      else if (i == 2)
+        out->cpu = (int) out->n;
+      else if (i == 3)
+        out->freezer = (int) out->n;
+      out->n++;
+    }
+  return 0;
+}
+
+static int
+mkdir_ok (const char *path, err_t *err)
+{
+  if (mkdir (path, 0755) < 0 && errno != EEXIST)
+    return err_make_sys (err, errno, "mkdir `%s`", path);
+  return 0;
+}
+
+int
+sbx_cg_prepare (const sbx_cg_layout_t *l, err_t *err)
+{
+  for (size_t i = 0; i < l->n; i++)
+    if (mkdir_ok (l->roots[i], err) < 0)
+      return -1;
+  if (l->v2)
+    {
+      /* Delegate the controllers down to each sandbox's group. */
+      char parent[256];
+      snprintf (parent, sizeof parent, "%s", l->roots[0]);
+      char *slash = strrchr (parent, '/');
+      *slash = '\0';
+      char path[300];
+      snprintf (path, sizeof path, "%s/cgroup.subtree_control", parent);
+      write_file (path, "+pids +memory +cpu", NULL); /* may already be on */
+      snprintf (path, sizeof path, "%s/cgroup.subtree_control", l->roots[0]);
+      if (write_file (path, "+pids +memory +cpu", err) < 0)
+        return -1;
+    }
+  return 0;
+}
+
+int
+sbx_cg_create (const sbx_cg_layout_t *l, const char *id, const sbx_cg_limits_t *lim, err_t *err)
+{
+  char path[300], val[64];
+  for (size_t i = 0; i < l->n; i++)
+    {
+      path_of (path, sizeof path, l->roots[i], id, NULL, NULL);
+      if (mkdir (path, 0755) < 0)
+        return err_make_sys (err, errno, "mkdir `%s`", path);
+    }
+  /* pids: the tracking hierarchy (index 0) has the pids controller. */
+  path_of (path, sizeof path, l->roots[0], id, NULL, "pids.max");
+  if (lim->pids_max > 0)
+    snprintf (val, sizeof val, "%ld", lim->pids_max);
+  else
+    snprintf (val, sizeof val, "max");
+  if (write_file (path, val, err) < 0)
+    return -1;
+  if (l->memory >= 0 && lim->memory_mb > 0)
+    {
+      long long bytes = (long long) lim->memory_mb * 1024 * 1024;
+      snprintf (val, sizeof val, "%lld", bytes);
+      path_of (path, sizeof path, l->roots[l->memory], id, NULL, l->v2 ? "memory.max" : "memory.limit_in_bytes");
+      if (write_file (path, val, err) < 0)
+        return -1;
+      /* No swap beyond the limit, where the kernel offers the knob. */
+      path_of (path, sizeof path, l->roots[l->memory], id, NULL,
+               l->v2 ? "memory.swap.max" : "memory.memsw.limit_in_bytes");
+      write_file (path, l->v2 ? "0" : val, NULL);
+    }
+  if (l->cpu >= 0 && lim->cpu_millis > 0)
+    {
+      long period = 100000, quota = lim->cpu_millis * 100;
+      if (l->v2)
+        {
+          snprintf (val, sizeof val, "%ld %ld", quota, period);
+          path_of (path, sizeof path, l->roots[l->cpu], id, NULL, "cpu.max");
+          if (write_file (path, val, err) < 0)
+            return -1;
+        }
+      else
+        {
+          snprintf (val, sizeof val, "%ld", period);
+          path_of (path, sizeof path, l->roots[l->cpu], id, NULL, "cpu.cfs_period_us");
+          if (write_file (path, val, err) < 0)
+            return -1;
+          snprintf (val, sizeof val, "%ld", quota);
+          path_of (path, sizeof path, l->roots[l->cpu], id, NULL, "cpu.cfs_quota_us");
+          if (write_file (path, val, err) < 0)
+            return -1;
+        }
+    }
+  return 0;
+}
+
+int
+sbx_cg_create_sub (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t *err)
+{
+  char path[300];
+  for (size_t i = 0; i < l->n; i++)
+    {
+      path_of (path, sizeof path, l->roots[i], id, sub, NULL);
+      if (mkdir_ok (path, err) < 0)
+        return -1;
+    }
+  return 0;
+}
+
+/* The file a process writes "0" to, to move itself. On v1 that is `tasks`:
+ * moving the calling thread alone skips the kernel's global threadgroup
+ * lock (an RCU grace period per move through cgroup.procs), and our movers
+ * are single-threaded, so the thread is the whole process. */
+static const char *
+join_file (const sbx_cg_layout_t *l)
+{
+  return l->v2 ? "cgroup.procs" : "tasks";
+}
+
+int
+sbx_cg_open_track (const sbx_cg_layout_t *l, const char *id, const char *sub, int *fd, err_t *err)
+{
+  char path[300];
+  path_of (path, sizeof path, l->roots[0], id, sub, NULL);
+  if (mkdir (path, 0755) < 0 && errno != EEXIST)
+    return err_make_sys (err, errno, "mkdir `%s`", path);
+  path_of (path, sizeof path, l->roots[0], id, sub, join_file (l));
+  *fd = open (path, O_WRONLY | O_CLOEXEC);
+  if (*fd < 0)
+    return err_make_sys (err, errno, "open `%s`", path);
+  return 0;
+}
+
+int
+sbx_cg_join (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t *err)
+{
+  char path[300];
+  for (size_t i = 0; i < l->n; i++)
+    {
+      path_of (path, sizeof path, l->roots[i], id, sub, join_file (l));
+      if (write_file (path, "0", err) < 0)
+        return -1;
+    }
+  return 0;
+}
+
+static int
+freeze_group (const sbx_cg_layout_t *l, const char *id, const char *sub, bool frozen, err_t *err)
+{
+  if (l->freezer < 0)
+    return 0;
+  char path[300];
+  path_of (path, sizeof path, l->roots[l->freezer], id, sub, l->v2 ? "cgroup.freeze" : "freezer.state");
+  const char *val = l->v2 ? (frozen ? "1" : "0") : (frozen ? "FROZEN" : "THAWED");
+  if (write_file (path, val, err) < 0)
+    return -1;
+  if (!frozen || l->v2)
+    return 0;
+  /* v1 freezing is asynchronous: wait (bounded) until it has settled. */
+  char state[64];
+  for (int i = 0; i < 200; i++)
+    {
+      if (read_file (path, state, sizeof state) > 0 && strncmp (state, "FROZEN", 6) == 0)
+        return 0;
+      struct timespec ts = {0, 5000000};
+      nanosleep (&ts, NULL);
+    }
+  return 0; /* killing works frozen or not */
+}
+
+int
+sbx_cg_freeze (const sbx_cg_layout_t *l, const char *id, bool frozen, err_t *err)
+{
+  return freeze_group (l, id, NULL, frozen, err);
+}
+
+/* Sends SIGKILL to every pid listed in `procs`; returns how many. */
+static int
+kill_listed (const char *procs)
+{
+  FILE *f = fopen (procs, "re");
+  if (f == NULL)
+    return 0;
+  int n = 0;
+  long pid;
+  while (fscanf (f, "%ld", &pid) == 1)
+    if (pid > 0 && kill ((pid_t) pid, SIGKILL) == 0)
+      n++;
+  fclose (f);
+  return n;
+}
+
+/* Kills in one group and, depth first, in all its sub-groups. */
+static int
+kill_tree (const char *dir)
+{
+  int n = 0;
+  DIR *d = opendir (dir);
+  if (d == NULL)
+    return 0;
+  struct dirent *e;
+  char path[512];
+  while ((e = readdir (d)) != NULL)
+    if (e->d_type == DT_DIR && e->d_name[0] != '.')
+      {
+        snprintf (path, sizeof path, "%s/%s", dir, e->d_name);
+        n += kill_tree (path);
+      }
+  closedir (d);
+  snprintf (path, sizeof path, "%s/cgroup.procs", dir);
+  return n + kill_listed (path);
+}
+
+int
+sbx_cg_kill (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t *err)
+{
+  char dir[300];
+  path_of (dir, sizeof dir, l->roots[0], id, sub, NULL);
+  if (l->v2)
+    {
+      char kill_file[320];
+      snprintf (kill_file, sizeof kill_file, "%s/cgroup.kill", dir);
+      if (write_file (kill_file, "1", NULL) == 0)
+        goto wait_empty;
+    }
+  freeze_group (l, id, sub, true, NULL);
+  for (int round = 0; round < 100; round++)
+    if (kill_tree (dir) == 0)
+      break;
+  freeze_group (l, id, sub, false, NULL);
+wait_empty:
+  /* Killed processes leave the group once reaped; wait for that (bounded). */
+  for (int i = 0; i < 400; i++)
+    {
+      if (sbx_cg_count (l, id, sub) <= 0)
+        return 0;
+      kill_tree (dir);
+      struct timespec ts = {0, 5000000};
+      nanosleep (&ts, NULL);
+    }
+  return err_make (err, EBUSY, "processes of `%s` survive SIGKILL", dir);
+}
+
+static int
+rmdir_tree (const char *dir)
+{
+  DIR *d = opendir (dir);
+  if (d == NULL)
+    return errno == ENOENT ? 0 : -1;
+  struct dirent *e;
+  char path[512];
+  int rc = 0;
+  while ((e = readdir (d)) != NULL)
+    if (e->d_type == DT_DIR && e->d_name[0] != '.')
+      {
+        snprintf (path, sizeof path, "%s/%s", dir, e->d_name);
+        if (rmdir_tree (path) < 0)
+          rc = -1;
+      }
+  closedir (d);
+  if (rmdir (dir) < 0 && errno != ENOENT)
+    rc = -1;
+  return rc;
+}
+
+int
+sbx_cg_remove (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t *err)
+{
+  char dir[300];
+  int rc = 0;
+  for (size_t i = 0; i < l->n; i++)
+    {
+      path_of (dir, sizeof dir, l->roots[i], id, sub, NULL);
+      if (rmdir_tree (dir) < 0)
+        rc = err_make_sys (err, errno, "remove cgroup `%s`", dir);
+    }
+  return rc;
+}
+
+long
+sbx_cg_count (const sbx_cg_layout_t *l, const char *id, const char *sub)
+{
+  char path[300], buf[64];
+  path_of (path, sizeof path, l->roots[0], id, sub, "pids.current");
+  if (read_file (path, buf, sizeof buf) < 0)
+    return -1;
+  return strtol (buf, NULL, 10);
+}
+
+/* Adds `key` of `file` over a group and all its sub-groups: cgroup v1
+ * counts some events only where they happened (e.g. an exec's group). */
+static long
+sum_keyed (const char *dir, const char *file, const char *key, int depth)
+{
+  char path[512];
+  snprintf (path, sizeof path, "%s/%s", dir, file);
+  long total = read_keyed (path, key);
+  if (depth > 4)
+    return total;
+  DIR *d = opendir (dir);
+  if (d == NULL)
+    return total;
+  struct dirent *e;
+  while ((e = readdir (d)) != NULL)
+    if (e->d_type == DT_DIR && e->d_name[0] != '.')
+      {
+        snprintf (path, sizeof path, "%s/%s", dir, e->d_name);
+        total += sum_keyed (path, file, key, depth + 1);
+      }
+  closedir (d);
+  return total;
+}
+
+void
+sbx_cg_events (const sbx_cg_layout_t *l, const char *id, sbx_cg_events_t *out)
+{
+  char dir[300];
+  path_of (dir, sizeof dir, l->roots[0], id, NULL, NULL);
+  out->pids_max_hits = sum_keyed (dir, "pids.events", "max", 0);
+  out->oom_kills = 0;
+  if (l->memory >= 0)
+    {
+      path_of (dir, sizeof dir, l->roots[l->memory], id, NULL, NULL);
+      out->oom_kills = sum_keyed (dir, l->v2 ? "memory.events" : "memory.oom_control", "oom_kill", 0);
+    }
+}
+
+char **
+sbx_cg_list (const sbx_cg_layout_t *l)
+{
+  size_t n = 0, cap = 8;
+  char **ids = calloc (cap + 1, sizeof *ids);
+  if (ids == NULL)
+    return NULL;
+  for (size_t i = 0; i < l->n; i++)
+    {
+      DIR *d = opendir (l->roots[i]);
+      if (d == NULL)
+        continue;
+      struct dirent *e;
+      while ((e = readdir (d)) != NULL)
+        {
+          if (e->d_type != DT_DIR || e->d_name[0] == '.')
+            continue;
+          bool dup = false;
+          for (size_t j = 0; j < n && !dup; j++)
+            dup = strcmp (ids[j], e->d_name) == 0;
+          if (dup)
+            continue;
+          if (n == cap)
+            {
+              char **grown = realloc (ids, (cap * 2 + 1) * sizeof *ids);
+              if (grown == NULL)
+                break;
+              ids = grown;
+              cap *= 2;
+            }
+          ids[n++] = strdup (e->d_name);
+          ids[n] = NULL;
+        }
+      closedir (d);
+    }
+  ids[n] = NULL;
+  return ids;
+}

@@ -1,0 +1,348 @@
+/* runtime/exec: running a command in a sandbox. The gateway hands the
+ * sandbox's pid 1 (the holder) one request over its control socket with the
+ * command's pipes, a report socket and its exec cgroup attached; the holder
+ * forks the command inside the sandbox. This file pumps the pipes to the
+ * caller's sink, feeds stdin, enforces the timeout and cancellation (killing
+ * everything the command started, through its cgroup) and reads the exit
+ * report. One thread per exec; no shared state beyond the registry. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/cleanup.h"
+#include "common/log.h"
+#include "gateway/runtime/internal.h"
+
+/* Longest wait between looks at cancellation. */
+#define EXEC_POLL_MS 100
+/* After the exit report: how long output may still arrive, and how long
+ * more once some did. */
+#define EXEC_DRAIN_MS 200
+#define EXEC_DRAIN_MORE_MS 50
+/* Pipe buffers: fewer wake-ups for a chatty command. */
+#define EXEC_STDOUT_PIPE (1024 * 1024)
+#define EXEC_STDERR_PIPE (256 * 1024)
+
+static const char *const default_env[] = {
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME=/root",
+    "LANG=C.UTF-8",
+    "TERM=dumb",
+};
+
+/* Builds the command's environment: defaults overridden by the request. */
+static char **
+build_env (char *const *extra)
+{
+  size_t n_extra = 0;
+  while (extra != NULL && extra[n_extra] != NULL)
+    n_extra++;
+  size_t n_def = sizeof default_env / sizeof default_env[0];
+  char **env = calloc (n_def + n_extra + 1, sizeof *env);
+  if (env == NULL)
+    return NULL;
+  size_t k = 0;
+  for (size_t i = 0; i < n_def; i++)
+    {
+      size_t klen = strcspn (default_env[i], "=") + 1;
+      bool overridden = false;
+      for (size_t j = 0; j < n_extra && !overridden; j++)
+        overridden = strncmp (extra[j], default_env[i], klen) == 0;
+      if (!overridden)
+        env[k++] = (char *) default_env[i];
+    }
+  for (size_t j = 0; j < n_extra; j++)
+    env[k++] = extra[j];
+  env[k] = NULL;
+  return env;
+}
+
+typedef struct pump_s
+{
+  int fd;
+  int stream;
+} pump_t;
+
+/* One exec in flight. */
+typedef struct exec_run_s
+{
+  sbx_runtime_t *rt;
+  const sbx_exec_req_t *req;
+  const sbx_exec_sink_t *sink;
+  sbx_exec_result_t *res;
+  char group[32];
+  pump_t pumps[2]; /* stdout, stderr; fd -1 once closed */
+  int stdin_fd;    /* -1 once all of stdin is written */
+  size_t stdin_off;
+  int report_fd;
+  int64_t started, deadline, drain_until;
+  bool exited, killed, consumer_gone;
+  char start_error[sizeof ((sbx_report_t *) 0)->text];
+  uint8_t *buf;
+} exec_run_t;
+
+static void
+exec_run_close (exec_run_t *x)
+{
+  int *fds[] = {&x->pumps[0].fd, &x->pumps[1].fd, &x->stdin_fd, &x->report_fd};
+  for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
+    if (*fds[i] >= 0)
+      close (take_fd (fds[i]));
+  free (take_ptr (&x->buf));
+}
+
+static int
+check_request (const sbx_exec_req_t *req, err_t *err)
+{
+  if (!sbx_id_valid (req->id))
+    return err_make (err, EINVAL, "invalid sandbox id");
+  if (req->argv == NULL || req->argv[0] == NULL || req->argv[0][0] == '\0')
+    return err_make (err, EINVAL, "argv must name a program");
+  if (req->timeout_seconds > SBX_EXEC_MAX_TIMEOUT)
+    return err_make (err, EINVAL, "timeout_seconds %u is above the maximum of %d", req->timeout_seconds,
+                     SBX_EXEC_MAX_TIMEOUT);
+  if (req->cwd != NULL && req->cwd[0] != '\0' && req->cwd[0] != '/')
+    return err_make (err, EINVAL, "cwd `%s` is not an absolute path", req->cwd);
+  return 0;
+}
+
+/* Sends the request to the holder with the command's descriptors, keeping
+ * the gateway's ends in *x. */
+static int
+start_command (exec_run_t *x, int ctl, err_t *err)
+{
+  const sbx_exec_req_t *req = x->req;
+  const char *cwd = req->cwd != NULL && req->cwd[0] != '\0' ? req->cwd : "/root";
+  cleanup_free char **env = build_env (req->env);
+  cleanup_free char *msg = malloc (SBX_EXEC_MAX);
+  x->buf = malloc (SBX_EXEC_CHUNK);
+  if (msg == NULL || env == NULL || x->buf == NULL)
+    return err_make (err, ENOMEM, "exec: out of memory");
+  ssize_t msg_len = sbx_exec_encode (msg, SBX_EXEC_MAX, cwd, req->argv, env);
+  if (msg_len < 0)
+    return err_make (err, E2BIG, "argv and env together exceed %d KiB", SBX_EXEC_MAX / 1024);
+  cleanup_close int procs_fd = -1;
+  if (sbx_cg_open_track (&x->rt->cg, req->id, x->group, &procs_fd, err) < 0)
+    return -1;
+  cleanup_pipe int in[2] = {-1, -1}, out[2] = {-1, -1}, errp[2] = {-1, -1}, rep[2] = {-1, -1};
+  if (pipe2 (in, O_CLOEXEC) < 0 || pipe2 (out, O_CLOEXEC) < 0 || pipe2 (errp, O_CLOEXEC) < 0
+      || socketpair (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, rep) < 0)
+    return err_make_sys (err, errno, "exec: pipe");
+  fcntl (out[0], F_SETPIPE_SZ, EXEC_STDOUT_PIPE);
+  fcntl (errp[0], F_SETPIPE_SZ, EXEC_STDERR_PIPE);
+  x->started = sbx_mono_ms ();
+  /* The holder forks the command inside the sandbox with these as its
+   * stdin, stdout, stderr, report socket and cgroup. */
+  int pass[SBX_EXEC_FDS] = {in[0], out[1], errp[1], rep[1], procs_fd};
+  if (sbx_send_fds (ctl, msg, (size_t) msg_len, pass, SBX_EXEC_FDS) < 0)
+    return err_make_sys (err, errno == EPIPE || errno == ECONNREFUSED ? ESRCH : errno,
+                         "sandbox `%s` is gone (its pid 1 does not answer)", req->id);
+  x->report_fd = take_fd (&rep[0]);
+  x->pumps[0] = (pump_t){take_fd (&out[0]), 1};
+  x->pumps[1] = (pump_t){take_fd (&errp[0]), 2};
+  fcntl (x->pumps[0].fd, F_SETFL, O_NONBLOCK);
+  fcntl (x->pumps[1].fd, F_SETFL, O_NONBLOCK);
+  if (req->stdin_len > 0)
+    {
+      x->stdin_fd = take_fd (&in[1]);
+      fcntl (x->stdin_fd, F_SETFL, O_NONBLOCK);
+    }
+  return 0;
+}
+
+/* Kills the command's cgroup once it is past its deadline or unwanted. */
+static void
+kill_if_due (exec_run_t *x, int64_t now)
+{
+  if (x->killed || !(now >= x->deadline || x->consumer_gone || x->sink->cancelled (x->sink->ctx)))
+    return;
+  if (now >= x->deadline)
+    x->res->timed_out = true;
+  else
+    x->res->cancelled = true;
+  x->killed = true;
+  err_t kerr = ERR_INIT;
+  if (sbx_cg_kill (&x->rt->cg, x->req->id, x->group, &kerr) < 0)
+    err_warn_release (&kerr, "exec in `%s`", x->req->id);
+}
+
+static void
+on_report (exec_run_t *x)
+{
+  sbx_report_t r;
+  int g = sbx_read_report (x->report_fd, &r, 0, NULL);
+  if (g == 1 && r.type == SBX_REPORT_ERROR)
+    snprintf (x->start_error, sizeof x->start_error, "%s", r.text);
+  else if (g == 1 && r.type == SBX_REPORT_EXIT)
+    {
+      x->res->exit_code = r.a;
+      x->res->signal = r.b;
+      x->exited = true;
+    }
+  else if (g <= 0)
+    {
+      /* The sandbox's pid 1 died without a word (deleted). */
+      x->res->exit_code = -1;
+      x->res->signal = SIGKILL;
+      x->exited = true;
+    }
+  if (x->exited)
+    x->drain_until = sbx_mono_ms () + EXEC_DRAIN_MS;
+}
+
+static void
+on_stdin (exec_run_t *x)
+{
+  const sbx_exec_req_t *req = x->req;
+  ssize_t w = write (x->stdin_fd, req->stdin_data + x->stdin_off, req->stdin_len - x->stdin_off);
+  if (w > 0)
+    x->stdin_off += (size_t) w;
+  if ((w < 0 && errno != EAGAIN) || x->stdin_off >= req->stdin_len)
+    close (take_fd (&x->stdin_fd));
+}
+
+/* Reads what is there on `p` and hands it to the sink. */
+static void
+on_output (exec_run_t *x, pump_t *p, bool *got)
+{
+  ssize_t n = TEMP_FAILURE_RETRY (read (p->fd, x->buf, SBX_EXEC_CHUNK));
+  if (n > 0)
+    {
+      *got = true;
+      if (x->sink->output (x->sink->ctx, p->stream, x->buf, (size_t) n) < 0)
+        x->consumer_gone = true;
+    }
+  else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
+    close (take_fd (&p->fd));
+}
+
+/* One round: waits for the pipes, the report or stdin's room, and serves
+ * what is ready. */
+static int
+pump_once (exec_run_t *x, int64_t now, err_t *err)
+{
+  struct pollfd p[4];
+  int np = 0;
+  for (int i = 0; i < 2; i++)
+    p[np++] = (struct pollfd){.fd = x->pumps[i].fd, .events = POLLIN}; /* fd -1: ignored */
+  p[np++] = (struct pollfd){.fd = x->exited ? -1 : x->report_fd, .events = POLLIN};
+  p[np++] = (struct pollfd){.fd = x->stdin_fd, .events = POLLOUT};
+  int64_t wait = x->exited ? x->drain_until - now : x->deadline - now;
+  wait = wait > EXEC_POLL_MS ? EXEC_POLL_MS : wait < 0 ? 0 : wait;
+  if (TEMP_FAILURE_RETRY (poll (p, (nfds_t) np, (int) wait)) < 0)
+    return err_make_sys (err, errno, "exec: poll");
+  bool got = false;
+  for (int i = 0; i < 2; i++)
+    if (p[i].revents != 0 && !x->consumer_gone)
+      on_output (x, &x->pumps[i], &got);
+  if (p[2].revents != 0)
+    on_report (x);
+  if (p[3].revents != 0)
+    on_stdin (x);
+  if (x->exited && got && sbx_mono_ms () + EXEC_DRAIN_MORE_MS > x->drain_until)
+    x->drain_until = sbx_mono_ms () + EXEC_DRAIN_MORE_MS;
+  return 0;
+}
+
+/* Pumps until the command has exited and its output is drained. */
+static int
+pump_all (exec_run_t *x, err_t *err)
+{
+  for (;;)
+    {
+      int64_t now = sbx_mono_ms ();
+      kill_if_due (x, now);
+      bool drained = x->pumps[0].fd < 0 && x->pumps[1].fd < 0;
+      if (x->exited && (drained || now >= x->drain_until || x->consumer_gone))
+        return 0;
+      if (pump_once (x, now, err) < 0)
+        {
+          /* The command must not outlive the exec that lost track of it. */
+          sbx_cg_kill (&x->rt->cg, x->req->id, x->group, NULL);
+          return -1;
+        }
+    }
+}
+
+/* Fills the result's message from how the command ended. */
+static void
+describe_end (exec_run_t *x, uint32_t timeout)
+{
+  sbx_exec_result_t *res = x->res;
+  if (x->start_error[0] != '\0' && !x->consumer_gone)
+    {
+      char line[sizeof x->start_error + 16];
+      int len = snprintf (line, sizeof line, "sandbox: %s\n", x->start_error);
+      x->sink->output (x->sink->ctx, 2, (const uint8_t *) line, (size_t) len);
+      snprintf (res->message, sizeof res->message, "%.*s", (int) sizeof res->message - 1, x->start_error);
+    }
+  res->duration_ms = (uint64_t) (sbx_mono_ms () - x->started);
+  if (res->timed_out)
+    snprintf (res->message, sizeof res->message, "killed after the %u s timeout, with everything it started",
+              timeout);
+  else if (res->cancelled)
+    snprintf (res->message, sizeof res->message, "killed: the client went away");
+}
+
+/* Says when a limit of the sandbox hit the command. */
+static void
+describe_limits (sbx_runtime_t *rt, const sbx_cg_events_t *before, const sbx_cg_events_t *after,
+                 sbx_exec_result_t *res)
+{
+  if (after->oom_kills > before->oom_kills)
+    {
+      res->oom_killed = true;
+      snprintf (res->message, sizeof res->message, "the sandbox's memory limit (%ld MiB) killed a process",
+                rt->cfg.memory_mb);
+    }
+  else if (after->pids_max_hits > before->pids_max_hits && res->message[0] == '\0')
+    snprintf (res->message, sizeof res->message, "the sandbox's process limit (%ld) refused new processes",
+              rt->cfg.pids_max);
+}
+
+int
+sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *sink, sbx_exec_result_t *res,
+          err_t *err)
+{
+  memset (res, 0, sizeof *res);
+  if (check_request (req, err) < 0)
+    return -1;
+  uint32_t timeout = req->timeout_seconds ? req->timeout_seconds : SBX_EXEC_DEFAULT_TIMEOUT;
+  sbx_t *s = sbx_acquire (rt, req->id);
+  if (s == NULL)
+    return err_make (err, ENOENT, "sandbox `%s` not found", req->id);
+
+  exec_run_t x = {.rt = rt, .req = req, .sink = sink, .res = res, .pumps = {{-1, 1}, {-1, 2}}, .stdin_fd = -1,
+                  .report_fd = -1};
+  pthread_mutex_lock (&rt->mu);
+  snprintf (x.group, sizeof x.group, "exec-%u", ++s->exec_seq);
+  int ctl = s->ctl_fd;
+  pthread_mutex_unlock (&rt->mu);
+  sbx_cg_events_t before, after;
+  sbx_cg_events (&rt->cg, req->id, &before);
+  int rc = start_command (&x, ctl, err);
+  if (rc == 0)
+    {
+      x.deadline = x.started + (int64_t) timeout * 1000;
+      rc = pump_all (&x, err);
+    }
+  if (rc == 0)
+    {
+      describe_end (&x, timeout);
+      sbx_cg_events (&rt->cg, req->id, &after);
+      describe_limits (rt, &before, &after, res);
+    }
+  exec_run_close (&x);
+  /* The exec's cgroup goes when nothing it started is left. */
+  err_t rerr = ERR_INIT;
+  sbx_cg_remove (&rt->cg, req->id, x.group, &rerr);
+  err_release (&rerr);
+  sbx_release (rt, s);
+  return rc;
+}

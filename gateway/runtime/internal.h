@@ -1,0 +1,116 @@
+/* runtime/internal: what the runtime's files share and nothing outside
+ * runtime/ sees — the sandbox record, the runtime's state, and the steps
+ * each file offers the others.
+ *
+ *   registry.c  ids, the registry, acquire/release, get/list/delete, layers
+ *   runtime.c   new/stop/destroy
+ *   launch.c    launch and restore (through sandbox-helper)
+ *   exec.c      running a command through the sandbox's pid 1
+ *   net.c       egress: the host's addresses, slirp4netns
+ *   spawn.c     starting our programs, reading their reports, reaping
+ *   reaper.c    what a previous run left behind, the idle reaper
+ *
+ * Threading: `mu` guards the registry list, every sandbox's bookkeeping
+ * fields (ready, deleting, refs, helper, last_used_ms, exec_seq) and
+ * `stopping`; it is never held across I/O. `cv` signals changes to them.
+ */
+#ifndef SBX_GATEWAY_RUNTIME_INTERNAL_H
+#define SBX_GATEWAY_RUNTIME_INTERNAL_H
+
+#include <limits.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "gateway/runtime/cgroup.h"
+#include "gateway/runtime/runtime.h"
+#include "gateway/runtime/wire.h"
+
+typedef struct sbx_s
+{
+  char id[SBX_ID_MAX + 1];
+  char state[PATH_MAX + SBX_ID_MAX + 2];
+  pid_t holder;
+  int holder_pidfd;
+  int64_t created_ms;
+  int64_t last_used_ms; /* monotonic */
+  bool allow_egress;
+  bool ready;        /* launch finished */
+  bool deleting;     /* removed from lookups */
+  int refs;          /* execs and layer users holding it */
+  pid_t helper;      /* the launch helper, while launching */
+  int ctl_fd;        /* the holder's control socket: exec requests */
+  pid_t slirp;       /* slirp4netns, when egress is on */
+  int slirp_exit_fd; /* closing it tells slirp4netns to exit */
+  unsigned exec_seq;
+  struct sbx_s *next;
+} sbx_t;
+
+struct sbx_runtime_s
+{
+  sbx_config_t cfg;
+  /* The host's own IPv4 addresses (loopback aside), unreachable from egress
+   * sandboxes: slirp4netns connects from the host's network namespace.
+   * NULL-terminated, owned. */
+  char **host_addrs;
+  sbx_cg_layout_t cg;
+  char sandboxes_dir[PATH_MAX];
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  sbx_t *list;
+  size_t count;
+  bool stopping;
+  pthread_t reaper;
+  bool reaper_running;
+};
+
+/* Clocks: wall time for what clients see, monotonic for every duration. */
+int64_t sbx_wall_ms (void);
+int64_t sbx_mono_ms (void);
+
+/* registry.c. The *_locked functions need rt->mu held. */
+sbx_t *sbx_find_locked (sbx_runtime_t *rt, const char *id);
+void sbx_unlink_locked (sbx_runtime_t *rt, sbx_t *s);
+void sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out);
+/* A ready sandbox, referenced (renews its idle timer), or NULL. */
+sbx_t *sbx_acquire (sbx_runtime_t *rt, const char *id);
+void sbx_release (sbx_runtime_t *rt, sbx_t *s);
+/* Kills and releases everything of a sandbox no longer in lookups. Safe on
+ * a half-made sandbox. Takes ownership of `pidfd`. */
+void sbx_teardown (sbx_runtime_t *rt, const char *id, const char *state, int pidfd);
+
+/* spawn.c */
+void sbx_spawn_attr_init (posix_spawnattr_t *attr);
+/* Spawns sandbox-helper with stdio on in/out/errfd and the report socket
+ * as fd 3. *report_fd is the gateway's end. */
+int sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int errfd, pid_t *pid, int *report_fd,
+                      err_t *err);
+/* Waits up to timeout_ms for one report, and the descriptor it carries
+ * (*fd, or -1; NULL: none expected). 1 got one, 0 EOF, -1 timeout or error. */
+int sbx_read_report (int sock, sbx_report_t *r, int timeout_ms, int *fd);
+/* waitpid, retrying EINTR. */
+void sbx_reap (pid_t pid);
+/* Removes a tree on the host, not crossing mounts nor following links. */
+void sbx_remove_tree (const char *path);
+
+/* The environment of the programs the gateway starts (helper, unpacker,
+ * slirp4netns): PATH only, never the gateway's own (secrets, credentials). */
+extern char *const sbx_helper_env[];
+
+/* net.c */
+/* Lists the host's IPv4 addresses into rt->host_addrs. */
+int sbx_net_scan_host (sbx_runtime_t *rt, err_t *err);
+/* Starts slirp4netns for `s` (holder running) and waits until its network
+ * is configured. */
+int sbx_net_start (sbx_runtime_t *rt, sbx_t *s, err_t *err);
+/* Stops slirp4netns (tolerates one never started). */
+void sbx_net_stop (pid_t slirp, int exit_fd);
+
+/* reaper.c */
+/* Kills, unmounts and removes what a previous run left behind. */
+void sbx_clean_leftovers (sbx_runtime_t *rt);
+void *sbx_reaper_main (void *arg);
+
+#endif

@@ -1,0 +1,289 @@
+/* runtime/launch: making a sandbox — empty (launch) or from a tar stream
+ * (restore) — through sandbox-helper, which sets up its namespaces, layer
+ * and cgroups, forks its pid 1 (the holder) and reports READY with the
+ * holder's control socket. Then slirp4netns when egress is on. A launch
+ * that fails at any step tears down everything it made. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common/cleanup.h"
+#include "common/log.h"
+#include "gateway/runtime/internal.h"
+
+/* How long a launch may take before the helper's silence is a failure. */
+#define LAUNCH_REPORT_TIMEOUT_MS 60000
+/* How long a helper that stopped reading the tar has to say why. */
+#define RESTORE_REASON_TIMEOUT_MS 10000
+
+/* Reserves `id` in the registry: EEXIST taken, EUSERS full, ESHUTDOWN
+ * stopping. */
+static int
+reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_t **out, err_t *err)
+{
+  if (!sbx_id_valid (id))
+    return err_make (err, EINVAL, "invalid sandbox id: ids match ^[A-Za-z0-9][A-Za-z0-9_-]*$, at most 64 characters");
+  cleanup_free sbx_t *s = calloc (1, sizeof *s);
+  if (s == NULL)
+    return err_make (err, ENOMEM, "launch: out of memory");
+  snprintf (s->id, sizeof s->id, "%s", id);
+  snprintf (s->state, sizeof s->state, "%s/%s", rt->sandboxes_dir, id);
+  s->holder_pidfd = -1;
+  s->slirp_exit_fd = -1;
+  s->ctl_fd = -1;
+  s->allow_egress = allow_egress && rt->cfg.allow_egress;
+  s->created_ms = s->last_used_ms = sbx_mono_ms ();
+
+  pthread_mutex_lock (&rt->mu);
+  int rc = 0;
+  if (rt->stopping)
+    rc = err_make (err, ESHUTDOWN, "the gateway is shutting down");
+  else if (sbx_find_locked (rt, id) != NULL)
+    rc = err_make (err, EEXIST, "sandbox `%s` already exists", id);
+  else if ((long) rt->count >= rt->cfg.max_sandboxes)
+    rc = err_make (err, EUSERS, "too many sandboxes: the limit is %ld (SANDBOX_MAX)", rt->cfg.max_sandboxes);
+  else
+    {
+      s->next = rt->list;
+      rt->list = s;
+      rt->count++;
+      *out = take_ptr (&s);
+    }
+  pthread_mutex_unlock (&rt->mu);
+  return rc;
+}
+
+/* A growing argv: no fixed cap to silently drop entries at. */
+typedef struct argv_s
+{
+  const char **v;
+  size_t n, cap;
+  bool oom;
+} argv_t;
+
+static void
+argv_add (argv_t *a, const char *s)
+{
+  if (a->n + 2 > a->cap)
+    {
+      size_t cap = a->cap ? a->cap * 2 : 64;
+      const char **v = realloc (a->v, cap * sizeof *v);
+      if (v == NULL)
+        {
+          a->oom = true;
+          return;
+        }
+      a->v = v;
+      a->cap = cap;
+    }
+  a->v[a->n++] = s;
+  a->v[a->n] = NULL;
+}
+
+static void
+argv_add_each (argv_t *a, const char *flag, const char *const *list)
+{
+  for (size_t i = 0; list != NULL && list[i] != NULL; i++)
+    {
+      argv_add (a, flag);
+      argv_add (a, list[i]);
+    }
+}
+
+/* Numbers the helper's command line shows, as text. */
+typedef struct launch_numbers_s
+{
+  char disk_mb[24], pids[24], mem[24], cpu[24], max_entries[24];
+} launch_numbers_t;
+
+/* The helper's command line for `s` (strings borrowed from rt, s and nums). */
+static int
+helper_argv (sbx_runtime_t *rt, const sbx_t *s, bool restore, launch_numbers_t *nums, argv_t *a, err_t *err)
+{
+  const sbx_config_t *c = &rt->cfg;
+  snprintf (nums->disk_mb, sizeof nums->disk_mb, "%ld", c->disk_mb);
+  snprintf (nums->pids, sizeof nums->pids, "%ld", c->pids_max);
+  snprintf (nums->mem, sizeof nums->mem, "%ld", c->memory_mb);
+  snprintf (nums->cpu, sizeof nums->cpu, "%ld", c->cpu_millis);
+  snprintf (nums->max_entries, sizeof nums->max_entries, "%ld", c->snapshot_max_entries);
+  const char *fixed[] = {"sandbox-helper", "launch", "--id", s->id, "--state", s->state, "--lower", c->rootfs,
+                         "--cgroup-mount", c->cgroup_mount, "--cgroup-group", c->cgroup_group, "--disk-mb",
+                         nums->disk_mb, "--pids", nums->pids, "--memory-mb", nums->mem, "--cpu-millis", nums->cpu};
+  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+    argv_add (a, fixed[i]);
+  argv_add_each (a, "--volume", c->volumes);
+  argv_add_each (a, "--mask", c->masks);
+  if (s->allow_egress)
+    {
+      argv_add (a, "--egress");
+      argv_add_each (a, "--block", (const char *const *) rt->host_addrs);
+    }
+  if (restore)
+    {
+      const char *more[] = {"--restore", "--max-entries", nums->max_entries, "--unpacker", c->unpacker};
+      for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
+        argv_add (a, more[i]);
+    }
+  return a->oom ? err_make (err, ENOMEM, "launch: out of memory") : 0;
+}
+
+/* Feeds the tar from `src` into the helper's stdin until the source ends,
+ * watching the report socket: an early report means the helper refused the
+ * stream (its reason comes with it). 0 fed; -1 with *err. */
+static int
+feed_tar (int pipe_fd, int report_fd, sbx_source_fn src, void *src_ctx, sbx_report_t *early, bool *got_early,
+          err_t *err)
+{
+  *got_early = false;
+  for (;;)
+    {
+      const uint8_t *data = NULL;
+      ssize_t n = src (src_ctx, &data, err);
+      if (n <= 0)
+        return (int) n;
+      size_t off = 0;
+      while (off < (size_t) n)
+        {
+          struct pollfd p[2] = {{.fd = pipe_fd, .events = POLLOUT}, {.fd = report_fd, .events = POLLIN}};
+          if (TEMP_FAILURE_RETRY (poll (p, 2, -1)) < 0)
+            return err_make_sys (err, errno, "restore: poll");
+          if (p[1].revents != 0)
+            {
+              *got_early = sbx_read_report (report_fd, early, 0, NULL) == 1;
+              return 0;
+            }
+          ssize_t w = TEMP_FAILURE_RETRY (write (pipe_fd, data + off, (size_t) n - off));
+          if (w < 0 && errno == EAGAIN)
+            continue;
+          if (w < 0)
+            {
+              /* The helper stopped reading; its report says why. */
+              *got_early = sbx_read_report (report_fd, early, RESTORE_REASON_TIMEOUT_MS, NULL) == 1;
+              return 0;
+            }
+          off += (size_t) w;
+        }
+    }
+}
+
+/* Turns the helper's report into the sandbox's holder, or an error. */
+static int
+take_ready (sbx_runtime_t *rt, sbx_t *s, int got, const sbx_report_t *r, int ctl, bool restore, err_t *err)
+{
+  cleanup_close int ctl_fd = ctl;
+  const char *what = restore ? "restore" : "launch";
+  if (got == 1 && r->type == SBX_REPORT_ERROR)
+    return err_make (err, r->status, "%s `%s`: %s", what, s->id, r->text);
+  if (got != 1 || r->type != SBX_REPORT_READY)
+    return err_make (err, EIO, "launch `%s`: the helper ended without a report", s->id);
+  if (ctl_fd < 0)
+    return err_make (err, EIO, "launch `%s`: the helper sent no control socket", s->id);
+  s->ctl_fd = take_fd (&ctl_fd);
+  s->holder = r->a;
+  s->holder_pidfd = (int) syscall (SYS_pidfd_open, s->holder, 0);
+  return s->allow_egress ? sbx_net_start (rt, s, err) : 0;
+}
+
+/* Runs sandbox-helper for `s` and, when restoring, feeds it the tar. */
+static int
+run_helper (sbx_runtime_t *rt, sbx_t *s, char *const *argv, sbx_source_fn src, void *src_ctx, err_t *err)
+{
+  cleanup_close int null = open ("/dev/null", O_RDWR | O_CLOEXEC);
+  cleanup_pipe int tar_pipe[2] = {-1, -1};
+  if (src != NULL && pipe2 (tar_pipe, O_CLOEXEC) < 0)
+    return err_make_sys (err, errno, "restore: pipe");
+  pid_t helper = -1;
+  cleanup_close int report_fd = -1;
+  if (sbx_spawn_helper (rt, argv, src != NULL ? tar_pipe[0] : null, null, STDERR_FILENO, &helper, &report_fd, err) < 0)
+    return err_wrap (err, "launch `%s`", s->id);
+  pthread_mutex_lock (&rt->mu);
+  s->helper = helper;
+  if (rt->stopping)
+    kill (helper, SIGKILL);
+  pthread_mutex_unlock (&rt->mu);
+
+  sbx_report_t r;
+  int got = 0, ctl = -1, rc = 0;
+  if (src != NULL)
+    {
+      close (take_fd (&tar_pipe[0]));
+      bool early = false;
+      rc = feed_tar (tar_pipe[1], report_fd, src, src_ctx, &r, &early, err);
+      close (take_fd (&tar_pipe[1]));
+      if (rc < 0)
+        kill (helper, SIGKILL); /* *err says why the source failed */
+      got = early ? 1 : 0;
+    }
+  if (rc == 0 && got == 0)
+    got = sbx_read_report (report_fd, &r, LAUNCH_REPORT_TIMEOUT_MS, &ctl);
+  if (rc == 0)
+    rc = take_ready (rt, s, got, &r, ctl, src != NULL, err);
+  sbx_reap (helper);
+  pthread_mutex_lock (&rt->mu);
+  s->helper = 0;
+  pthread_mutex_unlock (&rt->mu);
+  return rc;
+}
+
+/* Undoes a launch that failed and sets the error's meaning: a failure to
+ * build the sandbox is the gateway's (EIO), a bad snapshot (EINVAL), one
+ * over the quota (ENOSPC) or a source that went away (ECANCELED) is the
+ * caller's. */
+static void
+abandon (sbx_runtime_t *rt, sbx_t *s, bool restore, err_t *err)
+{
+  sbx_net_stop (s->slirp, s->slirp_exit_fd);
+  if (s->ctl_fd >= 0)
+    close (s->ctl_fd);
+  sbx_teardown (rt, s->id, s->state, s->holder_pidfd);
+  pthread_mutex_lock (&rt->mu);
+  sbx_unlink_locked (rt, s);
+  pthread_cond_broadcast (&rt->cv);
+  pthread_mutex_unlock (&rt->mu);
+  free (s);
+  bool callers = restore && (err->status == EINVAL || err->status == ENOSPC || err->status == ECANCELED);
+  if (!callers && (err->status == EINVAL || err->status == ENOENT || err->status == EEXIST))
+    err->status = EIO;
+}
+
+int
+sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *out, err_t *err)
+{
+  return sbx_restore (rt, id, allow_egress, NULL, NULL, out, err);
+}
+
+int
+sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn src, void *src_ctx, sbx_info_t *out,
+             err_t *err)
+{
+  sbx_t *s = NULL;
+  if (reserve (rt, id, allow_egress, &s, err) < 0)
+    return -1;
+  launch_numbers_t nums;
+  argv_t argv = {0};
+  int rc = helper_argv (rt, s, src != NULL, &nums, &argv, err);
+  if (rc == 0)
+    rc = run_helper (rt, s, (char *const *) argv.v, src, src_ctx, err);
+  free (argv.v);
+  if (rc < 0)
+    {
+      abandon (rt, s, src != NULL, err);
+      return -1;
+    }
+  pthread_mutex_lock (&rt->mu);
+  s->ready = true;
+  if (out != NULL)
+    sbx_fill_info_locked (rt, s, out);
+  pthread_mutex_unlock (&rt->mu);
+  log_fields (SEV_INFO,
+              json_pack ("{s:s, s:b, s:i}", "sandbox_id", id, "allow_egress", s->allow_egress, "holder_pid",
+                         (int) s->holder),
+              src != NULL ? "sandbox restored" : "sandbox launched");
+  return 0;
+}

@@ -1,0 +1,124 @@
+/* runtime/runtime: creating, stopping and destroying the runtime (see
+ * runtime.h). The rest of the runtime is in the files internal.h lists. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "gateway/runtime/internal.h"
+
+static void
+runtime_free (sbx_runtime_t *rt)
+{
+  for (size_t i = 0; rt->host_addrs != NULL && rt->host_addrs[i] != NULL; i++)
+    free (rt->host_addrs[i]);
+  free (rt->host_addrs);
+  pthread_mutex_destroy (&rt->mu);
+  pthread_cond_destroy (&rt->cv);
+  free (rt);
+}
+
+static int
+runtime_init (sbx_runtime_t *rt, const sbx_config_t *cfg, err_t *err)
+{
+  if (access (cfg->helper, X_OK) < 0)
+    return err_make_sys (err, errno, "sandbox helper `%s`", cfg->helper);
+  if (sbx_cg_detect (cfg->cgroup_mount, cfg->cgroup_group, cfg->cpu_millis > 0, &rt->cg, err) < 0)
+    return -1;
+  snprintf (rt->sandboxes_dir, sizeof rt->sandboxes_dir, "%s/sandboxes", cfg->state_dir);
+  if ((mkdir (cfg->state_dir, 0700) < 0 && errno != EEXIST) || (mkdir (rt->sandboxes_dir, 0700) < 0 && errno != EEXIST))
+    return err_make_sys (err, errno, "create the state directory `%s`", rt->sandboxes_dir);
+  sbx_clean_leftovers (rt);
+  if (sbx_net_scan_host (rt, err) < 0)
+    return -1;
+  if (cfg->idle_ttl_seconds > 0)
+    {
+      int rc = pthread_create (&rt->reaper, NULL, sbx_reaper_main, rt);
+      if (rc != 0)
+        return err_make_sys (err, rc, "start the idle reaper");
+      rt->reaper_running = true;
+    }
+  return 0;
+}
+
+int
+sbx_runtime_new (const sbx_config_t *cfg, sbx_runtime_t **out, err_t *err)
+{
+  sbx_runtime_t *rt = calloc (1, sizeof *rt);
+  if (rt == NULL)
+    return err_make (err, ENOMEM, "runtime: out of memory");
+  rt->cfg = *cfg;
+  pthread_mutex_init (&rt->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init (&ca);
+  pthread_condattr_setclock (&ca, CLOCK_MONOTONIC);
+  pthread_cond_init (&rt->cv, &ca);
+  pthread_condattr_destroy (&ca);
+  if (runtime_init (rt, cfg, err) < 0)
+    {
+      runtime_free (rt);
+      return -1;
+    }
+  *out = rt;
+  return 0;
+}
+
+void
+sbx_runtime_stop (sbx_runtime_t *rt)
+{
+  pthread_mutex_lock (&rt->mu);
+  rt->stopping = true;
+  for (sbx_t *s = rt->list; s != NULL; s = s->next)
+    if (!s->ready && s->helper > 0)
+      kill (s->helper, SIGKILL); /* its launch fails and tears down */
+  pthread_cond_broadcast (&rt->cv);
+  pthread_mutex_unlock (&rt->mu);
+}
+
+/* Waits until no launch is in flight (their helpers were killed). */
+static void
+wait_launches (sbx_runtime_t *rt)
+{
+  pthread_mutex_lock (&rt->mu);
+  for (;;)
+    {
+      bool launching = false;
+      for (sbx_t *s = rt->list; s != NULL; s = s->next)
+        launching = launching || !s->ready;
+      if (!launching)
+        break;
+      pthread_cond_wait (&rt->cv, &rt->mu);
+    }
+  pthread_mutex_unlock (&rt->mu);
+}
+
+void
+sbx_runtime_destroy (sbx_runtime_t *rt)
+{
+  if (rt == NULL)
+    return;
+  sbx_runtime_stop (rt);
+  if (rt->reaper_running)
+    pthread_join (rt->reaper, NULL);
+  wait_launches (rt);
+  for (;;)
+    {
+      pthread_mutex_lock (&rt->mu);
+      sbx_t *s = rt->list;
+      while (s != NULL && (s->deleting || !s->ready))
+        s = s->next;
+      char id[SBX_ID_MAX + 1] = "";
+      if (s != NULL)
+        snprintf (id, sizeof id, "%s", s->id);
+      pthread_mutex_unlock (&rt->mu);
+      if (id[0] == '\0')
+        break;
+      err_t err = ERR_INIT;
+      sbx_delete (rt, id, &err);
+      err_release (&err);
+    }
+  runtime_free (rt);
+}

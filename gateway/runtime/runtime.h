@@ -1,0 +1,154 @@
+/* runtime: the gateway's side of the sandbox runtime.
+ *
+ * Owns the registry of live sandboxes and their lifecycle: launch (through
+ * sandbox-helper), exec with streamed output, delete, get/list, the idle
+ * TTL, and cleaning what a previous run left behind. Namespace, mount and
+ * cgroup set-up happen in the helper; this module spawns it, reads its
+ * reports, pumps pipes, and tears down (kill, unmount, remove).
+ *
+ * Threading: every function may be called from any thread. The registry is
+ * guarded by one mutex held only for bookkeeping, never across I/O; a
+ * sandbox in use by an exec is reference counted so a concurrent delete
+ * waits for nothing but frees it last.
+ */
+#ifndef SBX_GATEWAY_RUNTIME_H
+#define SBX_GATEWAY_RUNTIME_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/err.h"
+
+#define SBX_ID_MAX 64
+#define SBX_EXEC_CHUNK (256 * 1024)
+#define SBX_EXEC_DEFAULT_TIMEOUT 1800
+#define SBX_EXEC_MAX_TIMEOUT 3600
+
+typedef struct sbx_config_s
+{
+  const char *state_dir;    /* SANDBOX_STATE_DIR */
+  const char *rootfs;       /* SANDBOX_ROOTFS: the image, lower layer */
+  const char *helper;       /* path of sandbox-helper */
+  const char *unpacker;     /* path of sandbox-unpack */
+  const char *cgroup_mount; /* normally /sys/fs/cgroup */
+  const char *cgroup_group; /* this instance's cgroup, one path component */
+  const char *slirp4netns;  /* program for egress networking */
+  long disk_mb;
+  long max_sandboxes;
+  long pids_max;
+  long memory_mb;
+  long cpu_millis;          /* 0: unlimited */
+  long idle_ttl_seconds;    /* 0: never */
+  long snapshot_max_entries; /* most entries a restored tar may have */
+  bool allow_egress;        /* ALLOW_EGRESS: the gateway permits egress */
+  const char *const *volumes; /* "host:sandbox[:ro]", NULL-terminated, already checked */
+  const char *const *masks;   /* host paths hidden inside sandboxes, NULL-terminated */
+} sbx_config_t;
+
+typedef struct sbx_runtime_s sbx_runtime_t;
+
+typedef struct sbx_info_s
+{
+  char id[SBX_ID_MAX + 1];
+  int64_t created_ms;
+  int64_t last_used_ms;
+  bool allow_egress;
+  long process_count;
+  uint64_t disk_used_bytes;
+  uint64_t disk_limit_bytes;
+} sbx_info_t;
+
+/* True when `id` matches ^[A-Za-z0-9][A-Za-z0-9_-]*$ and has at most 64
+ * characters. */
+bool sbx_id_valid (const char *id);
+
+/* Detects cgroups, removes what a previous run left (processes, mounts,
+ * cgroups, state directories) and starts the idle reaper. `cfg` strings are
+ * borrowed for the runtime's lifetime. */
+int sbx_runtime_new (const sbx_config_t *cfg, sbx_runtime_t **out, err_t *err);
+
+/* Starts shutting down: launches in flight are aborted (and clean up after
+ * themselves) and new ones fail with ESHUTDOWN. */
+void sbx_runtime_stop (sbx_runtime_t *rt);
+
+/* Stops, deletes every sandbox and frees the runtime. */
+void sbx_runtime_destroy (sbx_runtime_t *rt);
+
+/* Creates an empty sandbox. EINVAL bad id, EEXIST live id, EAGAIN too many. */
+int sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *out, err_t *err);
+
+/* Pulls the next piece of a tar stream: >0 bytes at *data (valid until the
+ * next call), 0 at the end, -1 with *err. */
+typedef ssize_t (*sbx_source_fn) (void *ctx, const uint8_t **data, err_t *err);
+
+/* Creates a sandbox whose writable layer is unpacked from the tar stream
+ * `src` (plain, gzip or zstd; OCI whiteouts become overlay whiteouts) before
+ * the sandbox starts. The stream is unpacked as it arrives by a helper
+ * chrooted in the new layer. EINVAL for a hostile or broken tar, ENOSPC
+ * over the disk quota, and as sbx_launch. */
+int sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn src, void *ctx,
+                 sbx_info_t *out, err_t *err);
+
+/* Runs fn(upper directory path) while holding the sandbox, with its
+ * processes frozen when `freeze` (thawed afterwards whatever happens). */
+typedef int (*sbx_layer_fn) (const char *upper, void *ctx, err_t *err);
+int sbx_with_layer (sbx_runtime_t *rt, const char *id, bool freeze, sbx_layer_fn fn, void *ctx, err_t *err);
+
+/* Kills everything in the sandbox and releases all it holds. ENOENT unknown. */
+int sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err);
+
+/* Describes a sandbox (and renews its idle timer). ENOENT unknown. */
+int sbx_get (sbx_runtime_t *rt, const char *id, sbx_info_t *out, err_t *err);
+
+/* Describes every sandbox, ordered by id. *out is freed by the caller. */
+int sbx_list (sbx_runtime_t *rt, sbx_info_t **out, size_t *n, err_t *err);
+
+typedef struct sbx_exec_req_s
+{
+  const char *id;
+  char *const *argv;  /* NULL-terminated, at least one element */
+  char *const *env;   /* "KEY=VALUE", NULL-terminated, may be NULL */
+  const char *cwd;    /* absolute; NULL or "": /root */
+  const uint8_t *stdin_data;
+  size_t stdin_len;
+  uint32_t timeout_seconds; /* 0: default */
+} sbx_exec_req_t;
+
+/* Where an exec's output goes, as it is produced. */
+typedef struct sbx_exec_sink_s
+{
+  /* stream 1 = stdout, 2 = stderr; at most SBX_EXEC_CHUNK bytes. Returns
+   * -1 when the consumer is gone (the command is then killed). May block:
+   * that is the flow control. */
+  int (*output) (void *ctx, int stream, const uint8_t *data, size_t len);
+  /* True when the consumer has gone away (polled a few times a second). */
+  bool (*cancelled) (void *ctx);
+  void *ctx;
+} sbx_exec_sink_t;
+
+typedef struct sbx_exec_result_s
+{
+  int exit_code;      /* -1 when killed by a signal */
+  int signal;
+  bool timed_out;
+  bool cancelled;
+  bool oom_killed;
+  uint64_t duration_ms;
+  char message[256];  /* detail for an abnormal end */
+} sbx_exec_result_t;
+
+/* Runs a command in a sandbox, streaming its output to `sink`. Returns 0
+ * when the command ran (whatever its exit status), -1 with *err when it
+ * could not be run (ENOENT unknown sandbox, EINVAL bad request). */
+int sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *sink, sbx_exec_result_t *res,
+              err_t *err);
+
+/* Number of live sandboxes (launching ones included). */
+size_t sbx_count (sbx_runtime_t *rt);
+
+/* The runtime's configuration. */
+const sbx_config_t *sbx_runtime_config (const sbx_runtime_t *rt);
+
+#endif

@@ -1,0 +1,142 @@
+/* sbx_report: descriptor passing and exec request encoding (see
+ * sbx_report.h). No state. */
+#include "gateway/runtime/wire.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+int
+sbx_send_fds (int sock, const void *buf, size_t len, const int *fds, size_t n_fds)
+{
+  if (n_fds > 8)
+    {
+      errno = EINVAL;
+      return -1;
+    }
+  struct iovec iov = {.iov_base = (void *) buf, .iov_len = len};
+  union
+  {
+    char buf[CMSG_SPACE (8 * sizeof (int))];
+    struct cmsghdr align;
+  } ctl;
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (n_fds > 0)
+    {
+      memset (&ctl, 0, sizeof ctl);
+      msg.msg_control = ctl.buf;
+      msg.msg_controllen = CMSG_SPACE (n_fds * sizeof (int));
+      struct cmsghdr *c = CMSG_FIRSTHDR (&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN (n_fds * sizeof (int));
+      memcpy (CMSG_DATA (c), fds, n_fds * sizeof (int));
+    }
+  ssize_t n;
+  do
+    n = sendmsg (sock, &msg, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  return n == (ssize_t) len ? 0 : -1;
+}
+
+ssize_t
+sbx_recv_fds (int sock, void *buf, size_t cap, int *fds, size_t *n_fds, size_t max_fds)
+{
+  *n_fds = 0;
+  struct iovec iov = {.iov_base = buf, .iov_len = cap};
+  union
+  {
+    char buf[CMSG_SPACE (8 * sizeof (int))];
+    struct cmsghdr align;
+  } ctl;
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
+  ssize_t n;
+  do
+    n = recvmsg (sock, &msg, MSG_CMSG_CLOEXEC);
+  while (n < 0 && errno == EINTR);
+  if (n < 0)
+    return -1;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR (&msg); c != NULL; c = CMSG_NXTHDR (&msg, c))
+    {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+        continue;
+      size_t k = (c->cmsg_len - CMSG_LEN (0)) / sizeof (int);
+      int got[8];
+      memcpy (got, CMSG_DATA (c), (k > 8 ? 8 : k) * sizeof (int));
+      for (size_t i = 0; i < k && i < 8; i++)
+        {
+          if (*n_fds < max_fds && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)))
+            fds[(*n_fds)++] = got[i];
+          else
+            close (got[i]);
+        }
+    }
+  if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))
+    {
+      for (size_t i = 0; i < *n_fds; i++)
+        close (fds[i]);
+      *n_fds = 0;
+      errno = EMSGSIZE;
+      return -1;
+    }
+  return n;
+}
+
+ssize_t
+sbx_exec_encode (char *buf, size_t cap, const char *cwd, char *const *argv, char *const *env)
+{
+  sbx_exec_hdr_t h = {.magic = SBX_EXEC_MAGIC};
+  size_t off = sizeof h;
+#define PUT(s)                                                                                                     \
+  do                                                                                                               \
+    {                                                                                                              \
+      size_t l_ = strlen (s) + 1;                                                                                  \
+      if (off + l_ > cap)                                                                                          \
+        return -1;                                                                                                 \
+      memcpy (buf + off, (s), l_);                                                                                 \
+      off += l_;                                                                                                   \
+    }                                                                                                              \
+  while (0)
+  PUT (cwd);
+  for (size_t i = 0; argv[i] != NULL; i++, h.argc++)
+    PUT (argv[i]);
+  for (size_t i = 0; env != NULL && env[i] != NULL; i++, h.envc++)
+    PUT (env[i]);
+#undef PUT
+  h.len = (uint32_t) (off - sizeof h);
+  memcpy (buf, &h, sizeof h);
+  return (ssize_t) off;
+}
+
+int
+sbx_exec_decode (char *buf, size_t len, const char **cwd, char **argv, size_t argv_cap, char **env, size_t env_cap)
+{
+  sbx_exec_hdr_t h;
+  if (len < sizeof h)
+    return -1;
+  memcpy (&h, buf, sizeof h);
+  if (h.magic != SBX_EXEC_MAGIC || h.len != len - sizeof h || h.argc == 0 || h.argc + 1 > argv_cap
+      || h.envc + 1 > env_cap || buf[len - 1] != '\0')
+    return -1;
+  char *p = buf + sizeof h, *end = buf + len;
+  size_t total = 1 + h.argc + h.envc;
+  for (size_t i = 0; i < total; i++)
+    {
+      if (p >= end)
+        return -1;
+      if (i == 0)
+        *cwd = p;
+      else if (i <= h.argc)
+        argv[i - 1] = p;
+      else
+        env[i - 1 - h.argc] = p;
+      p += strlen (p) + 1;
+    }
+  if (p != end)
+    return -1;
+  argv[h.argc] = NULL;
+  env[h.envc] = NULL;
+  return 0;
+}

@@ -1,0 +1,193 @@
+/* snapshot/session: export, persist, connect and delete of snapshots over
+ * the runtime and the store (see session.h). No state. */
+#include "gateway/snapshot/session.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+#include "common/cleanup.h"
+#include "common/log.h"
+
+/* Tries a connect makes while the sandbox changes under it. */
+#define CONNECT_ATTEMPTS 3
+
+typedef struct export_job_s
+{
+  snap_compression_t compression;
+  snap_sink_fn sink;
+  void *ctx;
+  snap_export_result_t *res;
+} export_job_t;
+
+static int
+export_layer (const char *upper, void *ctx, err_t *err)
+{
+  export_job_t *j = ctx;
+  return snap_export (upper, j->compression, SNAP_CHUNK, j->sink, j->ctx, j->res, err);
+}
+
+int
+snap_export_sandbox (sbx_runtime_t *rt, const char *id, snap_compression_t compression, snap_sink_fn sink,
+                     void *ctx, snap_export_result_t *res, err_t *err)
+{
+  export_job_t j = {.compression = compression, .sink = sink, .ctx = ctx, .res = res};
+  return sbx_with_layer (rt, id, true, export_layer, &j, err);
+}
+
+typedef struct persist_job_s
+{
+  snap_store_t *store;
+  snap_writer_t *w;
+  snap_progress_fn progress;
+  void *ctx;
+  uint64_t written;
+  uint64_t reported;
+} persist_job_t;
+
+static int
+persist_sink (void *ctx, const uint8_t *data, size_t len, err_t *err)
+{
+  persist_job_t *p = ctx;
+  if (p->store->ops->writer_write (p->w, data, len, err) < 0)
+    return -1;
+  p->written += len;
+  if (p->written - p->reported < SNAP_PROGRESS_EVERY)
+    return 0;
+  p->reported = p->written;
+  return p->progress (p->ctx, p->written, err); /* -1: do not finish its upload */
+}
+
+int
+snap_persist (sbx_runtime_t *rt, snap_store_t *store, const char *id, snap_progress_fn progress, void *ctx,
+              snap_persisted_t *out, err_t *err)
+{
+  *out = (snap_persisted_t){0};
+  if (!sbx_id_valid (id))
+    return err_make (err, EINVAL, "invalid sandbox id");
+  cleanup_free char *object = snap_object_name (store, id);
+  if (object == NULL)
+    return err_make (err, ENOMEM, "out of memory");
+  persist_job_t p = {.store = store, .progress = progress, .ctx = ctx};
+  if (store->ops->writer_open (store, object, &p.w, err) < 0)
+    return -1;
+  if (snap_export_sandbox (rt, id, SNAP_COMPRESSION_NONE, persist_sink, &p, &out->export, err) < 0)
+    {
+      store->ops->writer_abort (p.w);
+      return -1;
+    }
+  if (store->ops->writer_commit (p.w, err) < 0)
+    return -1;
+  log_fields (SEV_INFO,
+              json_pack ("{s:s, s:s, s:s, s:I}", "sandbox_id", id, "store", store->kind, "object", object, "bytes",
+                         (json_int_t) p.written),
+              "snapshot persisted");
+  out->bytes = p.written;
+  out->object = take_ptr (&object);
+  return 0;
+}
+
+typedef struct store_src_s
+{
+  snap_store_t *store;
+  snap_reader_t *r;
+  uint8_t *buf;
+} store_src_t;
+
+static ssize_t
+store_next (void *ctx, const uint8_t **data, err_t *err)
+{
+  store_src_t *s = ctx;
+  ssize_t n = s->store->ops->reader_read (s->r, s->buf, SNAP_CHUNK, err);
+  *data = s->buf;
+  return n;
+}
+
+/* Restores `id` from the store. ENOENT when there is no snapshot. */
+static int
+restore_from_store (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egress, sbx_info_t *info,
+                    err_t *err)
+{
+  cleanup_free char *object = snap_object_name (store, id);
+  if (object == NULL)
+    return err_make (err, ENOMEM, "out of memory");
+  store_src_t src = {.store = store};
+  if (store->ops->reader_open (store, object, &src.r, err) < 0)
+    return -1;
+  src.buf = malloc (SNAP_CHUNK);
+  int rc = src.buf == NULL ? err_make (err, ENOMEM, "out of memory")
+                           : sbx_restore (rt, id, egress, store_next, &src, info, err);
+  free (src.buf);
+  store->ops->reader_close (src.r);
+  if (rc < 0 && err->status == ENOENT)
+    err->status = EIO; /* the snapshot was there: any ENOENT now is a failure */
+  return rc;
+}
+
+/* One try: 1 connected (*outcome set), 0 changed meanwhile (try again),
+ * -1 failed. */
+static int
+connect_once (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egress, snap_made_fn made, void *ctx,
+              sbx_info_t *info, snap_outcome_t *outcome, err_t *err)
+{
+  if (sbx_get (rt, id, info, err) == 0)
+    {
+      *outcome = SNAP_OUTCOME_LIVE;
+      return 1;
+    }
+  err_release (err);
+  cleanup_free char *object = snap_object_name (store, id);
+  if (object == NULL)
+    return err_make (err, ENOMEM, "out of memory");
+  int exists = store->ops->exists (store, object, err);
+  if (exists < 0)
+    return -1;
+  int r = exists ? restore_from_store (rt, store, id, egress, info, err) : sbx_launch (rt, id, egress, info, err);
+  if (r == 0)
+    {
+      if (made (ctx, id, err) < 0)
+        return -1;
+      *outcome = exists ? SNAP_OUTCOME_RESTORED : SNAP_OUTCOME_CREATED;
+      return 1;
+    }
+  /* EEXIST: another call made it meanwhile; ENOENT: its snapshot went. */
+  if (err->status == EEXIST || (exists && err->status == ENOENT))
+    {
+      err_release (err);
+      return 0;
+    }
+  return -1;
+}
+
+int
+snap_connect (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool allow_egress, snap_made_fn made, void *ctx,
+              sbx_info_t *info, snap_outcome_t *outcome, err_t *err)
+{
+  if (!sbx_id_valid (id))
+    return err_make (err, EINVAL, "invalid sandbox id");
+  for (int attempt = 0; attempt < CONNECT_ATTEMPTS; attempt++)
+    {
+      int r = connect_once (rt, store, id, allow_egress, made, ctx, info, outcome, err);
+      if (r != 0)
+        return r > 0 ? 0 : -1;
+    }
+  return err_make (err, EAGAIN, "connect `%s`: the sandbox keeps changing; try again", id);
+}
+
+int
+snap_delete_stored (snap_store_t *store, const char *id, bool *deleted, err_t *err)
+{
+  *deleted = false;
+  cleanup_free char *object = snap_object_name (store, id);
+  if (object == NULL)
+    return err_make (err, ENOMEM, "out of memory");
+  if (store->ops->remove (store, object, err) < 0)
+    {
+      if (err->status != ENOENT)
+        return -1;
+      err_release (err);
+      return 0;
+    }
+  *deleted = true;
+  log_fields (SEV_INFO, json_pack ("{s:s, s:s}", "sandbox_id", id, "object", object), "snapshot deleted");
+  return 0;
+}

@@ -1,0 +1,65 @@
+/* snapshot/session: what the snapshot methods do, without protobuf — export
+ * a live sandbox's layer (frozen while read), persist it to the store,
+ * restore a sandbox from the store, connect (live: renew; stored: restore;
+ * neither: create) and delete a stored snapshot. The api layer turns these
+ * into gRPC; every stream passes through in bounded pieces.
+ *
+ * Threading: any thread; the runtime and the store are thread-safe.
+ */
+#ifndef SBX_GATEWAY_SNAPSHOT_SESSION_H
+#define SBX_GATEWAY_SNAPSHOT_SESSION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "gateway/runtime/runtime.h"
+#include "gateway/snapshot/export.h"
+#include "gateway/store/store.h"
+
+/* Size of the pieces a snapshot stream is cut into. */
+#define SNAP_CHUNK (1024 * 1024)
+/* How often a persist reports progress. */
+#define SNAP_PROGRESS_EVERY (8ull * 1024 * 1024)
+
+/* Streams sandbox `id`'s layer to `sink`, the sandbox frozen meanwhile. */
+int snap_export_sandbox (sbx_runtime_t *rt, const char *id, snap_compression_t compression, snap_sink_fn sink,
+                         void *ctx, snap_export_result_t *res, err_t *err);
+
+/* Told of the bytes stored so far, every SNAP_PROGRESS_EVERY bytes; -1
+ * (the listener is gone) abandons the persist. */
+typedef int (*snap_progress_fn) (void *ctx, uint64_t written, err_t *err);
+
+typedef struct snap_persisted_s
+{
+  char *object; /* owned: free() */
+  uint64_t bytes;
+  snap_export_result_t export;
+} snap_persisted_t;
+
+/* Writes sandbox `id`'s layer to the store under its object name; the
+ * object appears only once complete. */
+int snap_persist (sbx_runtime_t *rt, snap_store_t *store, const char *id, snap_progress_fn progress, void *ctx,
+                  snap_persisted_t *out, err_t *err);
+
+typedef enum snap_outcome_e
+{
+  SNAP_OUTCOME_LIVE = 1,
+  SNAP_OUTCOME_RESTORED = 2,
+  SNAP_OUTCOME_CREATED = 3,
+} snap_outcome_t;
+
+/* Called right after connect made a sandbox: -1 undoes it (the caller is
+ * gone) and ends the connect with that error. */
+typedef int (*snap_made_fn) (void *ctx, const char *id, err_t *err);
+
+/* Connects to sandbox `id`: live → renewed; else restored from its stored
+ * snapshot; else created. EAGAIN when it kept changing under three tries. */
+int snap_connect (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool allow_egress, snap_made_fn made,
+                  void *ctx, sbx_info_t *info, snap_outcome_t *outcome, err_t *err);
+
+/* Deletes the stored snapshot of `id` (a valid id); *deleted says whether
+ * there was one. */
+int snap_delete_stored (snap_store_t *store, const char *id, bool *deleted, err_t *err);
+
+#endif

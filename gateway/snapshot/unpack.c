@@ -1,0 +1,347 @@
+/* snap_unpack: extracts a snapshot tar into the current directory (see
+ * snap_unpack.h). libarchive's secure flags on top of its own checks:
+ * relative paths without "..", no writing through symlinks, hard links
+ * only to files already unpacked, no device nodes, fifos or sockets, at
+ * most max_entries entries, overlay's own xattrs dropped. OCI whiteouts
+ * become overlay whiteouts. Failures are EINVAL for a bad or hostile tar,
+ * ENOSPC when the disk quota is exceeded.
+ */
+#include "gateway/snapshot/unpack.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+/* Makes `path` and its missing parents (a relative path), refusing to go
+ * through a symlink or anything but a directory: without the chroot a
+ * symlink in the tar could otherwise point the new directories (and a
+ * whiteout's device node or opaque mark) outside the extraction directory,
+ * and even in it the entry would land somewhere else than it says. */
+static int
+mkdir_p (const char *path, mode_t mode, err_t *err)
+{
+  char buf[PATH_MAX];
+  if (snprintf (buf, sizeof buf, "%s", path) >= (int) sizeof buf)
+    return err_make (err, EINVAL, "path too long in the snapshot: `%.200s`", path);
+  size_t n = strlen (buf);
+  while (n > 1 && buf[n - 1] == '/')
+    buf[--n] = '\0';
+  for (char *p = buf + 1;; p++)
+    {
+      char c = *p;
+      if (c != '/' && c != '\0')
+        continue;
+      if (p[-1] != '/') /* not an empty component ("a//b") */
+        {
+          *p = '\0';
+          struct stat st;
+          if (mkdir (buf, mode) < 0)
+            {
+              if (errno != EEXIST)
+                return err_make_sys (err, errno, "mkdir `%s`", buf);
+              if (lstat (buf, &st) < 0)
+                return err_make_sys (err, errno, "lstat `%s`", buf);
+              if (S_ISLNK (st.st_mode))
+                return err_make (err, EINVAL, "unsafe path in the snapshot: `%.200s` goes through the symlink `%.200s`",
+                                 path, buf);
+              if (!S_ISDIR (st.st_mode))
+                return err_make (err, EINVAL, "bad snapshot at `%.200s`: `%.200s` is not a directory", path, buf);
+            }
+          *p = c;
+        }
+      if (c == '\0')
+        break;
+    }
+  return 0;
+}
+
+/* A tar path is acceptable when relative, without "..", and not empty. */
+static bool
+safe_path (const char *p)
+{
+  if (p == NULL || p[0] == '\0' || p[0] == '/')
+    return false;
+  for (const char *c = p; *c;)
+    {
+      const char *end = strchr (c, '/');
+      size_t len = end != NULL ? (size_t) (end - c) : strlen (c);
+      if (len == 2 && c[0] == '.' && c[1] == '.')
+        return false;
+      c += len;
+      while (*c == '/')
+        c++;
+    }
+  return true;
+}
+
+static int
+ensure_parent (const char *path, err_t *err)
+{
+  char parent[PATH_MAX];
+  snprintf (parent, sizeof parent, "%s", path);
+  char *slash = strrchr (parent, '/');
+  if (slash == NULL)
+    return 0;
+  *slash = '\0';
+  return mkdir_p (parent, 0755, err);
+}
+
+/* OCI whiteouts become overlay whiteouts: ".wh..wh..opq" marks its
+ * directory opaque, ".wh.NAME" becomes a 0:0 character device NAME. */
+static int
+apply_whiteout (const char *path, err_t *err)
+{
+  const char *base = strrchr (path, '/');
+  base = base != NULL ? base + 1 : path;
+  char dir[PATH_MAX];
+  snprintf (dir, sizeof dir, "%.*s", (int) (base - path), path);
+  if (dir[0] == '\0')
+    snprintf (dir, sizeof dir, ".");
+  if (mkdir_p (dir, 0755, err) < 0)
+    return -1;
+  if (strcmp (base, ".wh..wh..opq") == 0)
+    {
+      if (setxattr (dir, "trusted.overlay.opaque", "y", 1, 0) < 0)
+        return err_make_sys (err, errno, "mark `%s` opaque", dir);
+      return 0;
+    }
+  const char *name = base + 4;
+  if (name[0] == '\0' || strcmp (name, ".") == 0 || strcmp (name, "..") == 0)
+    return err_make (err, EINVAL, "bad whiteout `%s`", path);
+  char target[PATH_MAX * 2];
+  snprintf (target, sizeof target, "%s/%s", dir, name);
+  struct stat st;
+  if (lstat (target, &st) == 0)
+    return err_make (err, EINVAL, "whiteout `%s` for a path the snapshot also contains", path);
+  if (mknod (target, S_IFCHR | 0000, makedev (0, 0)) < 0)
+    return err_make_sys (err, errno, "whiteout `%s`", target);
+  return 0;
+}
+
+/* Copies the entry's extended attributes, dropping overlay's own (a
+ * snapshot must not steer the overlay: redirects, origins, metacopy). */
+static void
+filter_xattrs (struct archive_entry *e)
+{
+  const char *name;
+  const void *value;
+  size_t size;
+  size_t n = archive_entry_xattr_reset (e);
+  if (n == 0)
+    return;
+  struct kept
+  {
+    char *name;
+    void *value;
+    size_t size;
+  } *keep = calloc (n, sizeof *keep);
+  size_t k = 0;
+  while (keep != NULL && archive_entry_xattr_next (e, &name, &value, &size) == ARCHIVE_OK)
+    if (strncmp (name, "trusted.overlay.", 16) != 0 && k < n)
+      {
+        keep[k].name = strdup (name);
+        keep[k].value = malloc (size ? size : 1);
+        if (keep[k].value != NULL)
+          memcpy (keep[k].value, value, size);
+        keep[k].size = size;
+        k++;
+      }
+  archive_entry_xattr_clear (e);
+  for (size_t i = 0; i < k; i++)
+    {
+      if (keep[i].name != NULL && keep[i].value != NULL)
+        archive_entry_xattr_add_entry (e, keep[i].name, keep[i].value, keep[i].size);
+      free (keep[i].name);
+      free (keep[i].value);
+    }
+  free (keep);
+}
+
+static int
+extract_fail (struct archive *a, const char *path, err_t *err)
+{
+  int e = archive_errno (a);
+  if (e == ENOSPC || e == EDQUOT)
+    return err_make (err, ENOSPC, "the snapshot does not fit in the sandbox's disk quota (at `%.200s`)",
+                     path != NULL ? path : "?");
+  return err_make (err, EINVAL, "bad snapshot at `%.200s`: %s", path != NULL ? path : "?",
+                   archive_error_string (a) != NULL ? archive_error_string (a) : "unreadable");
+}
+
+/* Directories whose times are set last: their entries change them. */
+typedef struct dir_time_s
+{
+  char *path;
+  struct timespec mtime;
+} dir_time_t;
+
+static void
+remember_dir_time (dir_time_t **v, size_t *n, size_t *cap, const char *path, struct archive_entry *e)
+{
+  if (!archive_entry_mtime_is_set (e))
+    return;
+  if (*n == *cap)
+    {
+      size_t c = *cap ? *cap * 2 : 64;
+      dir_time_t *g = realloc (*v, c * sizeof *g);
+      if (g == NULL)
+        return;
+      *v = g;
+      *cap = c;
+    }
+  char *p = strdup (path);
+  if (p == NULL)
+    return;
+  (*v)[(*n)++] = (dir_time_t){p, {archive_entry_mtime (e), archive_entry_mtime_nsec (e)}};
+}
+
+int
+snap_unpack (int fd, long max_entries, err_t *err)
+{
+  dir_time_t *dirs = NULL;
+  size_t n_dirs = 0, cap_dirs = 0;
+  struct archive *a = archive_read_new ();
+  struct archive *w = archive_write_disk_new ();
+  int rc = -1;
+  archive_read_support_filter_all (a);
+  archive_read_support_format_tar (a);
+  archive_write_disk_set_options (w, ARCHIVE_EXTRACT_PERM | ARCHIVE_EXTRACT_OWNER | ARCHIVE_EXTRACT_TIME
+                                         | ARCHIVE_EXTRACT_XATTR | ARCHIVE_EXTRACT_SECURE_SYMLINKS
+                                         | ARCHIVE_EXTRACT_SECURE_NODOTDOT
+                                         | ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS);
+  if (archive_read_open_fd (a, fd, 256 * 1024) != ARCHIVE_OK)
+    {
+      extract_fail (a, "(start)", err);
+      goto out;
+    }
+  long entries = 0;
+  for (;;)
+    {
+      struct archive_entry *e = NULL;
+      int r = archive_read_next_header (a, &e);
+      if (r == ARCHIVE_EOF)
+        break;
+      if (r < ARCHIVE_WARN)
+        {
+          extract_fail (a, "(next entry)", err);
+          goto out;
+        }
+      if (++entries > max_entries)
+        {
+          err_make (err, EINVAL, "the snapshot has more than %ld entries (SANDBOX_SNAPSHOT_MAX_ENTRIES)", max_entries);
+          goto out;
+        }
+      const char *path = archive_entry_pathname (e);
+      while (path != NULL && path[0] == '.' && path[1] == '/')
+        path += 2;
+      if (path != NULL && (strcmp (path, ".") == 0 || path[0] == '\0'))
+        continue; /* the root itself ("./" of `tar -C dir -cf - .`) */
+      if (!safe_path (path))
+        {
+          err_make (err, EINVAL, "unsafe path in the snapshot: `%.200s` (absolute or with ..)", path ? path : "");
+          goto out;
+        }
+      archive_entry_set_pathname (e, path);
+      const char *link = archive_entry_hardlink (e);
+      if (link != NULL)
+        {
+          while (link[0] == '.' && link[1] == '/')
+            link += 2;
+          struct stat lst;
+          if (!safe_path (link) || lstat (link, &lst) < 0 || !S_ISREG (lst.st_mode))
+            {
+              err_make (err, EINVAL, "hard link `%.200s` points outside the snapshot's files: `%.200s`", path, link);
+              goto out;
+            }
+          archive_entry_set_hardlink (e, link);
+        }
+      mode_t type = archive_entry_filetype (e);
+      if (link == NULL && type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK)
+        {
+          err_make (err, EINVAL, "device nodes, fifos and sockets are not allowed in a snapshot: `%.200s`", path);
+          goto out;
+        }
+      const char *base = strrchr (path, '/');
+      base = base != NULL ? base + 1 : path;
+      if (strncmp (base, ".wh.", 4) == 0)
+        {
+          if (type != AE_IFREG || link != NULL)
+            {
+              err_make (err, EINVAL, "whiteout `%.200s` is not a plain file", path);
+              goto out;
+            }
+          if (apply_whiteout (path, err) < 0)
+            goto out;
+          continue;
+        }
+      if (ensure_parent (path, err) < 0)
+        goto out;
+      struct stat wst;
+      if (lstat (path, &wst) == 0 && S_ISCHR (wst.st_mode) && wst.st_rdev == makedev (0, 0))
+        {
+          err_make (err, EINVAL, "`%.200s` is in the snapshot and also has a whiteout", path);
+          goto out;
+        }
+      filter_xattrs (e);
+      if (type == AE_IFDIR && link == NULL)
+        remember_dir_time (&dirs, &n_dirs, &cap_dirs, path, e);
+      if (archive_write_header (w, e) < ARCHIVE_WARN)
+        {
+          extract_fail (w, path, err);
+          goto out;
+        }
+      if (archive_entry_size (e) > 0 && link == NULL)
+        {
+          const void *buf;
+          size_t size;
+          la_int64_t off;
+          while ((r = archive_read_data_block (a, &buf, &size, &off)) == ARCHIVE_OK)
+            if (archive_write_data_block (w, buf, size, off) != ARCHIVE_OK)
+              {
+                extract_fail (w, path, err);
+                goto out;
+              }
+          if (r != ARCHIVE_EOF)
+            {
+              extract_fail (a, path, err);
+              goto out;
+            }
+        }
+      int fin = archive_write_finish_entry (w);
+      if (fin < ARCHIVE_WARN || (fin == ARCHIVE_WARN && (archive_errno (w) == ENOSPC || archive_errno (w) == EDQUOT)))
+        {
+          extract_fail (w, path, err);
+          goto out;
+        }
+    }
+  if (archive_write_close (w) < ARCHIVE_WARN)
+    {
+      extract_fail (w, "(end)", err);
+      goto out;
+    }
+  /* Last, the directories' mtimes, deepest (latest) first, never through a
+   * symlink. */
+  for (size_t i = n_dirs; i-- > 0;)
+    {
+      struct timespec ts[2] = {{0, UTIME_OMIT}, dirs[i].mtime};
+      utimensat (AT_FDCWD, dirs[i].path, ts, AT_SYMLINK_NOFOLLOW);
+    }
+  rc = 0;
+out:
+  for (size_t i = 0; i < n_dirs; i++)
+    free (dirs[i].path);
+  free (dirs);
+  archive_read_free (a);
+  archive_write_free (w);
+  return rc;
+}

@@ -1,0 +1,57 @@
+/* sandbox-unpack: unpacks a snapshot (tar on stdin) into a sandbox's new
+ * upper layer before the sandbox starts.
+ *
+ * Run by sandbox-helper as `sandbox-unpack UPPER MAX_ENTRIES` with the tar
+ * on stdin and the report socket on fd 3. It chroots into UPPER first, so
+ * nothing a tar says can reach outside it, then extracts with libarchive's
+ * secure flags on top of its own checks: relative paths without "..", no
+ * writing through symlinks, hard links only to files already unpacked, no
+ * device nodes, fifos or sockets, at most MAX_ENTRIES entries, overlay's
+ * own xattrs dropped. OCI whiteouts become overlay whiteouts. The disk
+ * quota is the tmpfs's size (ENOSPC). Failures are reported as errno + text
+ * (EINVAL for a bad or hostile tar) and the exit status is 1.
+ *
+ * A program of its own so that the helper, spawned for every launch, does
+ * not carry libarchive and its dependencies. Single-threaded.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/cleanup.h"
+#include "common/err.h"
+#include "gateway/runtime/wire.h"
+#include "gateway/snapshot/unpack.h"
+
+static void
+report_err (const err_t *err)
+{
+  sbx_report_t r;
+  memset (&r, 0, sizeof r);
+  r.type = SBX_REPORT_ERROR;
+  r.status = err->status;
+  snprintf (r.text, sizeof r.text, "%s", err_msg (err));
+  TEMP_FAILURE_RETRY (send (SBX_REPORT_FD, &r, sizeof r, MSG_NOSIGNAL));
+}
+
+int
+main (int argc, char **argv)
+{
+  err_t err = ERR_INIT;
+  if (argc != 3)
+    {
+      err_make (&err, EINVAL, "usage: sandbox-unpack UPPER MAX_ENTRIES (run by sandbox-helper)");
+      report_err (&err);
+      return 1;
+    }
+  long max_entries = strtol (argv[2], NULL, 10);
+  if (chdir (argv[1]) < 0 || chroot (".") < 0 || chdir ("/") < 0)
+    err_make_sys (&err, errno, "enter `%s`", argv[1]);
+  else if (snap_unpack (0, max_entries > 0 ? max_entries : 1000000, &err) == 0)
+    return 0;
+  report_err (&err);
+  return 1;
+}

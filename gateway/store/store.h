@@ -1,0 +1,63 @@
+/* snap_store: where persisted snapshots live — a local directory or Google
+ * Cloud Storage — behind one streaming interface.
+ *
+ * Objects are named "<prefix><sandbox id>.tar" (prefix default
+ * "sandbox-snapshots/"), the names existing deployments use. A writer takes
+ * the snapshot as it is produced and makes the object visible only on
+ * commit (never a half object under the real name); a reader streams an
+ * object back. Neither holds a whole snapshot in memory.
+ *
+ * Threading: a store is shared by all threads (implementations guard their
+ * own shared state, e.g. a token cache); a writer or reader belongs to the
+ * thread that opened it.
+ */
+#ifndef SBX_GATEWAY_SNAP_STORE_H
+#define SBX_GATEWAY_SNAP_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/err.h"
+
+typedef struct snap_store_s snap_store_t;
+typedef struct snap_writer_s snap_writer_t;
+typedef struct snap_reader_s snap_reader_t;
+
+typedef struct snap_store_ops_s
+{
+  /* Starts writing `object`. */
+  int (*writer_open) (snap_store_t *store, const char *object, snap_writer_t **out, err_t *err);
+  /* Appends bytes. */
+  int (*writer_write) (snap_writer_t *w, const uint8_t *data, size_t len, err_t *err);
+  /* Makes the object visible under its name and frees the writer (also on
+   * failure). */
+  int (*writer_commit) (snap_writer_t *w, err_t *err);
+  /* Drops what was written and frees the writer. */
+  void (*writer_abort) (snap_writer_t *w);
+  /* Opens `object` for reading: ENOENT when there is none. */
+  int (*reader_open) (snap_store_t *store, const char *object, snap_reader_t **out, err_t *err);
+  /* Reads up to `cap` bytes: >0 bytes read, 0 at the end (after verifying
+   * the object's checksum where the store keeps one: EBADMSG on mismatch),
+   * -1 with *err. */
+  ssize_t (*reader_read) (snap_reader_t *r, uint8_t *buf, size_t cap, err_t *err);
+  void (*reader_close) (snap_reader_t *r);
+  /* Deletes `object`: ENOENT when there is none. */
+  int (*remove) (snap_store_t *store, const char *object, err_t *err);
+  /* True (1) when `object` exists, 0 when not, -1 with *err. */
+  int (*exists) (snap_store_t *store, const char *object, err_t *err);
+  void (*destroy) (snap_store_t *store);
+} snap_store_ops_t;
+
+struct snap_store_s
+{
+  const snap_store_ops_t *ops;
+  const char *kind;   /* "local" or "gcs" */
+  char *prefix;       /* object name prefix */
+};
+
+/* The object name of a sandbox's snapshot (caller frees). */
+char *snap_object_name (const snap_store_t *store, const char *sandbox_id);
+
+
+#endif

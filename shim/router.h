@@ -1,0 +1,27 @@
+/* router: matching a request's method and path against a route table.
+ * Pure functions over caller buffers (the fuzzer drives them too).
+ */
+#ifndef SBX_SHIM_ROUTER_H
+#define SBX_SHIM_ROUTER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "shim/shim.h"
+
+/* Matches `url` against a route template with at most one "{id}" component
+ * ("/sandboxes/{id}/exec"). On a match the component is copied into `id`
+ * (`id_cap` bytes, truncated and *id_too_long set when it does not fit: the
+ * length check is left to validation); a template without "{id}" matches
+ * only the same string and leaves `id` and *id_too_long alone. An empty
+ * component does not match. `id_cap` must be at least 1. */
+bool shim_match_path (const char *tmpl, const char *url, char *id, size_t id_cap, bool *id_too_long);
+
+/* The route of `table` for `method` and `url`, with the path's id copied
+ * to id (SHIM_ID_MAX + 1 bytes; cut, with *id_too_long, when longer).
+ * NULL when none matches; *path_known then says whether another method
+ * would have matched (405 rather than 404). */
+const shim_route_t *shim_route_find (const shim_route_t *table, size_t n, const char *url, const char *method,
+                                     char *id, bool *path_known, bool *id_too_long);
+
+#endif

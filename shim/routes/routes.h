@@ -1,0 +1,48 @@
+/* routes: the REST contract, translated into sandbox.v1 gRPC calls — the
+ * handlers of the route table (table.c) and what they share (common.c).
+ *
+ * The contract (status codes, JSON fields, content types, error shapes)
+ * is the one agent backends already speak; the extensions (NDJSON exec,
+ * snapshot, connect, list, metrics) are additive. Every route runs on its
+ * connection's thread and may block on the gateway; while it does, the
+ * hang-up watcher (hangup.h) cancels the call if the client leaves.
+ */
+#ifndef SBX_SHIM_ROUTES_H
+#define SBX_SHIM_ROUTES_H
+
+#include "shim/shim.h"
+
+/* Deadline of short gateway calls (launch, delete, status...). */
+#define ROUTE_SHORT_CALL_MS 60000
+/* Extra time an exec call gets over the command's own timeout. */
+#define ROUTE_EXEC_MARGIN_MS 60000
+
+/* sandboxes.c */
+struct MHD_Response *route_health (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_launch (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_list (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_delete (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_metrics (shim_req_t *r, unsigned *status);
+
+/* exec.c */
+struct MHD_Response *route_exec (shim_req_t *r, unsigned *status);
+
+/* snapshots.c */
+struct MHD_Response *route_restore (shim_req_t *r, unsigned *status);
+int route_restore_upload (shim_req_t *r, const char *data, size_t len);
+void route_restore_cleanup (shim_req_t *r);
+struct MHD_Response *route_tar (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_snapshot (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_connect (shim_req_t *r, unsigned *status);
+
+/* common.c */
+/* A whole unary call to the gateway with the shim's credentials. */
+int route_unary (const char *method, const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,
+                 ProtobufCMessage **resp, rpc_status_t *st, int64_t timeout_ms);
+/* Base64 of `data` (caller frees), NULL when out of memory. */
+char *route_base64 (const uint8_t *data, size_t len);
+/* Reads the boolean query parameter `name` into *out (unchanged when
+ * absent). NULL when fine; otherwise the 422 body (the caller owns it). */
+json_t *route_query_bool (shim_req_t *r, const char *name, bool *out);
+
+#endif
