@@ -1,0 +1,76 @@
+/* helper: what the files of sandbox-helper share — its options, the report
+ * channel to the gateway, and the steps of a launch (see main.c for the
+ * program as a whole).
+ *
+ *   main.c    arguments, reports
+ *   launch.c  cgroups, disk, restore, forking the holder, READY
+ *   rootfs.c  the holder's namespaces and root (overlay, /proc, /dev, volumes)
+ *   netns.c   loopback and egress routes
+ *   holder.c  the sandbox's pid 1: commands and orphans
+ *
+ * Single-threaded throughout.
+ */
+#ifndef SBX_GATEWAY_HELPER_H
+#define SBX_GATEWAY_HELPER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "common/err.h"
+#include "gateway/helper/confine.h"
+#include "gateway/runtime/cgroup.h"
+#include "gateway/runtime/wire.h"
+
+typedef struct helper_opts_s
+{
+  const char *id;
+  const char *state; /* the sandbox's state directory */
+  const char *lower; /* the image root */
+  const char *cgroup_mount;
+  const char *cgroup_group;
+  const char *hostname;
+  long disk_mb;
+  long disk_inodes;
+  sbx_cg_limits_t limits;
+  bool egress;          /* the sandbox gets user-mode networking */
+  bool restore;         /* first unpack the tar on stdin into the layer */
+  long max_entries;     /* restore: most tar entries accepted */
+  const char *unpacker; /* restore: path of sandbox-unpack */
+  /* Lists from the command line, each sized for every argument (no cap). */
+  const char **volumes; /* "host:sandbox[:ro]" */
+  size_t n_volumes;
+  const char **masks; /* host paths hidden inside */
+  size_t n_masks;
+  const char **blocked; /* host IPv4 addresses unreachable with egress */
+  size_t n_blocked;
+} helper_opts_t;
+
+/* The report socket to the gateway (fd 3). */
+extern int helper_report_fd;
+/* The memory of this program's arguments, scrubbed in the sandbox's pid 1:
+ * its command line is readable inside and names host paths and the id. */
+extern char *helper_args_start;
+extern size_t helper_args_len;
+
+/* main.c: one typed report on `fd`. */
+void helper_report (int fd, int type, int status, int a, int b, const char *text);
+void helper_report_err (int fd, const err_t *err);
+
+/* launch.c: makes the sandbox and reports READY or ERROR. Exit status. */
+int helper_launch (const helper_opts_t *o);
+
+/* rootfs.c */
+int helper_mkdir_p (const char *path, mode_t mode, err_t *err);
+/* Runs as pid 1 of the new pid namespace, still in the helper's mount
+ * namespace until it unshares its own; ends in the sandbox's root. */
+int helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err);
+
+/* netns.c */
+int helper_loopback_up (err_t *err);
+int helper_block_egress_routes (const helper_opts_t *o, err_t *err);
+
+/* holder.c: serves exec requests on `ctl` until the sandbox is deleted. */
+void helper_holder_loop (int ctl, const sbx_confine_t *confine) __attribute__ ((noreturn));
+
+#endif

@@ -1,0 +1,190 @@
+/* helper/holder: the sandbox's pid 1. It reaps orphans and starts commands
+ * on the gateway's request: each is forked from inside the sandbox into its
+ * exec cgroup (so a timeout kills all it started), confined (capabilities,
+ * no_new_privs, the seccomp filter compiled once at launch) and reported
+ * when it ends. Single-threaded; runs until the sandbox is deleted. */
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/cleanup.h"
+#include "gateway/helper/helper.h"
+
+/* A command started by the holder, and where its end is reported. */
+typedef struct running_s
+{
+  pid_t pid;
+  int report;
+} running_t;
+
+static running_t *running;
+static size_t n_running, cap_running;
+
+static void __attribute__ ((noreturn))
+command_child (const sbx_confine_t *confine, const int *fds, const char *cwd, char **argv, char **env)
+{
+  err_t err = ERR_INIT;
+  int report = fds[3];
+  if (dup2 (fds[0], 0) < 0 || dup2 (fds[1], 1) < 0 || dup2 (fds[2], 2) < 0)
+    {
+      err_make_sys (&err, errno, "set up stdio");
+      goto fail;
+    }
+  /* Into the exec's own cgroup: a timeout kills all this command starts. */
+  if (TEMP_FAILURE_RETRY (write (fds[4], "0", 1)) != 1)
+    {
+      err_make_sys (&err, errno, "join the exec's cgroup");
+      goto fail;
+    }
+  if (chdir (cwd) < 0)
+    {
+      err_make_sys (&err, errno, "working directory `%s`", cwd);
+      goto fail;
+    }
+  /* Open files are a host-wide table: with the process limit, this bounds
+   * what one sandbox can hold. */
+  struct rlimit nofile = {.rlim_cur = 1024, .rlim_max = 1024};
+  setrlimit (RLIMIT_NOFILE, &nofile);
+  sigset_t none;
+  sigemptyset (&none);
+  sigprocmask (SIG_SETMASK, &none, NULL);
+  for (int s = 1; s < NSIG; s++)
+    signal (s, SIG_DFL);
+  if (sbx_confine_apply (confine, &err) < 0)
+    goto fail;
+  /* Only stdio and the report socket (close-on-exec) cross over. */
+  for (int i = 0; i < SBX_EXEC_FDS; i++)
+    if (fds[i] > 2 && fds[i] != report)
+      close (fds[i]);
+  environ = env; /* execvp looks PATH up in the new environment */
+  execvp (argv[0], argv);
+  err_make_sys (&err, errno, "exec `%s`", argv[0]);
+fail:
+  helper_report_err (report, &err);
+  _exit (err.status == ENOENT ? 127 : 126);
+}
+
+/* Serves one exec request from the control socket. */
+static void
+serve_request (int ctl, const sbx_confine_t *confine, char *buf)
+{
+  int fds[SBX_EXEC_FDS];
+  size_t n_fds = 0;
+  ssize_t n = sbx_recv_fds (ctl, buf, SBX_EXEC_MAX, fds, &n_fds, SBX_EXEC_FDS);
+  if (n == 0)
+    _exit (0); /* the gateway has gone: so does the sandbox */
+  if (n < 0)
+    return;
+  if (n_fds != SBX_EXEC_FDS)
+    {
+      for (size_t i = 0; i < n_fds; i++)
+        close (fds[i]);
+      return;
+    }
+  static char *argv[4096], *env[4096];
+  const char *cwd = NULL;
+  if (sbx_exec_decode (buf, (size_t) n, &cwd, argv, 4096, env, 4096) < 0)
+    {
+      helper_report (fds[3], SBX_REPORT_ERROR, EINVAL, 0, 0, "malformed exec request");
+      for (int i = 0; i < SBX_EXEC_FDS; i++)
+        close (fds[i]);
+      return;
+    }
+  if (n_running == cap_running)
+    {
+      size_t cap = cap_running ? cap_running * 2 : 16;
+      running_t *g = realloc (running, cap * sizeof *g);
+      if (g == NULL)
+        {
+          helper_report (fds[3], SBX_REPORT_ERROR, ENOMEM, 0, 0, "the sandbox's pid 1 is out of memory");
+          for (int i = 0; i < SBX_EXEC_FDS; i++)
+            close (fds[i]);
+          return;
+        }
+      running = g;
+      cap_running = cap;
+    }
+  pid_t pid = fork ();
+  if (pid == 0)
+    {
+      close (ctl);
+      command_child (confine, fds, cwd, argv, env);
+    }
+  if (pid < 0)
+    helper_report (fds[3], SBX_REPORT_ERROR, errno, 0, 0, "fork the command (process limit reached?)");
+  else
+    running[n_running++] = (running_t){pid, fds[3]};
+  for (int i = 0; i < SBX_EXEC_FDS; i++)
+    if (i != 3 || pid < 0)
+      close (fds[i]);
+}
+
+/* Reaps every child that ended; reports those that were commands. */
+static void
+reap_children (void)
+{
+  int status;
+  pid_t pid;
+  while ((pid = waitpid (-1, &status, WNOHANG)) > 0)
+    for (size_t i = 0; i < n_running; i++)
+      if (running[i].pid == pid)
+        {
+          if (WIFSIGNALED (status))
+            helper_report (running[i].report, SBX_REPORT_EXIT, 0, -1, WTERMSIG (status), NULL);
+          else
+            helper_report (running[i].report, SBX_REPORT_EXIT, 0, WEXITSTATUS (status), 0, NULL);
+          close (running[i].report);
+          running[i] = running[--n_running];
+          break;
+        }
+}
+
+/* pid 1 of the sandbox: starts commands on request and reaps orphans until
+ * the sandbox is deleted. Signals from inside the sandbox cannot reach it:
+ * it handles none (SIGCHLD is taken through a signalfd). */
+void
+helper_holder_loop (int ctl, const sbx_confine_t *confine)
+{
+  sigset_t set;
+  sigemptyset (&set);
+  sigaddset (&set, SIGCHLD);
+  sigprocmask (SIG_BLOCK, &set, NULL);
+  int sfd = signalfd (-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  char *buf = malloc (SBX_EXEC_MAX);
+  if (sfd < 0 || buf == NULL)
+    _exit (1);
+  for (;;)
+    {
+      struct pollfd p[2] = {{.fd = ctl, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+      if (poll (p, 2, -1) < 0)
+        continue;
+      if (p[1].revents)
+        {
+          struct signalfd_siginfo si;
+          while (read (sfd, &si, sizeof si) == sizeof si)
+            ;
+          reap_children ();
+        }
+      if (p[0].revents & (POLLIN | POLLHUP | POLLERR))
+        serve_request (ctl, confine, buf);
+    }
+}
+
+/* Unpacks stdin into <disk>/upper with sandbox-unpack, which chroots there
+ * first. 0 ok; 1 it failed and reported why; -1 with *err. */
