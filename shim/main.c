@@ -70,6 +70,81 @@ static const char usage[] = "Usage: sandbox-shim [--help]\n\n"
                             "Serves the sandbox REST contract over HTTP and translates it into gRPC calls\n"
                             "to sandbox-gateway. Configuration comes from the environment only.";
 
+/* Reads and checks the environment into shim.cfg. */
+static int
+load_config (err_t *err)
+{
+  if (cfg_load (shim_vars, N_VARS, err) < 0)
+    return -1;
+  log_level_t level;
+  if (log_parse_level (shim.cfg.log_level, &level) < 0)
+    return err_make (err, EINVAL, "SHIM_LOG_LEVEL: `%s` is not one of debug, info, warning, error",
+                     shim.cfg.log_level);
+  log_set_level (level);
+  return 0;
+}
+
+/* SHIM_HOST and PORT as a socket address. */
+static int
+listen_address (struct sockaddr_storage *ss, err_t *err)
+{
+  memset (ss, 0, sizeof *ss);
+  struct sockaddr_in *in4 = (struct sockaddr_in *) ss;
+  struct sockaddr_in6 *in6 = (struct sockaddr_in6 *) ss;
+  if (inet_pton (AF_INET, shim.cfg.host, &in4->sin_addr) == 1)
+    {
+      in4->sin_family = AF_INET;
+      in4->sin_port = htons ((uint16_t) shim.cfg.port);
+      return 0;
+    }
+  if (inet_pton (AF_INET6, shim.cfg.host, &in6->sin6_addr) == 1)
+    {
+      in6->sin6_family = AF_INET6;
+      in6->sin6_port = htons ((uint16_t) shim.cfg.port);
+      return 0;
+    }
+  return err_make (err, EINVAL, "SHIM_HOST: `%s` is not an IPv4 or IPv6 address", shim.cfg.host);
+}
+
+/* Process-wide settings made before any thread starts. */
+static void
+set_up_process (sigset_t *sigs)
+{
+  sigemptyset (sigs);
+  sigaddset (sigs, SIGTERM);
+  sigaddset (sigs, SIGINT);
+  pthread_sigmask (SIG_BLOCK, sigs, NULL);
+  signal (SIGPIPE, SIG_IGN);
+  /* Streams pass through in pieces of up to a few MiB: give them back to
+   * the system when freed (glibc would otherwise raise its mmap threshold
+   * after the first free and keep them in per-thread arenas), so resident
+   * memory stays flat however much data flows. */
+  mallopt (M_MMAP_THRESHOLD, 256 * 1024);
+}
+
+/* Opens the channel to the gateway, then serves HTTP. */
+static struct MHD_Daemon *
+start (const struct sockaddr_storage *ss, err_t *err)
+{
+  rpc_opts_t opts = {
+      .fixed_window = true,
+      .tls = shim.cfg.gateway_tls,
+      .tls_ca_file = shim.cfg.gateway_tls_ca,
+      .tls_cert_file = shim.cfg.gateway_tls_cert,
+      .tls_key_file = shim.cfg.gateway_tls_key,
+      .tls_server_name = shim.cfg.gateway_tls_server_name,
+      .max_message_bytes = 64u * 1024 * 1024,
+  };
+  if (shim.cfg.gateway_secret != NULL && asprintf (&shim.auth_header, "Bearer %s", shim.cfg.gateway_secret) >= 0)
+    {
+      shim.md[0] = (rpc_metadata_t){"authorization", shim.auth_header};
+      shim.n_md = 1;
+    }
+  if (rpc_channel_new (shim.cfg.gateway_target, &opts, &shim.channel, err) < 0 || watch_start (err) < 0)
+    return NULL;
+  return shim_server_start ((const struct sockaddr *) ss, err);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -85,73 +160,21 @@ main (int argc, char **argv)
       return 2;
     }
   err_t err = ERR_INIT;
-  if (cfg_load (shim_vars, N_VARS, &err) < 0)
+  struct sockaddr_storage ss;
+  if (load_config (&err) < 0 || listen_address (&ss, &err) < 0)
     {
       log_msg (SEV_ERROR, "configuration: %s", err_msg (&err));
-      return 2;
-    }
-  log_level_t level;
-  if (log_parse_level (shim.cfg.log_level, &level) < 0)
-    {
-      log_msg (SEV_ERROR, "configuration: SHIM_LOG_LEVEL: `%s` is not one of debug, info, warning, error",
-               shim.cfg.log_level);
-      return 2;
-    }
-  log_set_level (level);
-
-  struct sockaddr_storage ss;
-  memset (&ss, 0, sizeof ss);
-  struct sockaddr_in *in4 = (struct sockaddr_in *) &ss;
-  struct sockaddr_in6 *in6 = (struct sockaddr_in6 *) &ss;
-  if (inet_pton (AF_INET, shim.cfg.host, &in4->sin_addr) == 1)
-    {
-      in4->sin_family = AF_INET;
-      in4->sin_port = htons ((uint16_t) shim.cfg.port);
-    }
-  else if (inet_pton (AF_INET6, shim.cfg.host, &in6->sin6_addr) == 1)
-    {
-      in6->sin6_family = AF_INET6;
-      in6->sin6_port = htons ((uint16_t) shim.cfg.port);
-    }
-  else
-    {
-      log_msg (SEV_ERROR, "configuration: SHIM_HOST: `%s` is not an IPv4 or IPv6 address", shim.cfg.host);
+      err_release (&err);
       return 2;
     }
   if (shim.cfg.secret == NULL)
     log_msg (SEV_WARNING, "CLOUD_RUN_SANDBOX_GATEWAY_SECRET is not set: every endpoint but /health answers 503");
 
   sigset_t sigs;
-  sigemptyset (&sigs);
-  sigaddset (&sigs, SIGTERM);
-  sigaddset (&sigs, SIGINT);
-  pthread_sigmask (SIG_BLOCK, &sigs, NULL);
-  signal (SIGPIPE, SIG_IGN);
-
-  /* Streams pass through in pieces of up to a few MiB: give them back to
-   * the system when freed (glibc would otherwise raise its mmap threshold
-   * after the first free and keep them in per-thread arenas), so resident
-   * memory stays flat however much data flows. */
-  mallopt (M_MMAP_THRESHOLD, 256 * 1024);
-
+  set_up_process (&sigs);
   rpc_init ();
-  rpc_opts_t opts = {
-      .fixed_window = true,
-      .tls = shim.cfg.gateway_tls,
-      .tls_ca_file = shim.cfg.gateway_tls_ca,
-      .tls_cert_file = shim.cfg.gateway_tls_cert,
-      .tls_key_file = shim.cfg.gateway_tls_key,
-      .tls_server_name = shim.cfg.gateway_tls_server_name,
-      .max_message_bytes = 64u * 1024 * 1024,
-  };
-  if (shim.cfg.gateway_secret != NULL && asprintf (&shim.auth_header, "Bearer %s", shim.cfg.gateway_secret) >= 0)
-    {
-      shim.md[0] = (rpc_metadata_t){"authorization", shim.auth_header};
-      shim.n_md = 1;
-    }
-  struct MHD_Daemon *d = NULL;
-  if (rpc_channel_new (shim.cfg.gateway_target, &opts, &shim.channel, &err) < 0 || watch_start (&err) < 0
-      || (d = shim_server_start ((const struct sockaddr *) &ss, &err)) == NULL)
+  struct MHD_Daemon *d = start (&ss, &err);
+  if (d == NULL)
     {
       log_msg (SEV_ERROR, "start: %s", err_msg (&err));
       err_release (&err);

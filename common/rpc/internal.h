@@ -26,4 +26,78 @@ void rpc_cq_destroy (grpc_completion_queue *cq);
 /* A monotonic deadline `ms` milliseconds from now; ms < 0 is in the past. */
 gpr_timespec rpc_deadline_in_ms (int64_t ms);
 
+/* ---- the server's state, shared by server.c and call.c ---- */
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+typedef struct rpc_method_s
+{
+  char *path;
+  void *handle; /* from grpc_server_register_method */
+  rpc_handler_fn fn;
+  void *user;
+} rpc_method_t;
+
+/* One outstanding request for a new call. */
+typedef struct rpc_slot_s
+{
+  rpc_server_t *server;
+  long method; /* index into methods, or -1: any unregistered method */
+  grpc_call *call;
+  gpr_timespec deadline;
+  grpc_metadata_array md;
+  grpc_call_details details;
+  grpc_completion_queue *cq;
+} rpc_slot_t;
+
+struct rpc_call_s
+{
+  rpc_server_t *server;
+  rpc_method_t *method; /* NULL: unregistered */
+  char *path;
+  grpc_call *call;
+  grpc_completion_queue *cq;
+  gpr_timespec deadline;
+  grpc_metadata_array md;
+  int close_tag;   /* its address tags RECV_CLOSE_ON_SERVER */
+  int batch_tag;   /* its address tags every other batch */
+  int cancelled;   /* written by RECV_CLOSE_ON_SERVER */
+  bool closed;     /* RECV_CLOSE_ON_SERVER has completed */
+  bool md_sent;    /* initial metadata has gone out */
+  bool finished;   /* the status has gone out */
+  bool half_closed;
+  bool peer_gone;
+  grpc_byte_buffer *reply;
+};
+
+struct rpc_server_s
+{
+  grpc_server *server;
+  grpc_completion_queue *cq;
+  rpc_method_t *methods;
+  size_t n_methods;
+  size_t max_message;
+  rpc_opts_t opts;
+  char *tls_cert_file, *tls_key_file, *tls_ca_file;
+
+  pthread_t poller;
+  bool started;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  size_t inflight;
+  atomic_bool shutting_down;
+  bool shutdown_called;
+  bool shutdown_done;
+  bool destroyed_grpc;
+  int shutdown_tag;
+};
+
+/* Runs a batch on the call's own queue and waits for it: false when the
+ * batch failed (the peer is gone). */
+bool rpc_call_run_batch (rpc_call_t *c, const grpc_op *ops, size_t n);
+/* Starts a batch tagged `tag` without waiting. */
+grpc_call_error rpc_call_start_batch (rpc_call_t *c, const grpc_op *ops, size_t n, void *tag);
+
 #endif

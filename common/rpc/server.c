@@ -1,4 +1,5 @@
-/* rpc_server: the server half of the call layer (see rpc.h).
+/* rpc/server: the server half of the call layer (see rpc.h); a call's own
+ * operations are in call.c.
  *
  * Shape: one "next" completion queue, registered with the gRPC server, on
  * which a single poller thread learns of new calls. For every method (and
@@ -35,68 +36,6 @@
 
 /* Stack of a handler thread. */
 #define RPC_HANDLER_STACK (2u * 1024u * 1024u)
-
-typedef struct rpc_method_s
-{
-  char *path;
-  void *handle; /* from grpc_server_register_method */
-  rpc_handler_fn fn;
-  void *user;
-} rpc_method_t;
-
-/* One outstanding request for a new call. */
-typedef struct rpc_slot_s
-{
-  rpc_server_t *server;
-  long method; /* index into methods, or -1: any unregistered method */
-  grpc_call *call;
-  gpr_timespec deadline;
-  grpc_metadata_array md;
-  grpc_call_details details;
-  grpc_completion_queue *cq;
-} rpc_slot_t;
-
-struct rpc_call_s
-{
-  rpc_server_t *server;
-  rpc_method_t *method; /* NULL: unregistered */
-  char *path;
-  grpc_call *call;
-  grpc_completion_queue *cq;
-  gpr_timespec deadline;
-  grpc_metadata_array md;
-  int close_tag;   /* its address tags RECV_CLOSE_ON_SERVER */
-  int batch_tag;   /* its address tags every other batch */
-  int cancelled;   /* written by RECV_CLOSE_ON_SERVER */
-  bool closed;     /* RECV_CLOSE_ON_SERVER has completed */
-  bool md_sent;    /* initial metadata has gone out */
-  bool finished;   /* the status has gone out */
-  bool half_closed;
-  bool peer_gone;
-  grpc_byte_buffer *reply;
-};
-
-struct rpc_server_s
-{
-  grpc_server *server;
-  grpc_completion_queue *cq;
-  rpc_method_t *methods;
-  size_t n_methods;
-  size_t max_message;
-  rpc_opts_t opts;
-  char *tls_cert_file, *tls_key_file, *tls_ca_file;
-
-  pthread_t poller;
-  bool started;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  size_t inflight;
-  atomic_bool shutting_down;
-  bool shutdown_called;
-  bool shutdown_done;
-  bool destroyed_grpc;
-  int shutdown_tag;
-};
 
 gpr_timespec
 rpc_deadline_in_ms (int64_t ms)
@@ -142,195 +81,6 @@ slot_request (rpc_server_t *s, long method)
     }
 }
 
-static grpc_call_error
-start_batch (rpc_call_t *c, const grpc_op *ops, size_t n, void *tag)
-{
-  return grpc_call_start_batch (c->call, ops, n, tag, NULL);
-}
-
-/* Runs one batch on the call and waits for it. Returns its success flag. */
-static bool
-run_batch (rpc_call_t *c, const grpc_op *ops, size_t n)
-{
-  if (start_batch (c, ops, n, &c->batch_tag) != GRPC_CALL_OK)
-    return false;
-  grpc_event ev = grpc_completion_queue_pluck (c->cq, &c->batch_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
-  return ev.type == GRPC_OP_COMPLETE && ev.success;
-}
-
-static void
-add_initial_md (rpc_call_t *c, grpc_op *ops, size_t *n)
-{
-  if (c->md_sent)
-    return;
-  memset (&ops[*n], 0, sizeof ops[*n]);
-  ops[*n].op = GRPC_OP_SEND_INITIAL_METADATA;
-  (*n)++;
-  c->md_sent = true;
-}
-
-int
-rpc_call_finish (rpc_call_t *c, grpc_status_code code, const char *details)
-{
-  if (c->finished)
-    return 0;
-  c->finished = true;
-  grpc_op ops[3];
-  size_t n = 0;
-  add_initial_md (c, ops, &n);
-  if (code == GRPC_STATUS_OK && c->reply != NULL)
-    {
-      memset (&ops[n], 0, sizeof ops[n]);
-      ops[n].op = GRPC_OP_SEND_MESSAGE;
-      ops[n].data.send_message.send_message = c->reply;
-      n++;
-    }
-  grpc_slice det = grpc_slice_from_copied_string (details != NULL ? details : "");
-  memset (&ops[n], 0, sizeof ops[n]);
-  ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-  ops[n].data.send_status_from_server.status = code;
-  ops[n].data.send_status_from_server.status_details = &det;
-  grpc_metadata origin = {.key = grpc_slice_from_static_string (RPC_ORIGIN_KEY),
-                          .value = grpc_slice_from_static_string (RPC_ORIGIN_HANDLER)};
-  ops[n].data.send_status_from_server.trailing_metadata_count = 1;
-  ops[n].data.send_status_from_server.trailing_metadata = &origin;
-  n++;
-  bool ok = run_batch (c, ops, n);
-  grpc_slice_unref (det);
-  return ok ? 0 : -1;
-}
-
-int
-rpc_call_recv (rpc_call_t *c, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err)
-{
-  *out = NULL;
-  if (c->half_closed)
-    return 0;
-  grpc_byte_buffer *bb = NULL;
-  grpc_op op;
-  memset (&op, 0, sizeof op);
-  op.op = GRPC_OP_RECV_MESSAGE;
-  op.data.recv_message.recv_message = &bb;
-  if (!run_batch (c, &op, 1))
-    {
-      if (bb != NULL)
-        grpc_byte_buffer_destroy (bb);
-      c->peer_gone = true;
-      return err_make (err, ECANCELED, "%s: the call was cancelled while receiving", c->path);
-    }
-  if (bb == NULL)
-    {
-      /* The end of the client's stream: a half-close — or a cancellation,
-       * whose close notice follows at once. Tell them apart, so that a
-       * client that gave up never has its partial stream taken as whole. */
-      if (!c->closed)
-        {
-          gpr_timespec soon = rpc_deadline_in_ms (5);
-          if (grpc_completion_queue_pluck (c->cq, &c->close_tag, soon, NULL).type == GRPC_OP_COMPLETE)
-            c->closed = true;
-        }
-      if (c->closed && c->cancelled)
-        {
-          c->peer_gone = true;
-          return err_make (err, ECANCELED, "%s: the client cancelled the call", c->path);
-        }
-      c->half_closed = true;
-      return 0;
-    }
-  int rc = rpc_unpack (bb, desc, c->server->max_message, out, err);
-  grpc_byte_buffer_destroy (bb);
-  return rc < 0 ? -1 : 1;
-}
-
-int
-rpc_call_send (rpc_call_t *c, const ProtobufCMessage *msg, err_t *err)
-{
-  if (c->finished || c->peer_gone)
-    return err_make (err, ECANCELED, "%s: the call has ended", c->path);
-  grpc_byte_buffer *bb = NULL;
-  if (rpc_pack (msg, c->server->max_message, &bb, err) < 0)
-    return -1;
-  grpc_op ops[2];
-  size_t n = 0;
-  add_initial_md (c, ops, &n);
-  memset (&ops[n], 0, sizeof ops[n]);
-  ops[n].op = GRPC_OP_SEND_MESSAGE;
-  ops[n].data.send_message.send_message = bb;
-  n++;
-  bool ok = run_batch (c, ops, n);
-  grpc_byte_buffer_destroy (bb);
-  if (!ok)
-    {
-      c->peer_gone = true;
-      return err_make (err, ECANCELED, "%s: the client has gone", c->path);
-    }
-  return 0;
-}
-
-int
-rpc_call_reply (rpc_call_t *c, const ProtobufCMessage *msg, err_t *err)
-{
-  grpc_byte_buffer *bb = NULL;
-  if (rpc_pack (msg, c->server->max_message, &bb, err) < 0)
-    return -1;
-  if (c->reply != NULL)
-    grpc_byte_buffer_destroy (c->reply);
-  c->reply = bb;
-  return 0;
-}
-
-bool
-rpc_call_cancelled (rpc_call_t *c)
-{
-  if (c->peer_gone)
-    return true;
-  if (!c->closed)
-    {
-      grpc_event ev = grpc_completion_queue_pluck (c->cq, &c->close_tag, gpr_inf_past (GPR_CLOCK_MONOTONIC), NULL);
-      if (ev.type == GRPC_OP_COMPLETE)
-        c->closed = true;
-    }
-  return c->closed && c->cancelled != 0;
-}
-
-const char *
-rpc_call_method (const rpc_call_t *c)
-{
-  return c->path;
-}
-
-rpc_server_t *
-rpc_call_server (const rpc_call_t *c)
-{
-  return c->server;
-}
-
-char *
-rpc_call_metadata (const rpc_call_t *c, const char *key)
-{
-  size_t klen = strlen (key);
-  for (size_t i = 0; i < c->md.count; i++)
-    {
-      const grpc_slice *k = &c->md.metadata[i].key;
-      if (GRPC_SLICE_LENGTH (*k) == klen && memcmp (GRPC_SLICE_START_PTR (*k), key, klen) == 0)
-        {
-          const grpc_slice *v = &c->md.metadata[i].value;
-          return strndup ((const char *) GRPC_SLICE_START_PTR (*v), GRPC_SLICE_LENGTH (*v));
-        }
-    }
-  return NULL;
-}
-
-int64_t
-rpc_call_deadline_ms_left (const rpc_call_t *c)
-{
-  if (gpr_time_cmp (c->deadline, gpr_inf_future (c->deadline.clock_type)) == 0)
-    return INT64_MAX;
-  gpr_timespec d = gpr_convert_clock_type (c->deadline, GPR_CLOCK_MONOTONIC);
-  gpr_timespec left = gpr_time_sub (d, gpr_now (GPR_CLOCK_MONOTONIC));
-  return gpr_time_to_millis (left);
-}
-
 static void
 call_free (rpc_call_t *c)
 {
@@ -352,7 +102,7 @@ call_run (rpc_call_t *c)
   memset (&op, 0, sizeof op);
   op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
   op.data.recv_close_on_server.cancelled = &c->cancelled;
-  if (start_batch (c, &op, 1, &c->close_tag) != GRPC_CALL_OK)
+  if (rpc_call_start_batch (c, &op, 1, &c->close_tag) != GRPC_CALL_OK)
     c->closed = true; /* nothing to wait for */
 
   if (c->method == NULL)
@@ -457,7 +207,7 @@ call_start (rpc_server_t *s, rpc_slot_t *slot)
       memset (&op, 0, sizeof op);
       op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
       op.data.recv_close_on_server.cancelled = &c->cancelled;
-      if (start_batch (c, &op, 1, &c->close_tag) == GRPC_CALL_OK)
+      if (rpc_call_start_batch (c, &op, 1, &c->close_tag) == GRPC_CALL_OK)
         grpc_completion_queue_pluck (c->cq, &c->close_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
       call_done (s, c);
     }

@@ -205,143 +205,152 @@ remember_dir_time (dir_time_t **v, size_t *n, size_t *cap, const char *path, str
   (*v)[(*n)++] = (dir_time_t){p, {archive_entry_mtime (e), archive_entry_mtime_nsec (e)}};
 }
 
-int
-snap_unpack (int fd, long max_entries, err_t *err)
+/* One extraction in progress. */
+typedef struct unpack_s
 {
-  dir_time_t *dirs = NULL;
-  size_t n_dirs = 0, cap_dirs = 0;
-  struct archive *a = archive_read_new ();
-  struct archive *w = archive_write_disk_new ();
-  int rc = -1;
-  archive_read_support_filter_all (a);
-  archive_read_support_format_tar (a);
-  archive_write_disk_set_options (w, ARCHIVE_EXTRACT_PERM | ARCHIVE_EXTRACT_OWNER | ARCHIVE_EXTRACT_TIME
-                                         | ARCHIVE_EXTRACT_XATTR | ARCHIVE_EXTRACT_SECURE_SYMLINKS
-                                         | ARCHIVE_EXTRACT_SECURE_NODOTDOT
-                                         | ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS);
-  if (archive_read_open_fd (a, fd, 256 * 1024) != ARCHIVE_OK)
+  struct archive *a; /* the tar being read */
+  struct archive *w; /* the disk being written */
+  dir_time_t *dirs;
+  size_t n_dirs, cap_dirs;
+} unpack_t;
+
+/* Checks an entry's path, hard link and type, normalising "./" prefixes.
+ * 1 skip it (the root itself), 0 extract it, -1 refuse the tar. */
+static int
+check_entry (struct archive_entry *e, const char **path_out, const char **link_out, err_t *err)
+{
+  const char *path = archive_entry_pathname (e);
+  while (path != NULL && path[0] == '.' && path[1] == '/')
+    path += 2;
+  if (path != NULL && (strcmp (path, ".") == 0 || path[0] == '\0'))
+    return 1; /* the root itself ("./" of `tar -C dir -cf - .`) */
+  if (!safe_path (path))
+    return err_make (err, EINVAL, "unsafe path in the snapshot: `%.200s` (absolute or with ..)", path ? path : "");
+  archive_entry_set_pathname (e, path);
+  const char *link = archive_entry_hardlink (e);
+  if (link != NULL)
     {
-      extract_fail (a, "(start)", err);
-      goto out;
+      while (link[0] == '.' && link[1] == '/')
+        link += 2;
+      struct stat lst;
+      if (!safe_path (link) || lstat (link, &lst) < 0 || !S_ISREG (lst.st_mode))
+        return err_make (err, EINVAL, "hard link `%.200s` points outside the snapshot's files: `%.200s`", path, link);
+      archive_entry_set_hardlink (e, link);
     }
+  mode_t type = archive_entry_filetype (e);
+  if (link == NULL && type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK)
+    return err_make (err, EINVAL, "device nodes, fifos and sockets are not allowed in a snapshot: `%.200s`", path);
+  *path_out = archive_entry_pathname (e);
+  *link_out = link != NULL ? archive_entry_hardlink (e) : NULL;
+  return 0;
+}
+
+/* Copies the entry's data blocks to the disk. */
+static int
+copy_data (unpack_t *u, const char *path, err_t *err)
+{
+  const void *buf;
+  size_t size;
+  la_int64_t off;
+  int r;
+  while ((r = archive_read_data_block (u->a, &buf, &size, &off)) == ARCHIVE_OK)
+    if (archive_write_data_block (u->w, buf, size, off) != ARCHIVE_OK)
+      return extract_fail (u->w, path, err);
+  return r == ARCHIVE_EOF ? 0 : extract_fail (u->a, path, err);
+}
+
+/* Writes one checked entry (not a whiteout) to the disk. */
+static int
+write_entry (unpack_t *u, struct archive_entry *e, const char *path, const char *link, err_t *err)
+{
+  if (ensure_parent (path, err) < 0)
+    return -1;
+  struct stat wst;
+  if (lstat (path, &wst) == 0 && S_ISCHR (wst.st_mode) && wst.st_rdev == makedev (0, 0))
+    return err_make (err, EINVAL, "`%.200s` is in the snapshot and also has a whiteout", path);
+  filter_xattrs (e);
+  if (archive_entry_filetype (e) == AE_IFDIR && link == NULL)
+    remember_dir_time (&u->dirs, &u->n_dirs, &u->cap_dirs, path, e);
+  if (archive_write_header (u->w, e) < ARCHIVE_WARN)
+    return extract_fail (u->w, path, err);
+  if (archive_entry_size (e) > 0 && link == NULL && copy_data (u, path, err) < 0)
+    return -1;
+  int fin = archive_write_finish_entry (u->w);
+  if (fin < ARCHIVE_WARN || (fin == ARCHIVE_WARN && (archive_errno (u->w) == ENOSPC || archive_errno (u->w) == EDQUOT)))
+    return extract_fail (u->w, path, err);
+  return 0;
+}
+
+/* Extracts one entry: a whiteout becomes an overlay whiteout, anything
+ * else is written. */
+static int
+unpack_entry (unpack_t *u, struct archive_entry *e, err_t *err)
+{
+  const char *path = NULL, *link = NULL;
+  int c = check_entry (e, &path, &link, err);
+  if (c != 0)
+    return c > 0 ? 0 : -1;
+  const char *base = strrchr (path, '/');
+  base = base != NULL ? base + 1 : path;
+  if (strncmp (base, ".wh.", 4) != 0)
+    return write_entry (u, e, path, link, err);
+  if (archive_entry_filetype (e) != AE_IFREG || link != NULL)
+    return err_make (err, EINVAL, "whiteout `%.200s` is not a plain file", path);
+  return apply_whiteout (path, err);
+}
+
+/* Reads every entry of the tar. */
+static int
+unpack_all (unpack_t *u, long max_entries, err_t *err)
+{
   long entries = 0;
   for (;;)
     {
       struct archive_entry *e = NULL;
-      int r = archive_read_next_header (a, &e);
+      int r = archive_read_next_header (u->a, &e);
       if (r == ARCHIVE_EOF)
-        break;
+        return 0;
       if (r < ARCHIVE_WARN)
-        {
-          extract_fail (a, "(next entry)", err);
-          goto out;
-        }
+        return extract_fail (u->a, "(next entry)", err);
       if (++entries > max_entries)
-        {
-          err_make (err, EINVAL, "the snapshot has more than %ld entries (SANDBOX_SNAPSHOT_MAX_ENTRIES)", max_entries);
-          goto out;
-        }
-      const char *path = archive_entry_pathname (e);
-      while (path != NULL && path[0] == '.' && path[1] == '/')
-        path += 2;
-      if (path != NULL && (strcmp (path, ".") == 0 || path[0] == '\0'))
-        continue; /* the root itself ("./" of `tar -C dir -cf - .`) */
-      if (!safe_path (path))
-        {
-          err_make (err, EINVAL, "unsafe path in the snapshot: `%.200s` (absolute or with ..)", path ? path : "");
-          goto out;
-        }
-      archive_entry_set_pathname (e, path);
-      const char *link = archive_entry_hardlink (e);
-      if (link != NULL)
-        {
-          while (link[0] == '.' && link[1] == '/')
-            link += 2;
-          struct stat lst;
-          if (!safe_path (link) || lstat (link, &lst) < 0 || !S_ISREG (lst.st_mode))
-            {
-              err_make (err, EINVAL, "hard link `%.200s` points outside the snapshot's files: `%.200s`", path, link);
-              goto out;
-            }
-          archive_entry_set_hardlink (e, link);
-        }
-      mode_t type = archive_entry_filetype (e);
-      if (link == NULL && type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK)
-        {
-          err_make (err, EINVAL, "device nodes, fifos and sockets are not allowed in a snapshot: `%.200s`", path);
-          goto out;
-        }
-      const char *base = strrchr (path, '/');
-      base = base != NULL ? base + 1 : path;
-      if (strncmp (base, ".wh.", 4) == 0)
-        {
-          if (type != AE_IFREG || link != NULL)
-            {
-              err_make (err, EINVAL, "whiteout `%.200s` is not a plain file", path);
-              goto out;
-            }
-          if (apply_whiteout (path, err) < 0)
-            goto out;
-          continue;
-        }
-      if (ensure_parent (path, err) < 0)
-        goto out;
-      struct stat wst;
-      if (lstat (path, &wst) == 0 && S_ISCHR (wst.st_mode) && wst.st_rdev == makedev (0, 0))
-        {
-          err_make (err, EINVAL, "`%.200s` is in the snapshot and also has a whiteout", path);
-          goto out;
-        }
-      filter_xattrs (e);
-      if (type == AE_IFDIR && link == NULL)
-        remember_dir_time (&dirs, &n_dirs, &cap_dirs, path, e);
-      if (archive_write_header (w, e) < ARCHIVE_WARN)
-        {
-          extract_fail (w, path, err);
-          goto out;
-        }
-      if (archive_entry_size (e) > 0 && link == NULL)
-        {
-          const void *buf;
-          size_t size;
-          la_int64_t off;
-          while ((r = archive_read_data_block (a, &buf, &size, &off)) == ARCHIVE_OK)
-            if (archive_write_data_block (w, buf, size, off) != ARCHIVE_OK)
-              {
-                extract_fail (w, path, err);
-                goto out;
-              }
-          if (r != ARCHIVE_EOF)
-            {
-              extract_fail (a, path, err);
-              goto out;
-            }
-        }
-      int fin = archive_write_finish_entry (w);
-      if (fin < ARCHIVE_WARN || (fin == ARCHIVE_WARN && (archive_errno (w) == ENOSPC || archive_errno (w) == EDQUOT)))
-        {
-          extract_fail (w, path, err);
-          goto out;
-        }
+        return err_make (err, EINVAL, "the snapshot has more than %ld entries (SANDBOX_SNAPSHOT_MAX_ENTRIES)",
+                         max_entries);
+      if (unpack_entry (u, e, err) < 0)
+        return -1;
     }
-  if (archive_write_close (w) < ARCHIVE_WARN)
+}
+
+int
+snap_unpack (int fd, long max_entries, err_t *err)
+{
+  unpack_t u = {.a = archive_read_new (), .w = archive_write_disk_new ()};
+  archive_read_support_filter_all (u.a);
+  archive_read_support_format_tar (u.a);
+  archive_write_disk_set_options (u.w, ARCHIVE_EXTRACT_PERM | ARCHIVE_EXTRACT_OWNER | ARCHIVE_EXTRACT_TIME
+                                           | ARCHIVE_EXTRACT_XATTR | ARCHIVE_EXTRACT_SECURE_SYMLINKS
+                                           | ARCHIVE_EXTRACT_SECURE_NODOTDOT
+                                           | ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS);
+  int rc = -1;
+  if (archive_read_open_fd (u.a, fd, 256 * 1024) != ARCHIVE_OK)
+    extract_fail (u.a, "(start)", err);
+  else if (unpack_all (&u, max_entries, err) == 0)
     {
-      extract_fail (w, "(end)", err);
-      goto out;
+      if (archive_write_close (u.w) < ARCHIVE_WARN)
+        extract_fail (u.w, "(end)", err);
+      else
+        rc = 0;
     }
   /* Last, the directories' mtimes, deepest (latest) first, never through a
    * symlink. */
-  for (size_t i = n_dirs; i-- > 0;)
+  for (size_t i = u.n_dirs; rc == 0 && i-- > 0;)
     {
-      struct timespec ts[2] = {{0, UTIME_OMIT}, dirs[i].mtime};
-      utimensat (AT_FDCWD, dirs[i].path, ts, AT_SYMLINK_NOFOLLOW);
+      struct timespec ts[2] = {{0, UTIME_OMIT}, u.dirs[i].mtime};
+      utimensat (AT_FDCWD, u.dirs[i].path, ts, AT_SYMLINK_NOFOLLOW);
     }
-  rc = 0;
-out:
-  for (size_t i = 0; i < n_dirs; i++)
-    free (dirs[i].path);
-  free (dirs);
-  archive_read_free (a);
-  archive_write_free (w);
+  for (size_t i = 0; i < u.n_dirs; i++)
+    free (u.dirs[i].path);
+  free (u.dirs);
+  archive_read_free (u.a);
+  archive_write_free (u.w);
   return rc;
 }

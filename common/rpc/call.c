@@ -1,0 +1,206 @@
+/* rpc/call: a server call's operations as its handler sees them — receive,
+ * send, reply, finish with a status, metadata, deadline and cancellation
+ * (see rpc.h). Every operation is plucked from the call's own completion
+ * queue by its handler thread, so handlers are plain blocking code.
+ *
+ * Threading: a call belongs to its handler thread.
+ */
+#include "common/rpc/internal.h"
+
+#include <errno.h>
+#include <grpc/support/time.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cleanup.h"
+#include "common/log.h"
+
+grpc_call_error
+rpc_call_start_batch (rpc_call_t *c, const grpc_op *ops, size_t n, void *tag)
+{
+  return grpc_call_start_batch (c->call, ops, n, tag, NULL);
+}
+
+/* Runs one batch on the call and waits for it. Returns its success flag. */
+bool
+rpc_call_run_batch (rpc_call_t *c, const grpc_op *ops, size_t n)
+{
+  if (rpc_call_start_batch (c, ops, n, &c->batch_tag) != GRPC_CALL_OK)
+    return false;
+  grpc_event ev = grpc_completion_queue_pluck (c->cq, &c->batch_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+  return ev.type == GRPC_OP_COMPLETE && ev.success;
+}
+
+static void
+add_initial_md (rpc_call_t *c, grpc_op *ops, size_t *n)
+{
+  if (c->md_sent)
+    return;
+  memset (&ops[*n], 0, sizeof ops[*n]);
+  ops[*n].op = GRPC_OP_SEND_INITIAL_METADATA;
+  (*n)++;
+  c->md_sent = true;
+}
+
+int
+rpc_call_finish (rpc_call_t *c, grpc_status_code code, const char *details)
+{
+  if (c->finished)
+    return 0;
+  c->finished = true;
+  grpc_op ops[3];
+  size_t n = 0;
+  add_initial_md (c, ops, &n);
+  if (code == GRPC_STATUS_OK && c->reply != NULL)
+    {
+      memset (&ops[n], 0, sizeof ops[n]);
+      ops[n].op = GRPC_OP_SEND_MESSAGE;
+      ops[n].data.send_message.send_message = c->reply;
+      n++;
+    }
+  grpc_slice det = grpc_slice_from_copied_string (details != NULL ? details : "");
+  memset (&ops[n], 0, sizeof ops[n]);
+  ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+  ops[n].data.send_status_from_server.status = code;
+  ops[n].data.send_status_from_server.status_details = &det;
+  grpc_metadata origin = {.key = grpc_slice_from_static_string (RPC_ORIGIN_KEY),
+                          .value = grpc_slice_from_static_string (RPC_ORIGIN_HANDLER)};
+  ops[n].data.send_status_from_server.trailing_metadata_count = 1;
+  ops[n].data.send_status_from_server.trailing_metadata = &origin;
+  n++;
+  bool ok = rpc_call_run_batch (c, ops, n);
+  grpc_slice_unref (det);
+  return ok ? 0 : -1;
+}
+
+int
+rpc_call_recv (rpc_call_t *c, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err)
+{
+  *out = NULL;
+  if (c->half_closed)
+    return 0;
+  grpc_byte_buffer *bb = NULL;
+  grpc_op op;
+  memset (&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_MESSAGE;
+  op.data.recv_message.recv_message = &bb;
+  if (!rpc_call_run_batch (c, &op, 1))
+    {
+      if (bb != NULL)
+        grpc_byte_buffer_destroy (bb);
+      c->peer_gone = true;
+      return err_make (err, ECANCELED, "%s: the call was cancelled while receiving", c->path);
+    }
+  if (bb == NULL)
+    {
+      /* The end of the client's stream: a half-close — or a cancellation,
+       * whose close notice follows at once. Tell them apart, so that a
+       * client that gave up never has its partial stream taken as whole. */
+      if (!c->closed)
+        {
+          gpr_timespec soon = rpc_deadline_in_ms (5);
+          if (grpc_completion_queue_pluck (c->cq, &c->close_tag, soon, NULL).type == GRPC_OP_COMPLETE)
+            c->closed = true;
+        }
+      if (c->closed && c->cancelled)
+        {
+          c->peer_gone = true;
+          return err_make (err, ECANCELED, "%s: the client cancelled the call", c->path);
+        }
+      c->half_closed = true;
+      return 0;
+    }
+  int rc = rpc_unpack (bb, desc, c->server->max_message, out, err);
+  grpc_byte_buffer_destroy (bb);
+  return rc < 0 ? -1 : 1;
+}
+
+int
+rpc_call_send (rpc_call_t *c, const ProtobufCMessage *msg, err_t *err)
+{
+  if (c->finished || c->peer_gone)
+    return err_make (err, ECANCELED, "%s: the call has ended", c->path);
+  grpc_byte_buffer *bb = NULL;
+  if (rpc_pack (msg, c->server->max_message, &bb, err) < 0)
+    return -1;
+  grpc_op ops[2];
+  size_t n = 0;
+  add_initial_md (c, ops, &n);
+  memset (&ops[n], 0, sizeof ops[n]);
+  ops[n].op = GRPC_OP_SEND_MESSAGE;
+  ops[n].data.send_message.send_message = bb;
+  n++;
+  bool ok = rpc_call_run_batch (c, ops, n);
+  grpc_byte_buffer_destroy (bb);
+  if (!ok)
+    {
+      c->peer_gone = true;
+      return err_make (err, ECANCELED, "%s: the client has gone", c->path);
+    }
+  return 0;
+}
+
+int
+rpc_call_reply (rpc_call_t *c, const ProtobufCMessage *msg, err_t *err)
+{
+  grpc_byte_buffer *bb = NULL;
+  if (rpc_pack (msg, c->server->max_message, &bb, err) < 0)
+    return -1;
+  if (c->reply != NULL)
+    grpc_byte_buffer_destroy (c->reply);
+  c->reply = bb;
+  return 0;
+}
+
+bool
+rpc_call_cancelled (rpc_call_t *c)
+{
+  if (c->peer_gone)
+    return true;
+  if (!c->closed)
+    {
+      grpc_event ev = grpc_completion_queue_pluck (c->cq, &c->close_tag, gpr_inf_past (GPR_CLOCK_MONOTONIC), NULL);
+      if (ev.type == GRPC_OP_COMPLETE)
+        c->closed = true;
+    }
+  return c->closed && c->cancelled != 0;
+}
+
+const char *
+rpc_call_method (const rpc_call_t *c)
+{
+  return c->path;
+}
+
+rpc_server_t *
+rpc_call_server (const rpc_call_t *c)
+{
+  return c->server;
+}
+
+char *
+rpc_call_metadata (const rpc_call_t *c, const char *key)
+{
+  size_t klen = strlen (key);
+  for (size_t i = 0; i < c->md.count; i++)
+    {
+      const grpc_slice *k = &c->md.metadata[i].key;
+      if (GRPC_SLICE_LENGTH (*k) == klen && memcmp (GRPC_SLICE_START_PTR (*k), key, klen) == 0)
+        {
+          const grpc_slice *v = &c->md.metadata[i].value;
+          return strndup ((const char *) GRPC_SLICE_START_PTR (*v), GRPC_SLICE_LENGTH (*v));
+        }
+    }
+  return NULL;
+}
+
+int64_t
+rpc_call_deadline_ms_left (const rpc_call_t *c)
+{
+  if (gpr_time_cmp (c->deadline, gpr_inf_future (c->deadline.clock_type)) == 0)
+    return INT64_MAX;
+  gpr_timespec d = gpr_convert_clock_type (c->deadline, GPR_CLOCK_MONOTONIC);
+  gpr_timespec left = gpr_time_sub (d, gpr_now (GPR_CLOCK_MONOTONIC));
+  return gpr_time_to_millis (left);
+}
