@@ -133,7 +133,7 @@ log_fields (log_level_t level, json_t *fields, const char *fmt, ...)
 void
 err_warn_release (err_t *err, const char *fmt, ...)
 {
-  if (log_enabled (SEV_WARNING))
+  if (err->status != 0 && log_enabled (SEV_WARNING))
     {
       char context[512];
       va_list ap;

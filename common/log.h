@@ -40,8 +40,8 @@ void log_msg (log_level_t level, const char *fmt, ...) __attribute__ ((format (p
 
 /* Writes a line with the formatted message and the members of `fields` (a
  * JSON object, may be NULL). Takes ownership of `fields`. */
-/* For best-effort steps: logs "<context>: <message of err>" as a warning
- * and releases *err (crun's crun_error_write_warning_and_release). */
+/* For best-effort steps: when *err holds an error, logs "<context>:
+ * <message of err>" as a warning; then releases *err (crun's crun_error_write_warning_and_release). */
 void err_warn_release (err_t *err, const char *fmt, ...) __attribute__ ((format (printf, 2, 3)));
 
 void log_fields (log_level_t level, json_t *fields, const char *fmt, ...)

@@ -61,7 +61,7 @@ api_undo_if_gone (rpc_call_t *call, sbx_runtime_t *rt, const char *id, err_t *er
   /* Nobody will learn of this sandbox: it must not linger and count. */
   err_t derr = ERR_INIT;
   sbx_delete (rt, id, &derr);
-  err_release (&derr);
+  err_warn_release (&derr, "undo `%s`", id);
   return err_make (err, ETIMEDOUT, "the call ended (deadline or cancellation) before `%s` was ready: undone", id);
 }
 

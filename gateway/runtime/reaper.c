@@ -76,7 +76,7 @@ sbx_clean_leftovers (sbx_runtime_t *rt)
     {
       err_t err = ERR_INIT;
       sbx_cg_kill (&rt->cg, ids[i], NULL, &err);
-      err_release (&err);
+      err_warn_release (&err, "clean up `%s`", ids[i]);
     }
   unmount_below (rt->sandboxes_dir);
   n += remove_state_dirs (rt->sandboxes_dir);
@@ -84,7 +84,7 @@ sbx_clean_leftovers (sbx_runtime_t *rt)
     {
       err_t err = ERR_INIT;
       sbx_cg_remove (&rt->cg, ids[i], NULL, &err);
-      err_release (&err);
+      err_warn_release (&err, "clean up `%s`", ids[i]);
       free (ids[i]);
     }
   free (ids);
@@ -126,7 +126,7 @@ sbx_reaper_main (void *arg)
                   "deleting an idle sandbox");
       err_t err = ERR_INIT;
       sbx_delete (rt, id, &err);
-      err_release (&err);
+      err_warn_release (&err, "delete idle `%s`", id);
       pthread_mutex_lock (&rt->mu);
     }
   pthread_mutex_unlock (&rt->mu);

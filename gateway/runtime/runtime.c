@@ -118,7 +118,7 @@ sbx_runtime_destroy (sbx_runtime_t *rt)
         break;
       err_t err = ERR_INIT;
       sbx_delete (rt, id, &err);
-      err_release (&err);
+      err_warn_release (&err, "delete `%s` at shutdown", id);
     }
   runtime_free (rt);
 }
