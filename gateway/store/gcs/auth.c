@@ -147,8 +147,9 @@ json_str (json_t *obj, const char *name)
   return json_string_value (json_object_get (obj, name));
 }
 
-int
-gcs_auth_new_service_account (const char *key_file, const gcs_net_t *net, gcs_auth_t **out, err_t *err)
+/* The key file parsed as a JSON object; its text is cleansed at once. */
+static int
+load_key_json (const char *key_file, json_t **out, err_t *err)
 {
   char *text = NULL;
   size_t text_len = 0;
@@ -164,47 +165,56 @@ gcs_auth_new_service_account (const char *key_file, const gcs_net_t *net, gcs_au
       return err_make (err, EINVAL, "service-account key file `%s`: not a JSON object (line %d)", key_file,
                        jerr.line);
     }
-  int rc = -1;
-  gcs_auth_t *a = NULL;
-  const char *type = json_str (root, "type");
-  const char *email = json_str (root, "client_email");
-  json_t *pk = json_object_get (root, "private_key");
-  const char *pem = json_string_value (pk);
-  const char *uri = json_str (root, "token_uri");
-  const char *kid = json_str (root, "private_key_id");
-  if (type != NULL && strcmp (type, "service_account") != 0)
-    {
-      err_make (err, EINVAL, "credentials file `%s`: type `%.64s` is not supported (only service_account)", key_file,
-                type);
-      goto out;
-    }
-  if (email == NULL || email[0] == '\0' || pem == NULL)
-    {
-      err_make (err, EINVAL, "service-account key file `%s`: client_email or private_key missing", key_file);
-      goto out;
-    }
-  if (uri == NULL)
-    uri = DEFAULT_TOKEN_URI;
-  if (strncmp (uri, "https://", 8) != 0 && strncmp (uri, "http://", 7) != 0)
-    {
-      err_make (err, EINVAL, "service-account key file `%s`: token_uri `%.200s` is not an http(s) URL", key_file, uri);
-      goto out;
-    }
-  a = auth_alloc (AUTH_SERVICE_ACCOUNT, net);
-  if (a == NULL)
-    {
-      err_make (err, ENOMEM, "service-account key file `%s`: out of memory", key_file);
-      goto out;
-    }
+  *out = root;
+  return 0;
+}
+
+static void
+auth_free_scope (gcs_auth_t **a)
+{
+  gcs_auth_free (*a);
+}
+
+/* Credentials freed when the scope ends, unless take_ptr handed them out. */
+#define cleanup_auth __attribute__ ((cleanup (auth_free_scope)))
+
+/* The RSA private key from `pem` into a->key. */
+static int
+load_private_key (gcs_auth_t *a, const char *pem, const char *key_file, err_t *err)
+{
   BIO *bio = BIO_new_mem_buf (pem, -1);
   if (bio != NULL)
     a->key = PEM_read_bio_PrivateKey (bio, NULL, NULL, NULL);
   BIO_free (bio);
   if (a->key == NULL || EVP_PKEY_base_id (a->key) != EVP_PKEY_RSA)
-    {
-      err_make (err, EINVAL, "service-account key file `%s`: private_key is not an RSA key in PEM", key_file);
-      goto out;
-    }
+    return err_make (err, EINVAL, "service-account key file `%s`: private_key is not an RSA key in PEM", key_file);
+  return 0;
+}
+
+/* Checks the fields of the key JSON and makes the token source from them. */
+static int
+service_account_from_json (json_t *root, const char *key_file, const gcs_net_t *net, gcs_auth_t **out, err_t *err)
+{
+  const char *type = json_str (root, "type");
+  const char *email = json_str (root, "client_email");
+  const char *pem = json_str (root, "private_key");
+  const char *uri = json_str (root, "token_uri");
+  const char *kid = json_str (root, "private_key_id");
+  if (type != NULL && strcmp (type, "service_account") != 0)
+    return err_make (err, EINVAL, "credentials file `%s`: type `%.64s` is not supported (only service_account)",
+                     key_file, type);
+  if (email == NULL || email[0] == '\0' || pem == NULL)
+    return err_make (err, EINVAL, "service-account key file `%s`: client_email or private_key missing", key_file);
+  if (uri == NULL)
+    uri = DEFAULT_TOKEN_URI;
+  if (strncmp (uri, "https://", 8) != 0 && strncmp (uri, "http://", 7) != 0)
+    return err_make (err, EINVAL, "service-account key file `%s`: token_uri `%.200s` is not an http(s) URL", key_file,
+                     uri);
+  cleanup_auth gcs_auth_t *a = auth_alloc (AUTH_SERVICE_ACCOUNT, net);
+  if (a == NULL)
+    return err_make (err, ENOMEM, "service-account key file `%s`: out of memory", key_file);
+  if (load_private_key (a, pem, key_file, err) < 0)
+    return -1;
   a->client_email = strdup (email);
   a->token_uri = strdup (uri);
   a->key_id = kid != NULL ? strdup (kid) : NULL;
@@ -212,16 +222,23 @@ gcs_auth_new_service_account (const char *key_file, const gcs_net_t *net, gcs_au
       || asprintf (&a->describe, "service account `%s`", email) < 0)
     {
       a->describe = NULL;
-      err_make (err, ENOMEM, "service-account key file `%s`: out of memory", key_file);
-      goto out;
+      return err_make (err, ENOMEM, "service-account key file `%s`: out of memory", key_file);
     }
   *out = take_ptr (&a);
-  rc = 0;
-out:
+  return 0;
+}
+
+int
+gcs_auth_new_service_account (const char *key_file, const gcs_net_t *net, gcs_auth_t **out, err_t *err)
+{
+  json_t *root = NULL;
+  if (load_key_json (key_file, &root, err) < 0)
+    return -1;
+  int rc = service_account_from_json (root, key_file, net, out, err);
+  const char *pem = json_str (root, "private_key");
   if (pem != NULL)
     OPENSSL_cleanse ((void *) pem, strlen (pem)); /* jansson's copy of the key */
   json_decref (root);
-  gcs_auth_free (a);
   return rc;
 }
 
@@ -231,13 +248,11 @@ b64_json (json_t *obj)
 {
   if (obj == NULL)
     return NULL;
-  char *s = json_dumps (obj, JSON_COMPACT);
+  cleanup_free char *s = json_dumps (obj, JSON_COMPACT);
   json_decref (obj);
   if (s == NULL)
     return NULL;
-  char *b = gcs_base64url ((const uint8_t *) s, strlen (s));
-  free (s);
-  return b;
+  return gcs_base64url ((const uint8_t *) s, strlen (s));
 }
 
 /* The signed assertion "header.claims.signature" (RS256). */
@@ -284,7 +299,7 @@ gcs_auth_new_metadata (const char *host, const gcs_net_t *net, gcs_auth_t **out,
   while (hlen > 0 && host[hlen - 1] == '/')
     hlen--;
   const char *scheme = strstr (host, "://") != NULL ? "" : "http://";
-  gcs_auth_t *a = auth_alloc (AUTH_METADATA, net);
+  cleanup_auth gcs_auth_t *a = auth_alloc (AUTH_METADATA, net);
   if (a == NULL)
     return err_make (err, ENOMEM, "metadata server `%s`: out of memory", host);
   if (asprintf (&a->metadata_url, "%s%.*s%s", scheme, (int) hlen, host, METADATA_TOKEN_PATH) < 0)
@@ -292,10 +307,9 @@ gcs_auth_new_metadata (const char *host, const gcs_net_t *net, gcs_auth_t **out,
   if (a->metadata_url == NULL || asprintf (&a->describe, "metadata server `%.*s`", (int) hlen, host) < 0)
     {
       a->describe = NULL;
-      gcs_auth_free (a);
       return err_make (err, ENOMEM, "metadata server `%s`: out of memory", host);
     }
-  *out = a;
+  *out = take_ptr (&a);
   return 0;
 }
 
@@ -342,79 +356,97 @@ store_token (gcs_auth_t *a, const gcs_resp_t *resp, const char *where, err_t *er
   return 0;
 }
 
-/* One fetch with retries; a->mu held. */
+/* The token request of `a` into *req: a POST of a signed JWT to the key's
+ * token_uri, or a GET from the metadata server. *body (the form, which
+ * holds the assertion) and *hdrs are the caller's to release. */
 static int
-fetch_token (gcs_auth_t *a, err_t *err)
+token_request (gcs_auth_t *a, gcs_req_t *req, char **body, struct curl_slist **hdrs, err_t *err)
 {
-  cleanup_free char *body = NULL;
-  struct curl_slist *hdrs = NULL;
-  const char *url;
-  gcs_req_t req = {.timeout_s = TOKEN_REQUEST_TIMEOUT_S};
   if (a->kind == AUTH_SERVICE_ACCOUNT)
     {
       cleanup_free char *jwt = NULL;
       if (make_jwt (a, &jwt, err) < 0)
         return -1;
-      if (asprintf (&body, "grant_type=urn%%3Aietf%%3Aparams%%3Aoauth%%3Agrant-type%%3Ajwt-bearer&assertion=%s", jwt)
+      if (asprintf (body, "grant_type=urn%%3Aietf%%3Aparams%%3Aoauth%%3Agrant-type%%3Ajwt-bearer&assertion=%s", jwt)
           < 0)
         {
-          body = NULL;
+          *body = NULL;
           return err_make (err, ENOMEM, "%s: out of memory", a->describe);
         }
-      hdrs = curl_slist_append (NULL, "Content-Type: application/x-www-form-urlencoded");
-      url = a->token_uri;
-      req.method = "POST";
-      req.body = body;
-      req.body_len = strlen (body);
+      *hdrs = curl_slist_append (NULL, "Content-Type: application/x-www-form-urlencoded");
+      req->url = a->token_uri;
+      req->method = "POST";
+      req->body = *body;
+      req->body_len = strlen (*body);
     }
   else
     {
-      hdrs = curl_slist_append (NULL, "Metadata-Flavor: Google");
-      url = a->metadata_url;
-      req.method = "GET";
+      *hdrs = curl_slist_append (NULL, "Metadata-Flavor: Google");
+      req->url = a->metadata_url;
+      req->method = "GET";
     }
-  if (hdrs == NULL)
+  if (*hdrs == NULL)
     return err_make (err, ENOMEM, "%s: out of memory", a->describe);
-  req.url = url;
-  req.headers = hdrs;
+  req->headers = *hdrs;
+  return 0;
+}
 
-  CURL *h = curl_easy_init ();
-  if (h == NULL)
-    {
-      curl_slist_free_all (hdrs);
-      return err_make (err, ENOMEM, "%s: create a curl handle: out of memory", a->describe);
-    }
+/* Performs the token request until it is answered 200 (the token goes into
+ * the cache), refused (EACCES) or the retry budget runs out (ETIMEDOUT).
+ * The answer, which holds the token, is cleansed. */
+static int
+token_exchange (gcs_auth_t *a, CURL *h, const gcs_req_t *req, err_t *err)
+{
   gcs_resp_t resp = {0};
   gcs_retry_t retry;
   gcs_retry_init (&retry, a->net);
   int rc = -1;
   for (;;)
     {
-      if (gcs_http_do (h, a->net, &req, &resp, err) < 0)
+      if (gcs_http_do (h, a->net, req, &resp, err) < 0)
         break;
       if (resp.rc == CURLE_OK && resp.status == 200)
         {
-          rc = store_token (a, &resp, url, err);
+          rc = store_token (a, &resp, req->url, err);
           break;
         }
       cleanup_free char *what = gcs_resp_describe (&resp);
       if (!gcs_resp_retryable (&resp))
         {
-          err_make (err, EACCES, "%s: `%s` refused the credentials: %s", a->describe, url, what ? what : "?");
+          err_make (err, EACCES, "%s: `%s` refused the credentials: %s", a->describe, req->url, what ? what : "?");
           break;
         }
       log_fields (SEV_WARNING, json_pack ("{s:s, s:s}", "credentials", a->describe, "failure", what ? what : "?"),
                   "fetching an access token failed; retrying");
       if (gcs_retry_wait (&retry) < 0)
         {
-          err_make (err, ETIMEDOUT, "%s: no access token from `%s` after %.1f s of retries: %s",
-                    a->describe, url, gcs_retry_elapsed_s (&retry), what ? what : "?");
+          err_make (err, ETIMEDOUT, "%s: no access token from `%s` after %.1f s of retries: %s", a->describe,
+                    req->url, gcs_retry_elapsed_s (&retry), what ? what : "?");
           break;
         }
     }
   if (resp.body != NULL)
     OPENSSL_cleanse (resp.body, resp.body_len);
   gcs_resp_clear (&resp);
+  return rc;
+}
+
+/* One fetch with retries; a->mu held. */
+static int
+fetch_token (gcs_auth_t *a, err_t *err)
+{
+  cleanup_free char *body = NULL;
+  struct curl_slist *hdrs = NULL;
+  gcs_req_t req = {.timeout_s = TOKEN_REQUEST_TIMEOUT_S};
+  if (token_request (a, &req, &body, &hdrs, err) < 0)
+    return -1;
+  CURL *h = curl_easy_init ();
+  if (h == NULL)
+    {
+      curl_slist_free_all (hdrs);
+      return err_make (err, ENOMEM, "%s: create a curl handle: out of memory", a->describe);
+    }
+  int rc = token_exchange (a, h, &req, err);
   curl_easy_cleanup (h);
   curl_slist_free_all (hdrs);
   if (body != NULL)

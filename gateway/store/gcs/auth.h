@@ -1,7 +1,7 @@
 /* gcs auth: OAuth2 access tokens for the storage API, from a service-account
  * key file (a JWT signed RS256 with OpenSSL, exchanged at the key's
  * token_uri) or from the GCE metadata server, cached until 60 s before they
- * expire. Internal to gateway/gcs. No key material or token is ever logged
+ * expire. Internal to gateway/store/gcs. No key material or token is ever logged
  * or put into an error message; copies are cleansed before they are freed.
  *
  * Thread safety: a gcs_auth_t is shared by all threads of its store; the

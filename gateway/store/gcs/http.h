@@ -1,6 +1,6 @@
 /* gcs http: one HTTP exchange with libcurl and the retry policy around it,
- * for the GCS client (store.c) and its token sources (auth.c). Internal to
- * gateway/gcs.
+ * for the GCS store (request.c, upload.c, download.c) and its token sources
+ * (auth.c). Internal to gateway/store/gcs.
  *
  * A gcs_net_t holds what every request of one store shares: the curl share
  * handle (DNS cache, TLS sessions; locked with mutexes, so any thread may

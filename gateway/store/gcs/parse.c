@@ -11,6 +11,8 @@
 
 #include <openssl/evp.h>
 
+#include "common/cleanup.h"
+
 /* ---- HTTP ---------------------------------------------------------------- */
 
 static int
@@ -281,15 +283,12 @@ gcs_base64url (const uint8_t *data, size_t len)
   if (len > (size_t) INT_MAX / 2)
     return NULL;
   size_t cap = 4 * ((len + 2) / 3) + 1;
-  unsigned char *out = malloc (cap);
+  cleanup_free unsigned char *out = malloc (cap);
   if (out == NULL)
     return NULL;
   int n = EVP_EncodeBlock (out, data, (int) len);
   if (n < 0)
-    {
-      free (out);
-      return NULL;
-    }
+    return NULL;
   while (n > 0 && out[n - 1] == '=')
     n--;
   out[n] = '\0';
@@ -300,5 +299,5 @@ gcs_base64url (const uint8_t *data, size_t len)
       else if (out[i] == '/')
         out[i] = '_';
     }
-  return (char *) out;
+  return take_ptr (&out);
 }
