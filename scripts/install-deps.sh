@@ -19,13 +19,15 @@ PACKAGES=(
   slirp4netns
   # Container image (//deploy:image) and its test
   debootstrap debian-archive-keyring gpgv umoci skopeo crun
+  # Layout check (scripts/format.sh --check)
+  clang-format
   # Tests
   iproute2 procps
   libcmocka-dev python3 python3-grpcio python3-protobuf python3-pytest
 )
 
-# The GCS cross-check runs Google's Node.js client (from npm): Node.js from
-# Debian unless the machine already has one.
+# The GCS cross-check runs Google's Node.js client and the API check runs buf
+# (both from npm): Node.js from Debian unless the machine already has one.
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   PACKAGES+=(nodejs npm)
 fi

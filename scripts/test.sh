@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The single test command: installs the dependencies, builds everything, runs
-# the Bazel unit tests (plain and under AddressSanitizer/UBSan), then the
-# Python integration tests against the built binaries. Exits non-zero on any
-# failure; the last line printed is pytest's summary.
+# The single test command: installs the dependencies, checks the API (buf lint
+# and breaking), builds everything, runs the Bazel unit tests (plain and under
+# AddressSanitizer/UBSan), then the Python integration tests against the built
+# binaries. Exits non-zero on any failure; the last line printed is pytest's
+# summary.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -13,6 +14,11 @@ step() { printf '\n==> %s\n' "$*"; }
 
 step "Installing dependencies"
 scripts/install-deps.sh
+
+step "Formatting and API checks"
+scripts/check-api.sh
+# enabled once the tree is formatted
+# scripts/format.sh --check
 
 step "Building"
 bazel build //...
