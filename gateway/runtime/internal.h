@@ -34,8 +34,9 @@ typedef struct sbx_s
   char state[PATH_MAX + SBX_ID_MAX + 2];
   pid_t holder;
   int holder_pidfd;
-  int64_t created_ms;
-  int64_t last_used_ms; /* monotonic */
+  int64_t created_ms;      /* wall clock, as clients see it */
+  int64_t created_mono_ms; /* monotonic: every duration is measured on it */
+  int64_t last_used_ms;    /* monotonic */
   bool allow_egress;
   bool ready;        /* launch finished */
   bool deleting;     /* removed from lookups */

@@ -38,7 +38,8 @@ reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_t **out, err_
   s->slirp_exit_fd = -1;
   s->ctl_fd = -1;
   s->allow_egress = allow_egress && rt->cfg.allow_egress;
-  s->created_ms = s->last_used_ms = sbx_mono_ms ();
+  s->created_ms = sbx_wall_ms ();
+  s->created_mono_ms = s->last_used_ms = sbx_mono_ms ();
 
   pthread_mutex_lock (&rt->mu);
   int rc = 0;

@@ -119,10 +119,10 @@ sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out)
 {
   memset (out, 0, sizeof *out);
   snprintf (out->id, sizeof out->id, "%s", s->id);
-  /* Clients see wall-clock times; the runtime keeps monotonic ones. */
-  int64_t skew = sbx_wall_ms () - sbx_mono_ms ();
-  out->created_ms = s->created_ms + skew;
-  out->last_used_ms = s->last_used_ms + skew;
+  /* Clients see wall-clock times; the idle timer runs on the monotonic
+   * clock, so a wall-clock step neither expires nor revives a sandbox. */
+  out->created_ms = s->created_ms;
+  out->last_used_ms = s->created_ms + (s->last_used_ms - s->created_mono_ms);
   out->allow_egress = s->allow_egress;
   long n = sbx_cg_count (&rt->cg, s->id, NULL);
   out->process_count = n > 0 ? n : 0;
