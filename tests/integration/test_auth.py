@@ -3,8 +3,8 @@
 import grpc
 import pytest
 
-from gateway_fixture import start_gateway
-from grpc_clients import HealthClient, ReflectionClient, rpc_code
+from tests.lib.gateway import start_gateway
+from tests.lib.grpc_clients import HealthClient, ReflectionClient, rpc_code
 
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE

@@ -7,9 +7,10 @@ import subprocess
 import grpc
 import pytest
 
-from gateway_fixture import (EXIT_MARGIN_S, assert_all_json_lines, free_port, gateway_env,
-                             require_gateway_binary, run_to_completion)
-from grpc_clients import HealthClient, ReflectionClient, sandbox_modules
+from tests.lib.gateway import gateway_env
+from tests.lib.grpc_clients import HealthClient, ReflectionClient, sandbox_modules
+from tests.lib.procs import (EXIT_MARGIN_S, assert_all_json_lines, free_port, require_gateway_binary,
+                             run_to_completion)
 
 VARIABLES_AND_DEFAULTS = {
     "SANDBOX_LISTEN": "127.0.0.1:50051",

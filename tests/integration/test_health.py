@@ -5,7 +5,7 @@ import threading
 import grpc
 import pytest
 
-from grpc_clients import HealthClient
+from tests.lib.grpc_clients import HealthClient
 
 SANDBOX_SERVICE = "sandbox.v1.Sandbox"
 

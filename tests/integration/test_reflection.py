@@ -5,8 +5,8 @@ import grpc
 import pytest
 from google.protobuf import descriptor_pb2
 
-from grpc_clients import (DynamicService, ReflectionClient, file_proto,
-                          pool_from_file_descriptor_protos, streaming_flags)
+from tests.lib.grpc_clients import (DynamicService, ReflectionClient, file_proto,
+                                    pool_from_file_descriptor_protos, streaming_flags)
 
 VERSIONS = ["v1", "v1alpha"]
 SANDBOX_FILE = "sandbox/v1/sandbox.proto"

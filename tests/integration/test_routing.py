@@ -3,7 +3,7 @@
 import grpc
 import pytest
 
-from grpc_clients import rpc_code
+from tests.lib.grpc_clients import rpc_code
 
 
 def _raw_unary(channel, path):

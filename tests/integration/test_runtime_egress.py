@@ -6,89 +6,18 @@ addresses; without either switch it reaches nothing."""
 from __future__ import annotations
 
 import os
-import random
-import secrets
-import socket
-import subprocess
-import time
 
 import pytest
 
-from gateway_fixture import answering_server, start_gateway
-from test_runtime_common import Sandboxes, connect_argv, holder_pids, pid_alive, run, wait_for
-
-NS_SERVER = r"""
-import socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(16)
-print("ready", flush=True)
-while True:
-    c, _ = s.accept()
-    c.sendall(sys.argv[3].encode()); c.close()
-"""
-
-
-class Netns:
-    """A network namespace with a veth pair to the host and a TCP server."""
-
-    def __init__(self):
-        used = run(["ip", "-4", "-o", "addr", "show"]).stdout
-        for _ in range(50):
-            self.x = random.randint(1, 254)
-            if f"10.231.{self.x}." not in used:
-                break
-        tag = secrets.token_hex(3)
-        self.name = f"sgwt-{tag}"
-        self.host_if, self.ns_if = f"sgwt{tag}h", f"sgwt{tag}n"
-        self.host_ip, self.ns_ip = f"10.231.{self.x}.1", f"10.231.{self.x}.2"
-        self.port = 18000 + random.randint(0, 999)
-        self.token = "hello-" + secrets.token_hex(4)
-        self.server = None
-
-    def setup(self):
-        ns = ["ip", "netns", "exec", self.name]
-        run(["ip", "netns", "add", self.name])
-        run(["ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if])
-        run(["ip", "link", "set", self.ns_if, "netns", self.name])
-        run(["ip", "addr", "add", f"{self.host_ip}/24", "dev", self.host_if])
-        run(["ip", "link", "set", self.host_if, "up"])
-        run(ns + ["ip", "addr", "add", f"{self.ns_ip}/24", "dev", self.ns_if])
-        run(ns + ["ip", "link", "set", self.ns_if, "up"])
-        run(ns + ["ip", "link", "set", "lo", "up"])
-        self.server = subprocess.Popen(ns + ["/usr/bin/python3", "-c", NS_SERVER, self.ns_ip, str(self.port),
-                                             self.token], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       stdin=subprocess.DEVNULL, text=True)
-        line = self.server.stdout.readline()
-        assert line.strip() == "ready", (line, self.server.stderr.read() if self.server.poll() else "")
-        # The host reaches it (so a failure below is the sandbox's).
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection((self.ns_ip, self.port), timeout=2) as c:
-                    assert c.recv(100).decode() == self.token
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def teardown(self):
-        if self.server is not None:
-            self.server.kill()
-            self.server.wait(10)
-        run(["ip", "netns", "del", self.name], check=False)
-        run(["ip", "link", "del", self.host_if], check=False)
-
+from tests.lib.client import SandboxClient
+from tests.lib.gateway import gateway_client, holder_pids, start_gateway
+from tests.lib.peers import answering_server, connect, running_netns
+from tests.lib.procs import pid_alive, wait_until
 
 @pytest.fixture(scope="module")
 def netns():
-    n = Netns()
-    try:
-        n.setup()
+    with running_netns() as n:
         yield n
-    finally:
-        n.teardown()
-    assert n.name not in run(["ip", "netns", "list"]).stdout
 
 
 @pytest.fixture(scope="module")
@@ -100,14 +29,8 @@ def host_loopback_server():
 
 @pytest.fixture(scope="module")
 def egress_gw(gateway_secret):
-    gw = start_gateway({"ALLOW_EGRESS": "true"}, secret=gateway_secret)
-    client = Sandboxes(gw)
-    try:
+    with gateway_client({"ALLOW_EGRESS": "true"}, secret=gateway_secret, check_leftovers=True) as client:
         yield client
-    finally:
-        client.cleanup()
-        assert gw.stop() == 0, gw.describe()
-        assert gw.leftovers() == []
 
 
 @pytest.fixture(scope="module")
@@ -115,12 +38,6 @@ def egress_box(egress_gw):
     info = egress_gw.launch(allow_egress=True, timeout=30)
     assert info.allow_egress
     return info.sandbox_id
-
-
-def connect(client, sid, host, port, timeout=3.0) -> str:
-    res = client.exec(sid, connect_argv(host, port, timeout), timeout_seconds=30)
-    assert res.code == 0, res.describe()
-    return res.out.strip()
 
 
 def test_egress_sandbox_reaches_the_network(egress_gw, egress_box, netns):
@@ -156,7 +73,7 @@ def test_sandbox_without_allow_egress_on_an_egress_gateway_is_offline(egress_gw,
 
 def test_gateway_without_allow_egress_ignores_the_request(gateway_secret, netns):
     gw = start_gateway({"ALLOW_EGRESS": None}, secret=gateway_secret)
-    client = Sandboxes(gw)
+    client = SandboxClient(gw)
     try:
         info = client.launch(allow_egress=True)
         assert not info.allow_egress
@@ -190,4 +107,4 @@ def test_deleting_an_egress_sandbox_stops_its_network_helper(egress_gw):
     holder = holder_pids(egress_gw.gw)[sid]
     assert len(slirp_of(holder)) == 1, "precondition: one slirp4netns for the sandbox"
     egress_gw.delete(sid)
-    assert wait_for(lambda: slirp_of(holder) == [], timeout=10), slirp_of(holder)
+    assert wait_until(lambda: slirp_of(holder) == [], timeout=10), slirp_of(holder)

@@ -9,16 +9,8 @@ import secrets
 import grpc
 import pytest
 
-from test_runtime_common import Sandboxes, collect, new_id, wait_for
-
-
-@pytest.fixture(scope="module")
-def sbx(gateway):
-    client = Sandboxes(gateway)
-    try:
-        yield client
-    finally:
-        client.cleanup()
+from tests.lib.client import collect, new_id
+from tests.lib.procs import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +272,7 @@ def test_cancelled_exec_kills_the_command(sbx, fresh):
         for _ in call:
             pass
     assert ei.value.code() == grpc.StatusCode.CANCELLED
-    assert wait_for(lambda: _no_sleep_left(sbx, fresh), timeout=10.0, interval=0.2), ps_comms(sbx, fresh)
+    assert wait_until(lambda: _no_sleep_left(sbx, fresh), timeout=10.0, interval=0.2), ps_comms(sbx, fresh)
 
 
 def test_exec_whose_deadline_passes_kills_the_command(sbx, fresh):
@@ -289,4 +281,4 @@ def test_exec_whose_deadline_passes_kills_the_command(sbx, fresh):
         for _ in call:
             pass
     assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert wait_for(lambda: _no_sleep_left(sbx, fresh), timeout=10.0, interval=0.2), ps_comms(sbx, fresh)
+    assert wait_until(lambda: _no_sleep_left(sbx, fresh), timeout=10.0, interval=0.2), ps_comms(sbx, fresh)

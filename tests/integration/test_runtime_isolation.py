@@ -11,18 +11,8 @@ import shutil
 
 import pytest
 
-from gateway_fixture import answering_server
-
-from test_runtime_common import Sandboxes, connect_argv, new_id
-
-
-@pytest.fixture(scope="module")
-def sbx(gateway):
-    client = Sandboxes(gateway)
-    try:
-        yield client
-    finally:
-        client.cleanup()
+from tests.lib.client import new_id
+from tests.lib.peers import answering_server, connect_argv
 
 
 @pytest.fixture(scope="module")

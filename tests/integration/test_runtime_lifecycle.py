@@ -13,18 +13,9 @@ import time
 import grpc
 import pytest
 
-from gateway_fixture import Gateway, gateway_env, require_gateway_binary
-from test_runtime_common import (Sandboxes, cgroup_pids, holder_pids, leftovers_of, new_id,
-                                 pid_alive, run, wait_for)
-
-
-@pytest.fixture(scope="module")
-def sbx(gateway):
-    client = Sandboxes(gateway)
-    try:
-        yield client
-    finally:
-        client.cleanup()
+from tests.lib.client import SandboxClient, new_id
+from tests.lib.gateway import Gateway, cgroup_pids, gateway_env, holder_pids, leftovers_of
+from tests.lib.procs import pid_alive, require_gateway_binary, run, wait_until
 
 
 # --- delete ----------------------------------------------------------------------
@@ -150,7 +141,7 @@ def test_longest_valid_id_works(sbx):
 
 def test_launch_beyond_sandbox_max_is_resource_exhausted(gateways, gateway_secret):
     gw = gateways.gateway({"SANDBOX_MAX": "3"}, secret=gateway_secret)
-    client = Sandboxes(gw)
+    client = SandboxClient(gw)
     ids = [client.launch().sandbox_id for _ in range(3)]
     with pytest.raises(grpc.RpcError) as ei:
         client.launch()
@@ -166,7 +157,7 @@ def test_launch_beyond_sandbox_max_is_resource_exhausted(gateways, gateway_secre
 
 def test_idle_sandbox_is_deleted_and_a_busy_one_is_kept(gateways, gateway_secret):
     gw = gateways.gateway({"SANDBOX_IDLE_TTL": "2"}, secret=gateway_secret)
-    client = Sandboxes(gw)
+    client = SandboxClient(gw)
     idle, busy, running = new_id("idle"), new_id("busy"), new_id("running")
     for sid in (idle, busy, running):
         client.launch(sid)
@@ -196,8 +187,8 @@ def test_idle_sandbox_is_deleted_and_a_busy_one_is_kept(gateways, gateway_secret
         client.get(idle)
     assert ei.value.code() == grpc.StatusCode.NOT_FOUND
     # Left alone, the busy one goes too.
-    assert wait_for(lambda: busy not in client.ids(), timeout=15, interval=0.3)
-    assert wait_for(lambda: gw.leftovers() == [], timeout=15, interval=0.3), gw.leftovers()
+    assert wait_until(lambda: busy not in client.ids(), timeout=15, interval=0.3)
+    assert wait_until(lambda: gw.leftovers() == [], timeout=15, interval=0.3), gw.leftovers()
 
 
 # --- restart and shutdown ---------------------------------------------------------------
@@ -205,7 +196,7 @@ def test_idle_sandbox_is_deleted_and_a_busy_one_is_kept(gateways, gateway_secret
 def test_restart_after_a_crash_removes_what_the_old_gateway_left(gateways, gateway_secret):
     old = gateways.gateway(secret=gateway_secret)
     old.expected_exit = None  # SIGKILLed below
-    client = Sandboxes(old)
+    client = SandboxClient(old)
     ids = [new_id("crash"), new_id("crash")]
     for sid in ids:
         client.launch(sid)
@@ -228,11 +219,11 @@ def test_restart_after_a_crash_removes_what_the_old_gateway_left(gateways, gatew
     gateways.add(new)
     new.wait_listening()
     assert new.state_dir == old.state_dir and new.cgroup_group == old.cgroup_group
-    assert wait_for(lambda: not [p for p in pids if pid_alive(p)], timeout=10), \
+    assert wait_until(lambda: not [p for p in pids if pid_alive(p)], timeout=10), \
         [p for p in pids if pid_alive(p)]
     assert new.leftovers() == []
     assert os.listdir(os.path.join(new.state_dir, "sandboxes")) == []
-    fresh = Sandboxes(new)
+    fresh = SandboxClient(new)
     assert fresh.list() == []
     fresh.launch(ids[0])  # the id is free again
     assert fresh.ok(ids[0], "echo back").out == "back\n"
@@ -241,7 +232,7 @@ def test_restart_after_a_crash_removes_what_the_old_gateway_left(gateways, gatew
 
 def test_sigterm_deletes_every_live_sandbox(gateways, gateway_secret):
     gw = gateways.gateway(secret=gateway_secret)
-    client = Sandboxes(gw)
+    client = SandboxClient(gw)
     ids = [client.launch().sandbox_id for _ in range(3)]
     for sid in ids:
         client.ok(sid, "nohup sleep 1000 >/dev/null 2>&1 &")
@@ -267,7 +258,7 @@ def test_delete_reaps_the_holder_when_the_gateway_is_pid_1(gateways, gateway_sec
     gw.expected_exit = None  # stopped by hand below
     gw.wait_listening()
     inner = int(run(["pgrep", "-P", str(gw.pid)]).stdout.split()[0])  # the gateway itself
-    client = Sandboxes(gw)
+    client = SandboxClient(gw)
     try:
         ids = [client.launch().sandbox_id for _ in range(2)]
         client.ok(ids[0], "true")

@@ -8,8 +8,8 @@ import threading
 import grpc
 import pytest
 
-from gateway_fixture import start_gateway
-from test_runtime_common import Sandboxes, leftovers_of, new_id
+from tests.lib.client import new_id
+from tests.lib.gateway import gateway_client, leftovers_of
 
 PIDS_MAX = 64
 MEMORY_MB = 128
@@ -18,15 +18,9 @@ DISK_MB = 64
 
 @pytest.fixture(scope="module")
 def limited(gateway_secret):
-    gw = start_gateway({"SANDBOX_PIDS_MAX": str(PIDS_MAX), "SANDBOX_MEMORY_MB": str(MEMORY_MB),
-                        "SANDBOX_DISK_MB": str(DISK_MB)}, secret=gateway_secret)
-    client = Sandboxes(gw)
-    try:
+    with gateway_client({"SANDBOX_PIDS_MAX": str(PIDS_MAX), "SANDBOX_MEMORY_MB": str(MEMORY_MB),
+                         "SANDBOX_DISK_MB": str(DISK_MB)}, secret=gateway_secret) as client:
         yield client
-    finally:
-        client.cleanup()
-        rc = gw.stop()
-        assert rc == 0, gw.describe()
 
 
 @pytest.fixture(scope="module")

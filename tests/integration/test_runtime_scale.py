@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from test_runtime_common import Sandboxes, new_id
+from tests.lib.client import SandboxClient, new_id
 
 N = 50
 
 
 def test_fifty_sandboxes_with_concurrent_execs(gateway):
-    client = Sandboxes(gateway)
+    client = SandboxClient(gateway)
     ids = [new_id(f"s{i:02d}") for i in range(N)]
     try:
         with ThreadPoolExecutor(max_workers=16) as pool:

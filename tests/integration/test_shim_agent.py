@@ -12,17 +12,9 @@ import time
 
 import pytest
 
-from gateway_fixture import wait_until
-from test_shim_common import Client, new_id, unb64
-
-
-@pytest.fixture
-def client(shim):
-    c = Client(shim)
-    try:
-        yield c
-    finally:
-        c.cleanup()
+from tests.lib.client import new_id
+from tests.lib.procs import wait_until
+from tests.lib.shim import ShimClient, unb64
 
 
 def test_agent_turn_cycle(client, shim):
@@ -247,7 +239,7 @@ def test_exec_silent_longer_than_connection_timeout(shims, gateway, accept):
     prints nothing for longer than it (here 2 s, by default 120 s while the
     default exec timeout is 1800 s) must still get its whole answer."""
     s = shims.shim(gateway, env={"SHIM_CONNECTION_TIMEOUT": "2"})
-    c = Client(s)
+    c = ShimClient(s)
     try:
         sid = c.launch()
         conn = s.connection(timeout=30)

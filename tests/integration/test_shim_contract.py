@@ -16,26 +16,18 @@ import time
 
 import pytest
 
-from gateway_fixture import wait_until
-from test_shim_common import (BAD_TOKEN, NOT_CONFIGURED, Client, assert_validation_error,
-                              metric_value, new_id, unb64)
+from tests.lib.client import new_id
+from tests.lib.procs import free_port, wait_until
+from tests.lib.shim import (BAD_TOKEN, NOT_CONFIGURED, ShimClient, assert_validation_error, metric_value,
+                            unb64)
 
 TAR = {"Content-Type": "application/x-tar"}
-
-
-@pytest.fixture
-def client(shim):
-    c = Client(shim)
-    try:
-        yield c
-    finally:
-        c.cleanup()
 
 
 @pytest.fixture(scope="module")
 def sandbox(shim):
     """One sandbox shared by the read-only tests of this module."""
-    c = Client(shim)
+    c = ShimClient(shim)
     sid = c.launch(new_id("shared"))
     try:
         yield sid
@@ -89,7 +81,6 @@ def test_health_reports_allow_egress(shims):
 
 
 def test_health_without_gateway_is_not_mounted(shims):
-    from gateway_fixture import free_port
     s = shims.shim(target=f"127.0.0.1:{free_port()}", secret="x")
     r = s.request("GET", "/health", auth=False, timeout=30)
     assert r.status == 200 and r.json() == {"cli_mounted": False, "allow_egress": False}, r
@@ -425,7 +416,7 @@ def test_restore_existing_sandbox_is_409(client, sandbox):
 def test_restore_over_limit_is_413(shims, gateway):
     limit = 16384
     s = shims.shim(gateway, env={"SHIM_MAX_RESTORE_BYTES": str(limit)})
-    c = Client(s)
+    c = ShimClient(s)
     try:
         # Declared too large: refused from the headers.
         sid = new_id("big")
@@ -461,7 +452,7 @@ def test_refused_restore_leaves_no_sandbox(shims, gateway):
     part that was streamed before the limit is a complete tar."""
     limit = 16384
     s = shims.shim(gateway, env={"SHIM_MAX_RESTORE_BYTES": str(limit)})
-    c = Client(s)
+    c = ShimClient(s)
     try:
         leaked = []
         for i in range(8):
@@ -608,7 +599,7 @@ def test_list(client, shim):
 
 def test_exec_output_cap(shims, gateway):
     s = shims.shim(gateway, env={"SHIM_MAX_EXEC_OUTPUT": "1024"})
-    c = Client(s)
+    c = ShimClient(s)
     try:
         sid = c.launch()
         body = c.run(sid, ["head", "-c", "5000", "/dev/zero"])
@@ -643,9 +634,8 @@ def _unreachable_problem(what, r):
 
 
 def test_gateway_unreachable_is_502(shims):
-    from gateway_fixture import free_port
     s = shims.shim(target=f"127.0.0.1:{free_port()}", secret="unreach")
-    c = Client(s)
+    c = ShimClient(s)
     calls = [
         ("exec", lambda: c.exec("a", ["true"], timeout=5, http_timeout=90)),
         ("tar", lambda: s.request("GET", "/sandboxes/a/tar", timeout=90)),
@@ -672,7 +662,7 @@ def test_gateway_unreachable_is_502(shims):
 def test_gateway_stopped_is_502(shims):
     gw = shims.gateway(secret="stopme")
     s = shims.shim(gw)
-    c = Client(s)
+    c = ShimClient(s)
     sid = c.launch()
     assert c.sh(sid, "echo up") == "up\n"
     gw.stop()
@@ -743,7 +733,7 @@ def test_access_log_and_metrics(client, shim):
 def test_debug_log_never_contains_secrets(shims, gateway):
     s = shims.shim(gateway, secret="client-side-secret-1234",
                    env={"SHIM_LOG_LEVEL": "debug", "SHIM_GATEWAY_SECRET": gateway.secret})
-    c = Client(s)
+    c = ShimClient(s)
     try:
         sid = c.launch()
         c.run(sid, ["true"])

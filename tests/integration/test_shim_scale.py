@@ -14,43 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from test_shim_common import Client, metric_value, new_id, unb64
+from tests.lib.client import new_id
+from tests.lib.procs import RssSampler
+from tests.lib.shim import ShimClient, metric_value, unb64
 
 GIB = 1 << 30
 MIB = 1 << 20
 # How much the shim's VmRSS may grow while it moves 1 GiB.
 RSS_BUDGET = 64 * MIB
-
-
-class RssSampler:
-    """Samples VmRSS of a process every `interval` seconds in a thread."""
-
-    def __init__(self, shim, interval: float = 0.05):
-        self.shim = shim
-        self.interval = interval
-        self.samples: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                self.samples.append(self.shim.vm_rss_kib() * 1024)
-            except (OSError, RuntimeError):
-                return
-            self._stop.wait(self.interval)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(5)
-
-    @property
-    def peak(self) -> int:
-        return max(self.samples)
 
 
 class PatternReader:
@@ -118,7 +89,7 @@ def test_1gib_restore_and_tar_with_flat_memory(shims):
     gw = shims.gateway({"SANDBOX_DISK_MB": "2000", "SANDBOX_MEMORY_MB": "4096"},
                        secret="big-secret")
     shim = shims.shim(gw)
-    client = Client(shim)
+    client = ShimClient(shim)
     sid = new_id("gib")
     try:
         # Warm up (first connection thread, first gRPC call) before the baseline.
@@ -149,8 +120,8 @@ def test_1gib_restore_and_tar_with_flat_memory(shims):
         assert content.left == 0
         want_sha = content.sha.hexdigest()
         assert up.samples, "no RSS sample"
-        assert up.peak - baseline < RSS_BUDGET, \
-            f"shim RSS grew {(up.peak - baseline) / MIB:.1f} MiB during a 1 GiB restore"
+        assert up.peak_bytes - baseline < RSS_BUDGET, \
+            f"shim RSS grew {(up.peak_bytes - baseline) / MIB:.1f} MiB during a 1 GiB restore"
 
         out = client.sh(sid, "stat -c %s /tmp/big.bin")
         assert out.strip() == str(GIB)
@@ -188,10 +159,10 @@ def test_1gib_restore_and_tar_with_flat_memory(shims):
         assert found["size"] == GIB and found["read"] == GIB, found
         assert found["sha"] == want_sha, "the downloaded file differs from the restored one"
         assert src.count > GIB
-        assert down.peak - baseline < RSS_BUDGET, \
-            f"shim RSS grew {(down.peak - baseline) / MIB:.1f} MiB during a 1 GiB tar download"
+        assert down.peak_bytes - baseline < RSS_BUDGET, \
+            f"shim RSS grew {(down.peak_bytes - baseline) / MIB:.1f} MiB during a 1 GiB tar download"
         print(f"restore {restore_s:.1f}s, tar {tar_s:.1f}s ({src.count} bytes), baseline "
-              f"{baseline / MIB:.1f} MiB, peaks {up.peak / MIB:.1f} / {down.peak / MIB:.1f} MiB")
+              f"{baseline / MIB:.1f} MiB, peaks {up.peak_bytes / MIB:.1f} / {down.peak_bytes / MIB:.1f} MiB")
 
         m = shim.request("GET", "/metrics").body.decode()
         assert metric_value(m, "shim_bytes_streamed_total", {"direction": "upload"}) >= GIB, m
@@ -202,7 +173,7 @@ def test_1gib_restore_and_tar_with_flat_memory(shims):
 
 def test_200_concurrent_execs(shim):
     n_sandboxes, per_sandbox = 10, 20
-    client = Client(shim)
+    client = ShimClient(shim)
     try:
         ids = [client.launch(new_id("conc")) for _ in range(n_sandboxes)]
         jobs = [ids[i % n_sandboxes] for i in range(n_sandboxes * per_sandbox)]

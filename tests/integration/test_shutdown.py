@@ -5,8 +5,8 @@ import threading
 
 import grpc
 
-from gateway_fixture import EXIT_MARGIN_S, assert_all_json_lines
-from grpc_clients import HealthClient
+from tests.lib.grpc_clients import HealthClient
+from tests.lib.procs import EXIT_MARGIN_S, assert_all_json_lines
 
 GRACE_S = 3
 

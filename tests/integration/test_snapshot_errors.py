@@ -10,30 +10,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gateway_fixture import RPC_TIMEOUT_S, start_gateway, wait_until
-from test_snapshot_common import (Snap, chunks_of, freezer_state, new_id, pb, rpc_error,
-                                  stop_checked)
+from tests.lib.client import new_id, pb
+from tests.lib.gateway import freezer_state
+from tests.lib.grpc_clients import RPC_TIMEOUT_S, rpc_error
+from tests.lib.procs import wait_until
+from tests.lib.snapshots import chunks_of
 
 INVALID_IDS = ["", "-leading-dash", "_leading", "has/slash", "../escape", "has space",
                "dot.ted", "x" * 65, "ünicode"]
-
-
-@pytest.fixture(scope="module")
-def gw(gateway_secret):
-    g = start_gateway(secret=gateway_secret)
-    try:
-        yield g
-    finally:
-        stop_checked(g)
-
-
-@pytest.fixture
-def snap(gw):
-    c = Snap(gw)
-    try:
-        yield c
-    finally:
-        c.cleanup()
 
 
 def store_files(gw) -> list[str]:
@@ -71,7 +55,7 @@ def test_invalid_ids_are_invalid_argument(snap, bad_id):
         else:
             assert "id" in err.details(), f"{name}: the message does not name the id: {err.details()}"
     assert not wrong, f"not INVALID_ARGUMENT for {bad_id!r}: {wrong}"
-    assert bad_id not in snap.list_ids()
+    assert bad_id not in snap.ids()
 
 
 def test_export_with_an_unknown_compression_is_invalid_argument(snap):
@@ -99,18 +83,18 @@ def test_restore_with_a_second_header_is_invalid_argument_and_leaves_nothing(gw,
     err = rpc_error(snap.stub.Restore, reqs(), metadata=snap.md, timeout=RPC_TIMEOUT_S)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
     assert "header" in err.details()
-    assert sid not in snap.list_ids()
+    assert sid not in snap.ids()
     assert wait_until(lambda: not gw.leftovers(), timeout=10), gw.leftovers()
 
 
 def test_restore_over_a_live_sandbox_is_already_exists(snap):
     sid = new_id("dup")
     snap.launch(sid)
-    snap.sh(sid, "echo keep > /root/keep")
+    snap.sh_out(sid, "echo keep > /root/keep")
     ex = snap.export(sid)
     err = rpc_error(snap.restore, sid, chunks_of(ex.data), timeout=60)
     assert err.code() == grpc.StatusCode.ALREADY_EXISTS, err.details()
-    assert snap.sh(sid, "cat /root/keep") == "keep\n", "the live sandbox was disturbed"
+    assert snap.sh_out(sid, "cat /root/keep") == "keep\n", "the live sandbox was disturbed"
 
 
 def test_cancelled_export_leaves_the_sandbox_thawed(gw, snap):
@@ -118,7 +102,7 @@ def test_cancelled_export_leaves_the_sandbox_thawed(gw, snap):
     snap.launch(sid)
     # Enough data that the export cannot finish into transport buffers while
     # the client does not read.
-    snap.sh(sid, "head -c 48M /dev/urandom > /root/blob")
+    snap.sh_out(sid, "head -c 48M /dev/urandom > /root/blob")
     assert freezer_state(gw, sid) == "THAWED"
 
     stream = snap.export_stream(sid, pb.COMPRESSION_NONE, timeout=120)
@@ -134,7 +118,7 @@ def test_cancelled_export_leaves_the_sandbox_thawed(gw, snap):
 
     assert wait_until(lambda: freezer_state(gw, sid) == "THAWED", timeout=30), \
         f"the sandbox stayed {freezer_state(gw, sid)} after the client cancelled the export"
-    res = snap.exec(sid, ["sh", "-c", "echo alive; wc -c < /root/blob"], timeout=30)
+    res = snap.exec(sid, ["sh", "-c", "echo alive; wc -c < /root/blob"], timeout_seconds=30)
     assert res.code == 0 and res.out.split() == ["alive", str(48 * 1024 * 1024)], res.describe()
     # And a full export works afterwards.
     ex = snap.export(sid, keep=False)
@@ -147,4 +131,4 @@ def test_export_leaves_the_sandbox_thawed(snap):
     snap.launch(sid)
     snap.export(sid)
     assert freezer_state(snap.gw, sid) == "THAWED"
-    assert snap.exec(sid, ["true"], timeout=30).code == 0
+    assert snap.exec(sid, ["true"], timeout_seconds=30).code == 0

@@ -10,10 +10,9 @@ import urllib.error
 import grpc
 import pytest
 
-from gateway_fixture import running_fake_gcs, running_gateway
-from grpc_clients import sandbox_modules
-
-pb, pb_grpc = sandbox_modules()
+from tests.lib.client import SandboxClient, pb
+from tests.lib.gateway import running_gateway
+from tests.lib.peers import running_fake_gcs
 
 SECRET = "gcs-test-secret"
 BUCKET = "snapshots-bucket"
@@ -39,23 +38,16 @@ def gcs_env(gcs):
 
 
 def stub(gw):
-    return pb_grpc.SandboxStub(gw.channel())
+    return SandboxClient(gw).stub
 
 
 def run(gw, sid, argv):
-    out, code = b"", None
-    for ev in stub(gw).Exec(pb.ExecRequest(sandbox_id=sid, argv=argv), metadata=gw.auth_metadata(), timeout=60):
-        if ev.WhichOneof("event") == "stdout":
-            out += ev.stdout
-        elif ev.WhichOneof("event") == "exit":
-            code = ev.exit.exit_code
-    return out, code
+    res = SandboxClient(gw).exec(sid, argv)
+    return res.stdout, res.code
 
 
 def persist(gw, sid):
-    events = list(stub(gw).PersistSnapshot(pb.PersistSnapshotRequest(sandbox_id=sid),
-                                           metadata=gw.auth_metadata(), timeout=120))
-    return events
+    return SandboxClient(gw).persist(sid, timeout=120)
 
 
 def test_persist_writes_the_object_existing_backends_read_and_connect_restores_it(fake_gcs):

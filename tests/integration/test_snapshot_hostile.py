@@ -7,19 +7,18 @@ from __future__ import annotations
 
 import io
 import random
-import sys
 import tarfile
 from pathlib import Path
 
 import grpc
 import pytest
 
-from gateway_fixture import start_gateway, wait_until
-from test_snapshot_common import (HOSTILE_DIR, SNAPSHOTS_DIR, GatewaySet, Snap, chunks_of, new_id,
-                                  rpc_error, stop_checked)
-
-sys.path.insert(0, str(SNAPSHOTS_DIR))
-import make_hostile  # noqa: E402
+from tests.lib.client import SandboxClient, new_id
+from tests.lib.gateway import GatewaySet, start_gateway
+from tests.lib.grpc_clients import rpc_error
+from tests.lib.procs import stop_checked, wait_until
+from tests.lib.snapshots import HOSTILE_DIR, SNAPSHOTS_DIR, chunks_of
+from tests.snapshots import make_hostile
 
 CANARY = Path(make_hostile.CANARY)
 
@@ -55,7 +54,7 @@ def host_untouched():
 
 
 def _assert_rejected(gw, data: bytes, status: str, words: list[str], piece: int = 64 * 1024):
-    c = Snap(gw)
+    c = SandboxClient(gw)
     sid = new_id("hostile")
     try:
         # An empty tar is sent as one empty tar_chunk message.
@@ -66,7 +65,7 @@ def _assert_rejected(gw, data: bytes, status: str, words: list[str], piece: int 
         for w in words:
             assert w.lower() in details.lower(), f"the message does not mention {w!r}: {details!r}"
         # Nothing left behind.
-        assert sid not in c.list_ids(), "the rejected sandbox is listed"
+        assert sid not in c.ids(), "the rejected sandbox is listed"
         assert rpc_error(c.get, sid).code() == grpc.StatusCode.NOT_FOUND
         left = [] if wait_until(lambda: not gw.leftovers(), timeout=10) else gw.leftovers()
         assert not left, f"left behind: {left}"
@@ -106,13 +105,13 @@ def test_hostile_tar_in_one_byte_pieces_is_rejected(gws):
 
 def test_restore_with_only_a_header_is_rejected(gws):
     """No tar_chunk at all (the stream ends after the header)."""
-    c = Snap(gws["default"])
+    c = SandboxClient(gws["default"])
     sid = new_id("hdronly")
     try:
         err = rpc_error(c.restore, sid, [], timeout=60)
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
         assert "snapshot" in err.details()
-        assert sid not in c.list_ids()
+        assert sid not in c.ids()
         assert wait_until(lambda: not gws["default"].leftovers(), timeout=10), gws["default"].leftovers()
     finally:
         c.cleanup()
@@ -134,7 +133,7 @@ def test_incompressible_tar_over_the_quota_is_resource_exhausted(gws):
 
 def test_gateway_still_restores_after_the_hostile_corpus(gws):
     """After all the rejections, a good tar still restores."""
-    c = Snap(gws["default"])
+    c = SandboxClient(gws["default"])
     try:
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
@@ -143,6 +142,6 @@ def test_gateway_still_restores_after_the_hostile_corpus(gws):
             tf.addfile(ti, io.BytesIO(b"ok\n"))
         sid = new_id("good")
         c.restore(sid, [buf.getvalue()], timeout=60)
-        assert c.sh(sid, "cat /root/ok.txt") == "ok\n"
+        assert c.sh_out(sid, "cat /root/ok.txt") == "ok\n"
     finally:
         c.cleanup()

@@ -9,8 +9,10 @@ import tempfile
 
 import pytest
 
-from gateway_fixture import start_gateway
-from test_snapshot_common import RssSampler, Snap, file_chunks, new_id, pb, stop_checked, vm_rss_kib
+from tests.lib.client import SandboxClient, new_id, pb
+from tests.lib.gateway import start_gateway
+from tests.lib.procs import RssSampler, stop_checked, vm_rss_kib
+from tests.lib.snapshots import file_chunks
 
 FILES = 64
 FILE_MIB = 16                      # 64 x 16 MiB = 1 GiB
@@ -31,15 +33,15 @@ def gw(gateway_secret):
 
 
 def test_one_gib_round_trip_keeps_content_and_gateway_memory_flat(gw):
-    c = Snap(gw)
+    c = SandboxClient(gw)
     try:
         a, b = new_id("big-a"), new_id("big-b")
         c.launch(a)
-        c.sh(a, f"mkdir /root/big && for i in $(seq -w 1 {FILES}); do "
-                f"head -c {FILE_MIB}M /dev/urandom > /root/big/f$i || exit 1; done", timeout=300)
-        sums_a = c.sh(a, "cd /root/big && sha256sum * | sort", timeout=300)
+        c.sh_out(a, f"mkdir /root/big && for i in $(seq -w 1 {FILES}); do "
+                f"head -c {FILE_MIB}M /dev/urandom > /root/big/f$i || exit 1; done", timeout_seconds=300)
+        sums_a = c.sh_out(a, "cd /root/big && sha256sum * | sort", timeout_seconds=300)
         assert len(sums_a.splitlines()) == FILES
-        assert int(c.sh(a, "du -sm /root/big | cut -f1")) >= FILES * FILE_MIB
+        assert int(c.sh_out(a, "du -sm /root/big | cut -f1")) >= FILES * FILE_MIB
 
         base_kib = vm_rss_kib(gw.pid)
         with tempfile.NamedTemporaryFile(prefix="sgw-1gib-", suffix=".tar") as spool:
@@ -55,7 +57,7 @@ def test_one_gib_round_trip_keeps_content_and_gateway_memory_flat(gw):
                 c.restore(b, file_chunks(spool.name), timeout=600)
             assert during_restore.samples > 0
 
-        sums_b = c.sh(b, "cd /root/big && sha256sum * | sort", timeout=300)
+        sums_b = c.sh_out(b, "cd /root/big && sha256sum * | sort", timeout_seconds=300)
         assert sums_b == sums_a, "the restored files differ from the exported ones"
 
         export_growth = (during_export.peak_kib - base_kib) / 1024

@@ -12,8 +12,9 @@ import os
 
 import pytest
 
-from gateway_fixture import start_gateway, wait_until
-from test_snapshot_common import COMPRESSIONS, Snap, chunks_of, new_id, open_tar, pb, stop_checked
+from tests.lib.client import SandboxClient, new_id, pb
+from tests.lib.procs import wait_until
+from tests.lib.snapshots import COMPRESSIONS, chunks_of, open_tar
 
 # mtime set in the source sandbox (touch -d), with nanoseconds.
 MTIME_TEXT = "2001-02-03 04:05:06.123456789 UTC"
@@ -75,41 +76,23 @@ print(json.dumps(out, sort_keys=True))
 
 
 @pytest.fixture(scope="module")
-def gw(gateway_secret):
-    g = start_gateway(secret=gateway_secret)
-    try:
-        yield g
-    finally:
-        stop_checked(g)
-
-
-@pytest.fixture
-def snap(gw):
-    c = Snap(gw)
-    try:
-        yield c
-    finally:
-        c.cleanup()
-
-
-@pytest.fixture(scope="module")
 def source(gw):
     """A sandbox whose layer holds every kind of entry, and its description."""
     if not os.path.exists("/etc/hostname") or not os.path.isdir("/usr/share/doc"):
         pytest.skip("the image (the host's /) has no /etc/hostname or /usr/share/doc")
-    c = Snap(gw)
+    c = SandboxClient(gw)
     sid = new_id("src")
     c.launch(sid)
     try:
-        assert c.sh(sid, SETUP).strip() == "ok"
-        described = json.loads(c.py(sid, DESCRIBE))
+        assert c.sh_out(sid, SETUP).strip() == "ok"
+        described = json.loads(c.py_out(sid, DESCRIBE))
         yield c, sid, described
     finally:
         c.cleanup()
 
 
-def _describe(c: Snap, sid: str) -> dict:
-    return json.loads(c.py(sid, DESCRIBE))
+def _describe(c: SandboxClient, sid: str) -> dict:
+    return json.loads(c.py_out(sid, DESCRIBE))
 
 
 def _comparable(d: dict) -> dict:
@@ -161,7 +144,7 @@ def test_export_restore_round_trip_keeps_everything(source, snap, compression):
     assert after[r + "old"]["mtime_ns"] == MTIME_NS
     assert bytes.fromhex(after[r + "file.txt"]["xattr"]) == XATTR_VALUE
     # ... and the same inode numbers for the hard link pair, via stat(1).
-    ino = snap.sh(dst, "stat -c %i /root/snap/file.txt /root/snap/hard").split()
+    ino = snap.sh_out(dst, "stat -c %i /root/snap/file.txt /root/snap/hard").split()
     assert ino[0] == ino[1]
 
 
@@ -220,7 +203,7 @@ def test_export_while_a_process_appends_is_consistent_and_the_process_continues(
                     "nohup python3 /root/writer.py </dev/null >/dev/null 2>&1 &"],
               stdin=writer.encode())
     # Let it write a fair amount first.
-    size = lambda: int(snap.sh(sid, "stat -c %s /root/log 2>/dev/null || echo 0").strip() or 0)
+    size = lambda: int(snap.sh_out(sid, "stat -c %s /root/log 2>/dev/null || echo 0").strip() or 0)
     assert wait_until(lambda: size() > 200_000, timeout=60), "the writer did not get going"
 
     ex = snap.export(sid, pb.COMPRESSION_NONE, timeout=120)
@@ -235,7 +218,7 @@ def test_export_while_a_process_appends_is_consistent_and_the_process_continues(
     # The writer was thawed: the file grows beyond what was exported.
     assert wait_until(lambda: size() > len(log) + 100_000, timeout=60), \
         "the writer did not continue after the export"
-    st = snap.sh(sid, "ps -o stat= -C python3 2>/dev/null || true")
+    st = snap.sh_out(sid, "ps -o stat= -C python3 2>/dev/null || true")
     assert "T" not in st, f"a process is still stopped: {st!r}"
 
 

@@ -3,7 +3,6 @@ Delete with and without the snapshot, and two gateways sharing one store."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import shutil
 import tarfile
@@ -13,8 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gateway_fixture import start_gateway
-from test_snapshot_common import Snap, new_id, pb, rpc_error, stop_checked
+from tests.lib.client import SandboxClient, new_id, pb, sandbox_client
+from tests.lib.gateway import start_gateway
+from tests.lib.grpc_clients import rpc_error
 
 PROGRESS_EVERY = 8 * 1024 * 1024
 DEFAULT_PREFIX = "sandbox-snapshots/"
@@ -24,26 +24,11 @@ LIVE = pb.ConnectResponse.OUTCOME_LIVE
 RESTORED = pb.ConnectResponse.OUTCOME_RESTORED
 
 
-@pytest.fixture(scope="module")
-def gw(gateway_secret):
-    g = start_gateway(secret=gateway_secret)
-    try:
-        yield g
-    finally:
-        stop_checked(g)
-
-
 @pytest.fixture
 def snap(gw):
-    c = Snap(gw)
-    try:
+    # Live sandboxes and stored snapshots alike are deleted at the end.
+    with sandbox_client(gw, delete_snapshots=True) as c:
         yield c
-    finally:
-        # Live sandboxes and stored snapshots alike.
-        for sid in list(c.created):
-            with contextlib.suppress(grpc.RpcError):
-                c.delete(sid, delete_snapshot=True)
-        c.cleanup()
 
 
 def store_dir(gw) -> Path:
@@ -70,19 +55,19 @@ def test_connect_creates_a_new_sandbox_then_finds_it_live(snap):
     r1 = snap.connect(sid)
     assert r1.outcome == CREATED
     assert r1.sandbox.sandbox_id == sid
-    assert sid in snap.list_ids()
-    snap.sh(sid, "echo live > /root/mark")
+    assert sid in snap.ids()
+    snap.sh_out(sid, "echo live > /root/mark")
     r2 = snap.connect(sid)
     assert r2.outcome == LIVE
     assert r2.sandbox.sandbox_id == sid
     assert r2.sandbox.created_at_unix_ms == r1.sandbox.created_at_unix_ms
-    assert snap.sh(sid, "cat /root/mark") == "live\n", "Connect replaced the live sandbox"
+    assert snap.sh_out(sid, "cat /root/mark") == "live\n", "Connect replaced the live sandbox"
 
 
 def test_persist_writes_the_object_with_its_checksum_and_reports_progress(gw, snap):
     sid = new_id("pers")
     snap.launch(sid)
-    snap.sh(sid, "head -c 20M /dev/urandom > /root/blob && echo hello > /root/hello && "
+    snap.sh_out(sid, "head -c 20M /dev/urandom > /root/blob && echo hello > /root/hello && "
                  "sha256sum /root/blob > /root/blob.sum")
     events = snap.persist(sid)
     assert events, "no PersistProgress at all"
@@ -112,7 +97,7 @@ def test_persist_writes_the_object_with_its_checksum_and_reports_progress(gw, sn
         assert tf.extractfile("root/hello").read() == b"hello\n"
 
     # Persisting again replaces the object (atomically: still no temp file).
-    snap.sh(sid, "echo again > /root/hello")
+    snap.sh_out(sid, "echo again > /root/hello")
     done2 = snap.persist(sid)[-1]
     assert done2.done and sha256_file(path) == done2.sha256 != done.sha256
     assert not temp_files(store_dir(gw))
@@ -121,18 +106,18 @@ def test_persist_writes_the_object_with_its_checksum_and_reports_progress(gw, sn
 def test_connect_restores_after_persist_and_delete(gw, snap):
     sid = new_id("rest")
     assert snap.connect(sid).outcome == CREATED
-    snap.sh(sid, "mkdir -p /root/data && echo persisted > /root/data/file && rm /etc/hostname")
+    snap.sh_out(sid, "mkdir -p /root/data && echo persisted > /root/data/file && rm /etc/hostname")
     done = snap.persist(sid)[-1]
     assert done.done
     resp = snap.delete(sid)
     assert not resp.snapshot_deleted
-    assert sid not in snap.list_ids()
+    assert sid not in snap.ids()
     assert (store_dir(gw) / done.object_name).is_file(), "Delete without delete_snapshot removed it"
 
     r = snap.connect(sid)
     assert r.outcome == RESTORED
     assert r.sandbox.sandbox_id == sid
-    assert snap.sh(sid, "cat /root/data/file") == "persisted\n"
+    assert snap.sh_out(sid, "cat /root/data/file") == "persisted\n"
     assert snap.exec(sid, ["test", "-e", "/etc/hostname"]).code == 1, "the whiteout was lost"
     # Connected again: live now.
     assert snap.connect(sid).outcome == LIVE
@@ -147,7 +132,7 @@ def test_delete_with_snapshot_removes_the_object(gw, snap):
     resp = snap.delete(sid, delete_snapshot=True)
     assert resp.snapshot_deleted
     assert not path.exists(), "delete_snapshot=True left the object"
-    assert sid not in snap.list_ids()
+    assert sid not in snap.ids()
     # Neither exists now.
     err = rpc_error(snap.delete, sid, delete_snapshot=True)
     assert err.code() == grpc.StatusCode.NOT_FOUND, err.details()
@@ -179,7 +164,7 @@ def test_snapshot_prefix_and_directory_come_from_the_environment(gateway_secret)
     store = tempfile.mkdtemp(prefix="sgw-store-")
     g = start_gateway({"SANDBOX_SNAPSHOT_DIR": store,
                        "CLOUD_RUN_SANDBOX_SNAPSHOT_PREFIX": "team-a/snaps/"}, secret=gateway_secret)
-    c = Snap(g)
+    c = SandboxClient(g)
     try:
         sid = new_id("pfx")
         c.launch(sid)
@@ -206,19 +191,19 @@ def test_two_gateways_share_one_store(gateway_secret):
         g1 = start_gateway({"SANDBOX_SNAPSHOT_DIR": store}, secret=gateway_secret)
         g2 = start_gateway({"SANDBOX_SNAPSHOT_DIR": store}, secret=gateway_secret)
         assert g1.state_dir != g2.state_dir and g1.cgroup_group != g2.cgroup_group
-        c1, c2 = Snap(g1), Snap(g2)
+        c1, c2 = SandboxClient(g1), SandboxClient(g2)
         sid = new_id("shared")
         c1.launch(sid)
-        c1.sh(sid, "echo from-gateway-1 > /root/origin && ln -s origin /root/origin-link")
+        c1.sh_out(sid, "echo from-gateway-1 > /root/origin && ln -s origin /root/origin-link")
         done = c1.persist(sid)[-1]
         assert done.done and (Path(store) / done.object_name).is_file()
 
-        assert sid not in c2.list_ids()
+        assert sid not in c2.ids()
         r = c2.connect(sid)
         assert r.outcome == RESTORED
-        assert c2.sh(sid, "cat /root/origin-link") == "from-gateway-1\n"
+        assert c2.sh_out(sid, "cat /root/origin-link") == "from-gateway-1\n"
         # Each gateway has its own live sandbox now.
-        assert sid in c1.list_ids() and sid in c2.list_ids()
+        assert sid in c1.ids() and sid in c2.ids()
         # Deleting the snapshot through gateway 2 removes it for both.
         assert c2.delete(sid, delete_snapshot=True).snapshot_deleted
         assert not (Path(store) / done.object_name).exists()

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from grpc_clients import HealthClient, rpc_code, sandbox_modules
+from tests.lib.grpc_clients import HealthClient, rpc_code, sandbox_modules
 
 
 def _openssl(*args, cwd):

@@ -26,9 +26,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import gateway_leftovers, health_ok, poll, processes_in_group, vm_rss_kib
-from gateway_fixture import Gateway, START_TIMEOUT_S, running_fake_gcs
-from test_runtime_common import Sandboxes, cgroup_pids, collect, pb
+from tests.lib.client import SandboxClient, collect, pb
+from tests.lib.gateway import Gateway, cgroup_pids, commands_in, gateway_leftovers, processes_in_group
+from tests.lib.peers import running_fake_gcs
+from tests.lib.procs import START_TIMEOUT_S, vm_rss_kib, wait_until
+from tests.lib.shim import health_ok
 
 
 def sigkill(p) -> None:
@@ -51,18 +53,6 @@ def restart(procs, gw: Gateway) -> Gateway:
     procs.add(new)
     new.wait_listening(START_TIMEOUT_S)
     return new
-
-
-def commands_in(gw, sid: str) -> list[str]:
-    out = []
-    for pid in cgroup_pids(gw, sid):
-        try:
-            name = Path(f"/proc/{pid}/comm").read_text().strip()
-        except OSError:
-            continue
-        if name != "sandbox-helper":
-            out.append(name)
-    return out
 
 
 def in_thread(fn):
@@ -88,7 +78,7 @@ def test_gateway_killed_during_an_exec_makes_the_shim_answer_502(procs):
     assert r.status == 201, r
     t, box = in_thread(lambda: shim.request("POST", "/sandboxes/crash-exec/exec",
                                             {"argv": ["sh", "-c", "echo started; sleep 300"]}, timeout=60))
-    assert poll(lambda: commands_in(gw, "crash-exec") != [], 15.0)
+    assert wait_until(lambda: commands_in(gw, "crash-exec") != [], 15.0)
     sigkill(gw)
     t.join(60)
     assert "error" not in box, box
@@ -146,7 +136,7 @@ def test_gateway_killed_during_a_restore_makes_the_shim_answer_502(procs, attemp
     shim = procs.shim(gw)
     stop = threading.Event()
     t, box = in_thread(lambda: _stream_restore(shim, "crash-restore", stop))
-    assert poll(lambda: Path(f"{gw.state_dir}/sandboxes/crash-restore").exists(), 15.0)
+    assert wait_until(lambda: Path(f"{gw.state_dir}/sandboxes/crash-restore").exists(), 15.0)
     time.sleep(1.0)
     sigkill(gw)
     time.sleep(1.0)
@@ -170,7 +160,7 @@ def test_gateway_killed_during_a_persist_leaves_no_partial_snapshot(procs, previ
     snapdir = tempfile.mkdtemp(prefix="sgw-rel-snap-")
     try:
         gw = procs.gateway({"SANDBOX_SNAPSHOT_DIR": snapdir})
-        sbx = Sandboxes(gw)
+        sbx = SandboxClient(gw)
         sid = "crash-persist"
         sbx.launch(sid)
         v1 = None
@@ -189,7 +179,7 @@ def test_gateway_killed_during_a_persist_leaves_no_partial_snapshot(procs, previ
                 return any(".tmp-" in p.name and p.stat().st_size > 50_000_000 for p in d.iterdir())
             return False
 
-        assert poll(tmp_big, 60.0, 0.02), list(d.iterdir()) if d.exists() else "no store dir"
+        assert wait_until(tmp_big, 60.0, 0.02), list(d.iterdir()) if d.exists() else "no store dir"
         sigkill(gw)
         t.join(30)
         assert "error" in box and isinstance(box["error"], grpc.RpcError), box
@@ -200,9 +190,9 @@ def test_gateway_killed_during_a_persist_leaves_no_partial_snapshot(procs, previ
             assert not real.exists(), "a snapshot appeared under the real name"
         gw2 = restart(procs, gw)
         assert gateway_leftovers(gw2) == []
-        sbx2 = Sandboxes(gw2)
+        sbx2 = SandboxClient(gw2)
         r = sbx2.stub.Connect(pb.ConnectRequest(sandbox_id=sid), metadata=sbx2.md, timeout=120)
-        sbx2.launched.append(sid)
+        sbx2.created.append(sid)
         if previous:
             assert r.outcome == pb.ConnectResponse.OUTCOME_RESTORED
             out = sbx2.ok(sid, "cat /root/marker; ls /root").stdout
@@ -221,7 +211,7 @@ def test_a_restart_cleans_what_a_crash_left(procs):
     state directory and cgroup group removes every mount, cgroup and
     process, and starts empty."""
     gw = procs.gateway()
-    sbx = Sandboxes(gw)
+    sbx = SandboxClient(gw)
     sids = [sbx.launch().sandbox_id for _ in range(3)]
     holders = set()
     for sid in sids:
@@ -229,7 +219,7 @@ def test_a_restart_cleans_what_a_crash_left(procs):
         holders |= cgroup_pids(gw, sid)
     call = sbx.exec_call(sids[0], ["sleep", "500"], rpc_timeout=120)
     t, _ = in_thread(lambda: list(call))
-    assert poll(lambda: commands_in(gw, sids[0]).count("sleep") == 2, 15.0)
+    assert wait_until(lambda: commands_in(gw, sids[0]).count("sleep") == 2, 15.0)
     sigkill(gw)
     t.join(30)
     left = gw.leftovers()
@@ -240,9 +230,9 @@ def test_a_restart_cleans_what_a_crash_left(procs):
     alive = [p for p in holders if Path(f"/proc/{p}").exists()
              and "sleep" in Path(f"/proc/{p}/comm").read_text() + Path(f"/proc/{p}/cmdline").read_text()]
     assert alive == [], alive
-    assert Sandboxes(gw2).list() == []
+    assert SandboxClient(gw2).list() == []
     # The ids are free again.
-    sbx2 = Sandboxes(gw2)
+    sbx2 = SandboxClient(gw2)
     for sid in sids:
         sbx2.launch(sid)
     sbx2.cleanup()
@@ -254,15 +244,15 @@ def test_a_restart_cleans_what_a_crash_left(procs):
 def test_shim_killed_mid_exec_makes_the_gateway_kill_the_command(procs, ndjson):
     gw = procs.gateway()
     shim = procs.shim(gw)
-    sbx = Sandboxes(gw)
+    sbx = SandboxClient(gw)
     sid = sbx.launch().sandbox_id
     headers = {"Accept": "application/x-ndjson"} if ndjson else {}
     t, box = in_thread(lambda: shim.request("POST", f"/sandboxes/{sid}/exec",
                                             {"argv": ["sleep", "300"]}, headers=headers, timeout=60))
-    assert poll(lambda: commands_in(gw, sid) == ["sleep"], 15.0), commands_in(gw, sid)
+    assert wait_until(lambda: commands_in(gw, sid) == ["sleep"], 15.0), commands_in(gw, sid)
     sigkill(shim)
     t.join(30)
-    assert poll(lambda: commands_in(gw, sid) == [], 20.0), commands_in(gw, sid)
+    assert wait_until(lambda: commands_in(gw, sid) == [], 20.0), commands_in(gw, sid)
     assert collect(sbx.exec_call(sid, ["echo", "ok"])).stdout == b"ok\n"
     sbx.cleanup()
 
@@ -285,7 +275,7 @@ def test_a_full_snapshot_disk_fails_clearly_and_recovers(procs):
     with small_tmpfs("2m") as snapdir:
         gw = procs.gateway({"SANDBOX_SNAPSHOT_DIR": str(snapdir)})
         shim = procs.shim(gw)
-        sbx = Sandboxes(gw)
+        sbx = SandboxClient(gw)
         sid = sbx.launch().sandbox_id
         sbx.ok(sid, "head -c 10485760 /dev/urandom > /root/blob")
         real = snapdir / f"sandbox-snapshots/{sid}.tar"
@@ -316,7 +306,7 @@ def test_a_full_snapshot_disk_fails_clearly_and_recovers(procs):
 def test_a_sandbox_out_of_memory_is_reported_and_the_gateway_is_fine(procs):
     gw = procs.gateway({"SANDBOX_MEMORY_MB": "32"})
     shim = procs.shim(gw)
-    sbx = Sandboxes(gw)
+    sbx = SandboxClient(gw)
     sid = sbx.launch().sandbox_id
     rss_before = vm_rss_kib(gw.pid)
     res = sbx.exec(sid, ["python3", "-c", "a = bytearray(256 * 1024 * 1024); print(len(a))"])
@@ -363,7 +353,7 @@ def test_a_gcs_outage_longer_than_the_retry_budget_fails_clearly_and_recovers(pr
     env = {"CLOUD_RUN_SANDBOX_GCS_BUCKET": BUCKET, "STORAGE_EMULATOR_HOST": fake_gcs.host,
            "SANDBOX_GCS_CHUNK_MB": "1", "SANDBOX_GCS_RETRY_SECONDS": "3"}
     gw = procs.gateway(env)
-    sbx = Sandboxes(gw)
+    sbx = SandboxClient(gw)
     sid = sbx.launch().sandbox_id
     sbx.ok(sid, "head -c 3145728 /dev/urandom > /root/blob")
     name = f"sandbox-snapshots/{sid}.tar"

@@ -13,38 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from conftest import RssPeak, poll
-from test_runtime_common import Sandboxes, cgroup_pids, collect, pb, pb_grpc
+from tests.lib.client import SandboxClient, collect, pb, pb_grpc
+from tests.lib.gateway import commands_in
+from tests.lib.procs import RssSampler, wait_until
 
 MIB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def sbx(gateway):
-    client = Sandboxes(gateway, channel=gateway.channel(
-        options=[("grpc.max_send_message_length", 64 * MIB),
-                 ("grpc.max_receive_message_length", 64 * MIB)]))
-    try:
-        yield client
-    finally:
-        client.cleanup()
-
-
-def commands_in(gw, sid: str) -> list[str]:
-    """`comm` of every process of the sandbox but its holder."""
-    out = []
-    for pid in cgroup_pids(gw, sid):
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        if name != "sandbox-helper":
-            out.append(name)
-    return out
-
-
-def gateway_serves(sbx: Sandboxes) -> bool:
+def gateway_serves(sbx: SandboxClient) -> bool:
     try:
         sbx.stub.Status(pb.StatusRequest(), metadata=sbx.md, timeout=10)
         return True
@@ -85,14 +61,14 @@ def _restore_big_chunk(sbx, sid):
                          ids=["launch-id", "exec-stdin", "exec-env", "restore-header", "restore-chunk"])
 def test_a_17mib_message_is_refused_and_the_gateway_lives_on(gateway, sbx, call):
     sid = sbx.launch().sandbox_id
-    with RssPeak(gateway.pid) as rss:
+    with RssSampler(gateway.pid) as rss:
         with pytest.raises(grpc.RpcError) as e:
             call(sbx, sid)
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (e.value.code(), e.value.details())
     assert gateway.alive()
     assert gateway_serves(sbx)
     # Nothing came of it: no new sandbox, no command left.
-    assert set(sbx.ids()) <= set(sbx.launched), sbx.ids()
+    assert set(sbx.ids()) <= set(sbx.created), sbx.ids()
     assert commands_in(gateway, sid) == []
     assert rss.growth_mib < 128, f"gateway VmRSS grew {rss.growth_mib:.0f} MiB"
     assert collect(sbx.exec_call(sid, ["echo", "ok"])).stdout == b"ok\n"
@@ -108,7 +84,7 @@ def test_a_client_that_never_reads_an_exec_stream_costs_bounded_memory(gateway, 
     sid = sbx.launch().sandbox_id
     call = sbx.exec_call(sid, ["cat", "/dev/zero"], rpc_timeout=120)
     try:
-        with RssPeak(gateway.pid) as rss:
+        with RssSampler(gateway.pid) as rss:
             first = next(call)
             assert first.WhichOneof("event") == "stdout"
             time.sleep(10)
@@ -116,7 +92,7 @@ def test_a_client_that_never_reads_an_exec_stream_costs_bounded_memory(gateway, 
         assert rss.growth_mib < 64, f"gateway VmRSS grew {rss.growth_mib:.0f} MiB"
     finally:
         call.cancel()
-    assert poll(lambda: commands_in(gateway, sid) == [], 15.0), commands_in(gateway, sid)
+    assert wait_until(lambda: commands_in(gateway, sid) == [], 15.0), commands_in(gateway, sid)
     assert gateway_serves(sbx)
     sbx.delete(sid)
 
@@ -126,7 +102,7 @@ def test_many_clients_that_never_read_cost_bounded_memory(gateway, sbx):
     sids = [sbx.launch().sandbox_id for _ in range(4)]
     calls = []
     try:
-        with RssPeak(gateway.pid) as rss:
+        with RssSampler(gateway.pid) as rss:
             for i in range(16):
                 c = sbx.exec_call(sids[i % 4], ["cat", "/dev/zero"], rpc_timeout=120)
                 next(c)
@@ -137,7 +113,7 @@ def test_many_clients_that_never_read_cost_bounded_memory(gateway, sbx):
         for c in calls:
             c.cancel()
     for sid in sids:
-        assert poll(lambda: commands_in(gateway, sid) == [], 15.0), commands_in(gateway, sid)
+        assert wait_until(lambda: commands_in(gateway, sid) == [], 15.0), commands_in(gateway, sid)
     sbx.delete_many(sids)
 
 
@@ -170,8 +146,8 @@ def test_1000_concurrent_exec_streams_complete_or_fail_cleanly(gateway, sbx):
     assert gateway.alive()
     assert gateway_serves(sbx)
     for sid in sids:
-        assert poll(lambda: commands_in(gateway, sid) == [], 15.0), commands_in(gateway, sid)
-    assert poll(lambda: len(os.listdir(f"/proc/{gateway.pid}/task")) <= threads_before + 8, 20.0, 0.5), \
+        assert wait_until(lambda: commands_in(gateway, sid) == [], 15.0), commands_in(gateway, sid)
+    assert wait_until(lambda: len(os.listdir(f"/proc/{gateway.pid}/task")) <= threads_before + 8, 20.0, 0.5), \
         (threads_before, len(os.listdir(f"/proc/{gateway.pid}/task")))
     assert collect(sbx.exec_call(sids[0], ["echo", "after"])).stdout == b"after\n"
     sbx.delete_many(sids)
@@ -185,7 +161,7 @@ def test_an_exec_past_its_deadline_leaves_nothing_running(gateway, sbx, deadline
     with pytest.raises(grpc.RpcError) as e:
         list(sbx.exec_call(sid, ["sleep", "300"], rpc_timeout=deadline))
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e.value
-    assert poll(lambda: commands_in(gateway, sid) == [], 15.0), commands_in(gateway, sid)
+    assert wait_until(lambda: commands_in(gateway, sid) == [], 15.0), commands_in(gateway, sid)
     assert collect(sbx.exec_call(sid, ["echo", "ok"])).stdout == b"ok\n"
     sbx.delete(sid)
 
@@ -203,7 +179,7 @@ def _launches_that_timed_out(sbx, deadlines, prefix):
         except grpc.RpcError as e:
             assert e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e
             timed_out.append(sid)
-    sbx.launched += timed_out + launched  # cleanup, whatever happened
+    sbx.created += timed_out + launched  # cleanup, whatever happened
     time.sleep(3.0)  # let launches in flight finish
     return timed_out, launched
 
@@ -246,6 +222,6 @@ def test_a_restore_past_its_deadline_leaves_no_sandbox(gateway, sbx, deadline):
     with pytest.raises(grpc.RpcError) as e:
         sbx.stub.Restore(reqs(), metadata=sbx.md, timeout=deadline)
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e.value
-    assert poll(lambda: sid not in sbx.ids(), 15.0, 0.2)
-    assert poll(lambda: not [x for x in gateway.leftovers() if x.endswith("/" + sid) or f"/{sid}/" in x],
+    assert wait_until(lambda: sid not in sbx.ids(), 15.0, 0.2)
+    assert wait_until(lambda: not [x for x in gateway.leftovers() if x.endswith("/" + sid) or f"/{sid}/" in x],
                 15.0, 0.2), gateway.leftovers()

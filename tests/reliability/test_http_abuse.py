@@ -19,17 +19,8 @@ import time
 
 import pytest
 
-from conftest import (
-    HealthProbe,
-    RssPeak,
-    health_ok,
-    peer_closed,
-    poll,
-    raw_connect,
-    read_response_head,
-    status_of,
-    vm_rss_kib,
-)
+from tests.lib.procs import RssSampler, vm_rss_kib, wait_until
+from tests.lib.shim import HealthProbe, health_ok, peer_closed, raw_connect, read_response_head, status_of
 
 # Every abuse below runs at most this long.
 ABUSE_BOUND_S = 30.0
@@ -134,7 +125,7 @@ def test_slowloris_cannot_lock_normal_clients_out(procs):
     t.start()
     try:
         time.sleep(1.0)
-        served = poll(lambda: health_ok(shim, timeout=3.0), ABUSE_BOUND_S, interval=1.0)
+        served = wait_until(lambda: health_ok(shim, timeout=3.0), ABUSE_BOUND_S, interval=1.0)
         assert served, (f"32 slowloris connections locked every client out of the shim for "
                         f"{ABUSE_BOUND_S:.0f}s (SHIM_MAX_CONNECTIONS=32, SHIM_CONNECTION_TIMEOUT=3)")
     finally:
@@ -142,7 +133,7 @@ def test_slowloris_cannot_lock_normal_clients_out(procs):
         t.join(5)
         for s in socks:
             s.close()
-    assert poll(lambda: health_ok(shim), 20.0, interval=0.5)
+    assert wait_until(lambda: health_ok(shim), 20.0, interval=0.5)
 
 
 @pytest.mark.finding("R1")
@@ -251,9 +242,9 @@ def test_a_streamed_restore_over_the_cap_is_refused_and_leaves_no_sandbox(procs)
         conn.close()
     assert status == 413
     # The gateway must not keep a half-restored sandbox.
-    gone = poll(lambda: shim.request("GET", "/sandboxes").json()["sandboxes"] == [], 15.0, 0.5)
+    gone = wait_until(lambda: shim.request("GET", "/sandboxes").json()["sandboxes"] == [], 15.0, 0.5)
     assert gone, shim.request("GET", "/sandboxes")
-    assert poll(lambda: gw.leftovers() == [], 15.0, 0.2), gw.leftovers()
+    assert wait_until(lambda: gw.leftovers() == [], 15.0, 0.2), gw.leftovers()
     assert health_ok(shim)
 
 
@@ -343,7 +334,7 @@ def test_many_idle_connections_are_bounded_and_released(procs):
     socks: list[socket.socket] = []
     refused = 0
     try:
-        with RssPeak(shim.pid) as rss:
+        with RssSampler(shim.pid) as rss:
             for _ in range(2000):
                 try:
                     socks.append(socket.create_connection((shim.host, shim.port), timeout=5))
@@ -353,15 +344,15 @@ def test_many_idle_connections_are_bounded_and_released(procs):
             open_now = [s for s in socks if not peer_closed(s, 0.001)]
             assert len(open_now) <= 512 + 8, (len(open_now), refused)
             # The idle timeout (5 s) ends the survivors.
-            all_closed = poll(lambda: all(peer_closed(s, 0.001) for s in open_now), 30.0, 0.5)
+            all_closed = wait_until(lambda: all(peer_closed(s, 0.001) for s in open_now), 30.0, 0.5)
             assert all_closed, sum(1 for s in open_now if not peer_closed(s, 0.001))
         assert rss.growth_mib < 200, f"shim VmRSS grew {rss.growth_mib:.0f} MiB"
     finally:
         for s in socks:
             s.close()
-    assert poll(lambda: health_ok(shim, 5.0), 20.0, 0.5)
+    assert wait_until(lambda: health_ok(shim, 5.0), 20.0, 0.5)
     # Its connection threads are gone too.
-    settled = poll(lambda: len(os.listdir(f"/proc/{shim.pid}/task")) <= threads_before + 4, 20.0, 0.5)
+    settled = wait_until(lambda: len(os.listdir(f"/proc/{shim.pid}/task")) <= threads_before + 4, 20.0, 0.5)
     assert settled, (threads_before, len(os.listdir(f"/proc/{shim.pid}/task")))
 
 

@@ -1,9 +1,8 @@
 """Fixtures of the security tests (tests/security/).
 
 Every test here runs hostile code inside a sandbox through the real gateway
-and asserts that the attack fails. The gateway is started with the
-integration tests' fixture (tests/integration/gateway_fixture.py), which
-this file puts on sys.path.
+and asserts that the attack fails. The gateway is started, and sandboxes
+are driven, with tests/lib.
 
 A test whose attack currently succeeds is marked `finding("F<n>")`: it
 asserts the secure behaviour, so it fails until the gateway is fixed (see
@@ -12,20 +11,13 @@ README.md for the list).
 
 from __future__ import annotations
 
-import os
 import secrets
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-_INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
-if str(_INTEGRATION) not in sys.path:
-    sys.path.insert(0, str(_INTEGRATION))
-
-from gateway_fixture import Gateway, start_gateway  # noqa: E402
-from test_runtime_common import Sandboxes  # noqa: E402
+from tests.lib.gateway import running_gateway
 
 
 def pytest_configure(config):
@@ -33,37 +25,12 @@ def pytest_configure(config):
         "markers", "finding(id): the attack succeeds today; the test asserts the fixed behaviour")
 
 
-@pytest.fixture(scope="session")
-def gateway_secret() -> str:
-    return secrets.token_hex(32)
-
-
-def _stop(gw: Gateway) -> None:
-    died = gw.returncode is not None and not gw.signalled
-    rc = gw.stop()
-    leftovers = gw.leftovers() if rc == 0 else []
-    assert not died, f"the gateway died during the tests\n{gw.describe()}"
-    assert rc == 0, f"the gateway exited {rc} on SIGTERM\n{gw.describe()}"
-    assert leftovers == [], leftovers
-
-
 @pytest.fixture(scope="module")
 def gateway(gateway_secret):
-    """A gateway with the default limits, shared by one module's tests."""
-    gw = start_gateway(secret=gateway_secret)
-    try:
+    """A gateway with the default limits, shared by one module's tests; at
+    the end it must exit 0 on SIGTERM and leave nothing behind."""
+    with running_gateway(secret=gateway_secret, check_leftovers=True) as gw:
         yield gw
-    finally:
-        _stop(gw)
-
-
-@pytest.fixture(scope="module")
-def sbx(gateway):
-    client = Sandboxes(gateway)
-    try:
-        yield client
-    finally:
-        client.cleanup()
 
 
 @pytest.fixture(scope="module")
@@ -102,15 +69,3 @@ def host_sleep():
         p.kill()
         p.wait(10)
 
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """On failure, attach the gateway's output."""
-    outcome = yield
-    report = outcome.get_result()
-    if report.failed:
-        for value in getattr(item, "funcargs", {}).values():
-            gw = getattr(value, "gw", value)
-            if isinstance(gw, Gateway):
-                report.sections.append((f"gateway output ({report.when})", gw.describe(150)))
-                break

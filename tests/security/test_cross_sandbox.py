@@ -7,9 +7,10 @@ import secrets
 
 import pytest
 
-from sec_common import assert_works, py, sh
-from test_runtime_common import cgroup_pids, pid_alive
-from test_snapshot_common import Snap
+from tests.lib.client import SandboxClient
+from tests.lib.gateway import cgroup_pids
+from tests.lib.procs import pid_alive
+from tests.lib.security import assert_works, py, sh
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def test_a_cannot_read_bs_persisted_snapshot(gateway, sbx, pair, b_secret):
     # gateway) on the host's root filesystem, which is every sandbox's lower
     # layer (SANDBOX_ROOTFS=/): persist B, then grep the store from A.
     a, b = pair
-    snap = Snap(gateway)
+    snap = SandboxClient(gateway)
     done = snap.persist(b)[-1]
     assert done.done, done
     # (Overlayfs may show a lower file written after the mount only after a

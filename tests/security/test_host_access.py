@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sec_common import assert_works, py, sh
+from tests.lib.security import assert_works, py, sh
 
 
 def assert_not_leaked(res, token: str) -> None:

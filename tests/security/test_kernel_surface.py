@@ -13,7 +13,9 @@ import platform
 
 import pytest
 
-from sec_common import assert_works, py, sh
+from tests.lib.gateway import holder_pids
+from tests.lib.procs import pid_alive
+from tests.lib.security import assert_works, py, sh
 
 if platform.machine() != "x86_64":
     pytest.skip("system call numbers below are x86_64's", allow_module_level=True)
@@ -165,7 +167,6 @@ def test_kill_all_leaves_the_sandbox_working_and_the_host_alone(sbx, gateway, ho
     # Technique: kill -9 -1 (every process the caller may signal) from a
     # sandbox with background processes; pid 1 must survive and the host's
     # processes are out of reach.
-    from test_runtime_common import holder_pids, pid_alive
     sid = sbx.launch().sandbox_id
     sbx.ok(sid, "nohup sleep 300 >/dev/null 2>&1 & nohup sleep 301 >/dev/null 2>&1 &")
     res = sh(sbx, sid, "kill -9 -1; kill -KILL 1; kill -TERM 1; kill -9 %d; echo done" % host_sleep.pid)

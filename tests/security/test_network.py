@@ -3,95 +3,40 @@
 out, but never to the host itself (its loopback, its own addresses, the
 gateway's port) nor to the link-local metadata range. Every target here is
 on this machine: the host's loopback, or a network namespace the test
-builds (Netns, from the egress integration tests)."""
+builds (tests/lib/peers.py's Netns, as in the egress integration tests)."""
 
 from __future__ import annotations
 
-import socket
-import threading
-
 import pytest
 
-from gateway_fixture import start_gateway
-from test_runtime_common import Sandboxes, connect_argv
-from test_runtime_egress import Netns
-
-
-def connect(client: Sandboxes, sid: str, host: str, port: int, timeout: float = 3.0) -> str:
-    res = client.exec(sid, connect_argv(host, port, timeout), timeout_seconds=30)
-    assert res.code == 0, res.describe()
-    return res.out.strip()
-
-
-class Server:
-    """A TCP server on the host that answers a token."""
-
-    def __init__(self, host: str):
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self):
-        while not self.stop.is_set():
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                continue
-            with c:
-                c.sendall(b"host-service")
-
-    def close(self):
-        self.stop.set()
-        self.thread.join(5)
-        self.sock.close()
+from tests.lib.gateway import gateway_client
+from tests.lib.peers import answering_server, connect, running_netns
 
 
 @pytest.fixture(scope="module")
 def host_loopback_server():
-    s = Server("127.0.0.1")
-    try:
-        yield s.port
-    finally:
-        s.close()
+    with answering_server("127.0.0.1", b"host-service") as port:
+        yield port
 
 
 @pytest.fixture(scope="module")
 def netns():
-    n = Netns()
-    try:
-        n.setup()
+    with running_netns() as n:
         yield n
-    finally:
-        n.teardown()
 
 
 @pytest.fixture(scope="module")
 def host_veth_server(netns):
     """A host service on the host's own (non-loopback) address: the host
     end of the test's veth pair, like a service on the host's eth0."""
-    s = Server(netns.host_ip)
-    try:
-        yield netns.host_ip, s.port
-    finally:
-        s.close()
+    with answering_server(netns.host_ip, b"host-service") as port:
+        yield netns.host_ip, port
 
 
 @pytest.fixture(scope="module")
 def egress(gateway_secret):
-    gw = start_gateway({"ALLOW_EGRESS": "true"}, secret=gateway_secret)
-    client = Sandboxes(gw)
-    try:
-        sid = client.launch(allow_egress=True, timeout=30).sandbox_id
-        yield client, sid
-    finally:
-        client.cleanup()
-        assert gw.stop() == 0, gw.describe()
+    with gateway_client({"ALLOW_EGRESS": "true"}, secret=gateway_secret) as client:
+        yield client, client.launch(allow_egress=True, timeout=30).sandbox_id
 
 
 def assert_unreachable(result: str):

@@ -5,15 +5,15 @@ at all."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import grpc
 import pytest
 
-from gateway_fixture import start_gateway
-from sec_common import assert_works, py, sh, vm_rss_kib
-from test_runtime_common import Sandboxes, cgroup_pids
+from tests.lib.client import SandboxClient
+from tests.lib.gateway import cgroup_pids, gateway_client
+from tests.lib.procs import Repeater, vm_rss_kib
+from tests.lib.security import assert_works, py, sh
 
 PIDS_MAX = 64
 MEMORY_MB = 128
@@ -23,15 +23,9 @@ INODES = DISK_MB * 128
 
 @pytest.fixture(scope="module")
 def limited(gateway_secret):
-    gw = start_gateway({"SANDBOX_PIDS_MAX": str(PIDS_MAX), "SANDBOX_MEMORY_MB": str(MEMORY_MB),
-                        "SANDBOX_DISK_MB": str(DISK_MB)}, secret=gateway_secret)
-    client = Sandboxes(gw)
-    try:
+    with gateway_client({"SANDBOX_PIDS_MAX": str(PIDS_MAX), "SANDBOX_MEMORY_MB": str(MEMORY_MB),
+                         "SANDBOX_DISK_MB": str(DISK_MB)}, secret=gateway_secret, check_leftovers=True) as client:
         yield client
-    finally:
-        client.cleanup()
-        assert gw.stop() == 0, gw.describe()
-        assert gw.leftovers() == []
 
 
 @pytest.fixture(scope="module")
@@ -46,35 +40,27 @@ def victim(limited):
     limited.delete(sid)
 
 
-class Bystander:
+class Bystander(Repeater):
     """Runs a normal exec in the bystander sandbox every 0.5 s while an
     attack runs; records failures."""
 
-    def __init__(self, client: Sandboxes, sid: str):
+    def __init__(self, client: SandboxClient, sid: str):
+        super().__init__(0.5, join_timeout=60)
         self.client, self.sid = client, sid
         self.failures: list[str] = []
         self.runs = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
 
-    def _loop(self):
-        while not self.stop.is_set():
-            try:
-                res = self.client.exec(self.sid, ["sh", "-c", "echo ok"], timeout_seconds=20, rpc_timeout=30)
-                if res.out != "ok\n":
-                    self.failures.append(res.describe())
-            except grpc.RpcError as e:
-                self.failures.append(f"{e.code()}: {e.details()}")
-            self.runs += 1
-            self.stop.wait(0.5)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
+    def step(self) -> None:
+        try:
+            res = self.client.exec(self.sid, ["sh", "-c", "echo ok"], timeout_seconds=20, rpc_timeout=30)
+            if res.out != "ok\n":
+                self.failures.append(res.describe())
+        except grpc.RpcError as e:
+            self.failures.append(f"{e.code()}: {e.details()}")
+        self.runs += 1
 
     def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(60)
+        super().__exit__(*exc)
         assert not self.failures, self.failures[:3]
         assert self.runs > 0
 
@@ -174,7 +160,7 @@ def test_one_sandbox_cannot_hold_most_of_the_hosts_file_table(sbx, box):
         f"one sandbox can open {hard} x {pids_max} = {hard * pids_max} files; the host's table holds {file_max}")
 
 
-def _gateway_rss_growth(client: Sandboxes, sid: str, argv, read_every: float, seconds: float) -> tuple[int, int]:
+def _gateway_rss_growth(client: SandboxClient, sid: str, argv, read_every: float, seconds: float) -> tuple[int, int]:
     """Runs `argv`, reads one message every `read_every` seconds (never when
     None) for `seconds`, samples the gateway's VmRSS; cancels the call.
     Returns (growth KiB, messages read)."""

@@ -17,17 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from sec_common import assert_works, host_shadow_secret, sh, tar_members
-from test_snapshot_common import Snap, chunks_of
+from tests.lib.client import sandbox_client
+from tests.lib.security import host_shadow_secret
+from tests.lib.snapshots import chunks_of, tar_members
 
 
 @pytest.fixture(scope="module")
 def snap(gateway):
-    s = Snap(gateway)
-    try:
+    with sandbox_client(gateway) as s:
         yield s
-    finally:
-        s.cleanup()
 
 
 def assert_clean_tar(data: bytes, canary_token: str) -> list:
@@ -50,7 +48,7 @@ def test_links_fifos_and_nodes_export_safely(snap, host_canary):
     # denied anyway).
     canary, token = host_canary
     sid = snap.launch().sandbox_id
-    snap.sh(sid, f"""
+    snap.sh_out(sid, f"""
 cd /root
 ln -s {canary} canary-link; ln -s /etc/shadow shadow-link; ln -s / hostroot; ln -s ../../../../.. up
 ln /usr/bin/yes y-hardlink 2>/dev/null || true
@@ -136,10 +134,10 @@ def test_directory_swapped_for_a_symlink_during_export(snap, host_canary):
     # would follow the symlink into the host.
     canary, token = host_canary
     sid = snap.launch().sandbox_id
-    snap.sh(sid, "mkdir -p /root/d/sub && echo inner > /root/d/sub/file && echo x > /root/d/f")
+    snap.sh_out(sid, "mkdir -p /root/d/sub && echo inner > /root/d/sub/file && echo x > /root/d/f")
     loop = (f"nohup sh -c 'while :; do mv /root/d /root/d2; ln -s / /root/d; rm -f /root/d; "
             f"ln -s {canary.parent} /root/d; rm -f /root/d; mv /root/d2 /root/d; done' >/dev/null 2>&1 &")
-    snap.sh(sid, loop)
+    snap.sh_out(sid, loop)
     seen_dir = 0
     for _ in range(8):
         ex = snap.export(sid, timeout=60)
@@ -157,6 +155,6 @@ def test_directory_swapped_for_a_symlink_during_export(snap, host_canary):
         snap.delete(restored)
     assert seen_dir > 0, "the directory never made it into an export"
     # The sandbox was thawed after each export: its loop still runs.
-    assert "mv /root/d" in snap.sh(sid, "ps -eo args")
-    snap.sh(sid, "pkill -f '[w]hile :' || true")
+    assert "mv /root/d" in snap.sh_out(sid, "ps -eo args")
+    snap.sh_out(sid, "pkill -f '[w]hile :' || true")
     snap.delete(sid)

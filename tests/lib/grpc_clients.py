@@ -1,5 +1,5 @@
-"""gRPC clients for the integration tests, built without generated stubs
-where the `grpc` package name makes stubs impossible.
+"""gRPC clients for the tests, built without generated stubs where the
+`grpc` package name makes stubs impossible.
 
 - `sandbox_modules()`: the generated sandbox.v1 Python stubs (from
   SANDBOX_PY_STUBS).
@@ -9,6 +9,8 @@ where the `grpc` package name makes stubs impossible.
 - `HealthClient`, `ReflectionClient`: thin generic-call clients.
 - `pool_from_file_descriptor_protos()` and `DynamicService`: a client that
   knows nothing but what server reflection told it.
+- `rpc_code()`, `rpc_error()`: the outcome of one call, for tests that
+  expect it to fail.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from typing import Iterable, Optional
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from gateway_fixture import RPC_TIMEOUT_S, py_stubs_dir, require_file, std_descriptors_path
+from tests.lib.procs import py_stubs_dir, require_file, std_descriptors_path
+
+# Default deadline of every RPC a test makes.
+RPC_TIMEOUT_S = 10.0
 
 _BUILD_HINT = "build it with `bazel build //proto/...`"
 
@@ -158,18 +163,31 @@ class ReflectionClient:
         return list(resp.file_descriptor_response.file_descriptor_proto)
 
 
-def rpc_code(fn, *args, **kwargs) -> tuple[grpc.StatusCode, str]:
-    """Runs one call (unary, or draining a response stream) and returns its
-    final status code and details."""
+def call_error(fn, *args, **kwargs) -> Optional[grpc.RpcError]:
+    """Runs one call (unary, or draining a response stream); returns the
+    grpc.RpcError it ended with, or None when it succeeded."""
     try:
         result = fn(*args, **kwargs)
-        if hasattr(result, "__iter__") and hasattr(result, "code"):
+        if hasattr(result, "__iter__") and not isinstance(result, (bytes, str)):
             for _ in result:
                 pass
-            return result.code(), result.details() or ""
-        return grpc.StatusCode.OK, ""
     except grpc.RpcError as e:
-        return e.code(), e.details() or ""
+        return e
+    return None
+
+
+def rpc_code(fn, *args, **kwargs) -> tuple[grpc.StatusCode, str]:
+    """The final status code and details of one call (OK when it succeeded)."""
+    e = call_error(fn, *args, **kwargs)
+    return (grpc.StatusCode.OK, "") if e is None else (e.code(), e.details() or "")
+
+
+def rpc_error(fn, *args, **kwargs) -> grpc.RpcError:
+    """The error of one call that must fail."""
+    e = call_error(fn, *args, **kwargs)
+    if e is None:
+        raise AssertionError(f"{getattr(fn, '__name__', fn)} succeeded; an error was expected")
+    return e
 
 
 class DynamicService:
