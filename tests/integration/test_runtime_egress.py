@@ -104,7 +104,7 @@ def slirp_of(holder: int) -> list[int]:
 
 def test_deleting_an_egress_sandbox_stops_its_network_helper(egress_gw):
     sid = egress_gw.launch(allow_egress=True, timeout=30).sandbox_id
-    holder = holder_pids(egress_gw.gw)[sid]
+    holder = holder_pids(egress_gw.gw, sid)[sid]
     assert len(slirp_of(holder)) == 1, "precondition: one slirp4netns for the sandbox"
     egress_gw.delete(sid)
     assert wait_until(lambda: slirp_of(holder) == [], timeout=10), slirp_of(holder)

@@ -25,7 +25,7 @@ def test_delete_leaves_nothing_behind(sbx, gateway):
     sbx.launch(sid)
     sbx.ok(sid, "head -c 1048576 /dev/urandom > /root/f; nohup sleep 1000 >/dev/null 2>&1 &")
     pids = cgroup_pids(gateway, sid)
-    holder = holder_pids(gateway)[sid]
+    holder = holder_pids(gateway, sid)[sid]
     assert holder in pids and len(pids) >= 2, pids
     assert leftovers_of(gateway, sid), "precondition: the sandbox has mounts and cgroups"
     sbx.delete(sid)

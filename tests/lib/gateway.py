@@ -298,11 +298,19 @@ def leftovers_of(gw: Gateway, sid: str) -> list[str]:
 
 
 def _pids_below(root: Path) -> set[int]:
-    pids: set[int] = set()
-    if root.is_dir():
-        for procs in root.rglob("cgroup.procs"):
-            with contextlib.suppress(OSError):
-                pids.update(int(p) for p in procs.read_text().split())
+    """Pids in every cgroup below `root`. Groups come and go while it reads
+    (an exec's group is removed when its command ends): a walk that meets a
+    vanished group starts over."""
+    for _ in range(10):
+        pids: set[int] = set()
+        try:
+            if root.is_dir():
+                for procs in root.rglob("cgroup.procs"):
+                    with contextlib.suppress(OSError):
+                        pids.update(int(p) for p in procs.read_text().split())
+            return pids
+        except FileNotFoundError:
+            continue
     return pids
 
 
@@ -343,10 +351,17 @@ def commands_in(gw: Gateway, sid: str) -> list[str]:
     return out
 
 
-def holder_pids(gw: Gateway) -> dict[str, int]:
-    """sandbox id -> host pid of its holder, from the gateway's log."""
-    return {r["sandbox_id"]: r["holder_pid"]
-            for r in gw.logs.find(lambda r: r.get("message") == "sandbox launched")}
+def holder_pids(gw: Gateway, expect: Optional[str] = None, timeout: float = 10.0) -> dict[str, int]:
+    """sandbox id -> host pid of its holder, from the gateway's log. With
+    `expect`, waits until that sandbox's launch record has been read (the
+    log is read by another thread, which may lag behind the call)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {r["sandbox_id"]: r["holder_pid"]
+                 for r in gw.logs.find(lambda r: r.get("message") == "sandbox launched")}
+        if expect is None or expect in found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.05)
 
 
 def freezer_state(gw: Gateway, sandbox_id: str) -> Optional[str]:

@@ -172,7 +172,7 @@ def test_kill_all_leaves_the_sandbox_working_and_the_host_alone(sbx, gateway, ho
     res = sh(sbx, sid, "kill -9 -1; kill -KILL 1; kill -TERM 1; kill -9 %d; echo done" % host_sleep.pid)
     assert "done" in res.out or res.exit.signal == 9, res.describe()
     assert host_sleep.poll() is None, "the host's sleep was killed"
-    assert pid_alive(holder_pids(gateway)[sid])
+    assert pid_alive(holder_pids(gateway, sid)[sid])
     assert_works(sbx, sid)
     # pidfd_send_signal to pid 1 (same target through another door).
     got = py(sbx, sid, r"""
@@ -182,7 +182,7 @@ fd = libc.syscall(434, 1, 0)
 print("pidfd", fd, libc.syscall(424, fd, 9, 0, 0) if fd >= 0 else "-")
 """)
     assert got.code == 0, got.describe()
-    assert pid_alive(holder_pids(gateway)[sid])
+    assert pid_alive(holder_pids(gateway, sid)[sid])
     assert_works(sbx, sid)
 
 
