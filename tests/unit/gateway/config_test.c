@@ -304,8 +304,8 @@ static void
 test_listen_without_a_valid_port_is_refused (void **state)
 {
   static const char *const bad[] = {
-      "127.0.0.1", "127.0.0.1:70000", "127.0.0.1:65536", ":50051", "localhost:", "localhost:80x", "localhost:-1",
-      "[::1]",
+      "127.0.0.1",  "127.0.0.1:70000", "127.0.0.1:65536", ":50051",
+      "localhost:", "localhost:80x",   "localhost:-1",    "[::1]",
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     expect_refused ("SANDBOX_LISTEN", bad[i], "SANDBOX_LISTEN", EINVAL);
@@ -397,17 +397,10 @@ test_integers_out_of_bounds_are_refused (void **state)
   {
     const char *name, *value;
   } bad[] = {
-      {"SANDBOX_MAX", "0"},
-      {"SANDBOX_MAX", "100001"},
-      {"SANDBOX_MAX", "-5"},
-      {"SANDBOX_MAX", "many"},
-      {"SANDBOX_MAX", "12abc"},
-      {"SANDBOX_MAX", "99999999999999999999999"},
-      {"SANDBOX_DISK_MB", "15"},
-      {"SANDBOX_PIDS_MAX", "7"},
-      {"SANDBOX_MAX_MESSAGE_MB", "1025"},
-      {"SANDBOX_IDLE_TTL", "-1"},
-      {"SANDBOX_GCS_CHUNK_MB", "0"},
+      {"SANDBOX_MAX", "0"},       {"SANDBOX_MAX", "100001"},     {"SANDBOX_MAX", "-5"},
+      {"SANDBOX_MAX", "many"},    {"SANDBOX_MAX", "12abc"},      {"SANDBOX_MAX", "99999999999999999999999"},
+      {"SANDBOX_DISK_MB", "15"},  {"SANDBOX_PIDS_MAX", "7"},     {"SANDBOX_MAX_MESSAGE_MB", "1025"},
+      {"SANDBOX_IDLE_TTL", "-1"}, {"SANDBOX_GCS_CHUNK_MB", "0"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     {
@@ -672,7 +665,8 @@ main (void)
       cmocka_unit_test_setup_teardown (test_masks_are_the_absolute_secret_paths, setup, teardown),
       cmocka_unit_test_setup_teardown (test_unpacker_is_beside_the_configured_helper, setup, teardown),
       cmocka_unit_test_setup_teardown (test_release_frees_everything_and_zeroes, setup, teardown),
-      cmocka_unit_test_setup_teardown (test_release_after_each_kind_of_failure_frees_what_was_loaded, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_release_after_each_kind_of_failure_frees_what_was_loaded, setup,
+                                       teardown),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

@@ -432,8 +432,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_descriptors_beyond_max_fds_are_closed, socket_setup, socket_teardown),
       cmocka_unit_test_setup_teardown (test_descriptors_of_a_truncated_datagram_are_closed, socket_setup,
                                        socket_teardown),
-      cmocka_unit_test_setup_teardown (test_more_than_eight_descriptors_are_not_sent, socket_setup,
-                                       socket_teardown),
+      cmocka_unit_test_setup_teardown (test_more_than_eight_descriptors_are_not_sent, socket_setup, socket_teardown),
       cmocka_unit_test_setup_teardown (test_send_on_a_closed_peer_fails, socket_setup, socket_teardown),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);

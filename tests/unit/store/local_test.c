@@ -444,8 +444,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_prefix_with_slashes_makes_directories, setup, teardown),
       cmocka_unit_test_setup_teardown (test_absolute_and_dotdot_object_names_are_refused, setup, teardown),
       cmocka_unit_test_setup_teardown (test_relative_store_directory_is_refused, setup, teardown),
-      cmocka_unit_test_setup_teardown (test_stale_temporary_files_are_removed_when_the_store_opens, setup,
-                                       teardown),
+      cmocka_unit_test_setup_teardown (test_stale_temporary_files_are_removed_when_the_store_opens, setup, teardown),
       cmocka_unit_test_setup_teardown (test_store_directory_is_made_with_its_parents, setup, teardown),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
