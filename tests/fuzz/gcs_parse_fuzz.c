@@ -1,4 +1,4 @@
-/* Fuzz target: the GCS client's parsers of server bytes (gateway/gcs/parse.h).
+/* Fuzz target: the GCS client's parsers of server bytes (gateway/store/gcs/parse.h).
  *
  * Input: byte 0 selects the function (mod 6), byte 1 is a parameter, the
  * rest is the data, passed as an exact-size copy without a NUL terminator
@@ -13,7 +13,7 @@
  *     two pieces (split at parameter) gives the same CRC
  *   5 gcs_base64url and gcs_crc32c_base64: length and alphabet
  *
- * The token responses' JSON is parsed inside gateway/gcs/auth.c (static,
+ * The token responses' JSON is parsed inside gateway/store/gcs/auth.c (static,
  * from a gcs_resp_t) and is not reachable from here.
  */
 #include <stdint.h>

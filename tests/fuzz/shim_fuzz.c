@@ -1,4 +1,5 @@
-/* Fuzz target: the shim's request parsing (shim/validate.h).
+/* Fuzz target: the shim's request parsing (shim/validate.h) and path
+ * matching (shim/router.h).
  *
  * Input: byte 0 selects the function (mod 5), byte 1 is a parameter; the
  * rest is split at the first NUL into a first part (a content type, an id,
@@ -23,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shim/router.h"
 #include "shim/validate.h"
 
 #define CHECK(cond)                                                                                \

@@ -1,4 +1,4 @@
-/* Fuzz target: the snapshot tar importer (gateway/snap_unpack.h).
+/* Fuzz target: the snapshot tar importer (gateway/snapshot/unpack.h).
  *
  * Each input is a tar (or compressed tar) extracted with snap_unpack
  * (max_entries 1000) into a fresh directory, WITHOUT the chroot that
