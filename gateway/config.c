@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/cleanup.h"
 #include "common/config.h"
 #include "common/log.h"
 
@@ -126,7 +127,9 @@ parse_volumes (gw_config_t *c, err_t *err)
         }
       if (dst[0] != '/' || strstr (dst, "..") != NULL || strcmp (dst, "/") == 0)
         return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: `%s` is not an absolute sandbox path", dst);
-      char *expanded = NULL;
+      cleanup_free char *expanded = NULL;
+      if (host[0] == '~' && host[1] != '\0' && host[1] != '/')
+        return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: `%s`: only ~ and ~/ are expanded", host);
       if (host[0] == '~')
         {
           const char *home = getenv ("HOME");
@@ -139,7 +142,6 @@ parse_volumes (gw_config_t *c, err_t *err)
         {
           log_fields (SEV_WARNING, json_pack ("{s:s}", "host_path", expanded),
                       "SANDBOX_VOLUME_MOUNTS: host path missing, skipped");
-          free (expanded);
           continue;
         }
       if (n == GW_MAX_VOLUMES)
@@ -147,7 +149,6 @@ parse_volumes (gw_config_t *c, err_t *err)
       char *spec = NULL;
       if (asprintf (&spec, "%s:%s%s", expanded, dst, mode != NULL && strcmp (mode, "ro") == 0 ? ":ro" : "") < 0)
         return err_make (err, ENOMEM, "out of memory");
-      free (expanded);
       c->volumes[n++] = spec;
     }
   c->volumes[n] = NULL;
@@ -181,7 +182,7 @@ gw_config_load (gw_config_t *c, err_t *err)
     {
       char *end = NULL;
       double cpus = strtod (c->cpus, &end);
-      if (end == c->cpus || *end != '\0' || cpus < 0.01 || cpus > 4096)
+      if (end == c->cpus || *end != '\0' || !(cpus >= 0.01 && cpus <= 4096)) /* NaN fails too */
         return err_make (err, EINVAL, "SANDBOX_CPUS: `%s` is not a number of CPUs in [0.01, 4096]", c->cpus);
       c->cpu_millis = (long) (cpus * 1000 + 0.5);
     }

@@ -117,11 +117,13 @@ sbx_exec_decode (char *buf, size_t len, const char **cwd, char **argv, size_t ar
   if (len < sizeof h)
     return -1;
   memcpy (&h, buf, sizeof h);
-  if (h.magic != SBX_EXEC_MAGIC || h.len != len - sizeof h || h.argc == 0 || h.argc + 1 > argv_cap
-      || h.envc + 1 > env_cap || buf[len - 1] != '\0')
+  /* Compared in size_t against the caps first: counts near UINT32_MAX
+   * must not wrap around into a small number. */
+  if (h.magic != SBX_EXEC_MAGIC || h.len != len - sizeof h || h.argc == 0 || (size_t) h.argc >= argv_cap
+      || (size_t) h.envc >= env_cap || buf[len - 1] != '\0')
     return -1;
   char *p = buf + sizeof h, *end = buf + len;
-  size_t total = 1 + h.argc + h.envc;
+  size_t total = 1 + (size_t) h.argc + (size_t) h.envc;
   for (size_t i = 0; i < total; i++)
     {
       if (p >= end)

@@ -217,6 +217,26 @@ test_exec_request_larger_than_the_callers_arrays_is_refused (void **state)
   free (buf);
 }
 
+/* Counts near UINT32_MAX must not wrap around the caps' checks (a 16-byte
+ * request once made the decoder write at argv[0xFFFFFFFF]). */
+static void
+test_exec_request_with_huge_counts_is_refused (void **state)
+{
+  const uint32_t huge[] = {0xFFFFFFFFu, 0xFFFFFFFEu, 0x80000000u};
+  for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++)
+    for (int which = 0; which < 2; which++)
+      {
+        char buf[sizeof (sbx_exec_hdr_t) + 4] = {0};
+        sbx_exec_hdr_t h = {.magic = SBX_EXEC_MAGIC, .argc = which == 0 ? huge[i] : 1,
+                            .envc = which == 1 ? huge[i] : 0, .len = 4};
+        memcpy (buf, &h, sizeof h);
+        memcpy (buf + sizeof h, "/\0a\0", 4);
+        const char *cwd = NULL;
+        char *argv[8], *env[8];
+        assert_int_equal (sbx_exec_decode (buf, sizeof buf, &cwd, argv, 8, env, 8), -1);
+      }
+}
+
 /* ---- descriptor passing --------------------------------------------------- */
 
 static size_t
@@ -424,6 +444,7 @@ main (void)
       cmocka_unit_test (test_exec_request_that_does_not_fit_is_refused),
       cmocka_unit_test (test_malformed_exec_requests_are_refused),
       cmocka_unit_test (test_exec_request_larger_than_the_callers_arrays_is_refused),
+      cmocka_unit_test (test_exec_request_with_huge_counts_is_refused),
       cmocka_unit_test_setup_teardown (test_passed_descriptors_arrive_cloexec_and_usable, socket_setup,
                                        socket_teardown),
       cmocka_unit_test_setup_teardown (test_datagrams_keep_their_boundaries_with_and_without_descriptors,
