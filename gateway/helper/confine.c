@@ -17,10 +17,11 @@
 #include <unistd.h>
 
 /* Capabilities a sandbox's root keeps: Docker's default set without
- * CAP_MKNOD (no device nodes) and CAP_AUDIT_WRITE. */
+ * CAP_MKNOD (no device nodes), CAP_AUDIT_WRITE and CAP_NET_RAW (hand-built
+ * frames would bypass every filter that works on connections). */
 static const int kept_caps[] = {
-    CAP_CHOWN,  CAP_DAC_OVERRIDE, CAP_FSETID,     CAP_FOWNER,     CAP_SETGID,     CAP_SETUID,
-    CAP_SETFCAP, CAP_SETPCAP,     CAP_NET_RAW,    CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT, CAP_KILL,
+    CAP_CHOWN,   CAP_DAC_OVERRIDE, CAP_FSETID,           CAP_FOWNER,     CAP_SETGID, CAP_SETUID,
+    CAP_SETFCAP, CAP_SETPCAP,      CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT, CAP_KILL,
 };
 
 static int
@@ -104,6 +105,17 @@ sbx_confine_prepare (sbx_confine_t *out, err_t *err)
   for (size_t i = 0; i < sizeof families / sizeof families[0] && rc == 0; i++)
     rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EAFNOSUPPORT), SCMP_SYS (socket), 1,
                            SCMP_A0 (SCMP_CMP_EQ, (scmp_datum_t) families[i]));
+  /* Packet sockets and raw IP sockets: frames the sandbox builds itself
+   * (ARP, spoofed sources, anything to the user-mode stack of egress). Also
+   * refused by the kernel without CAP_NET_RAW; denied here whatever the
+   * capabilities. Netlink's SOCK_RAW stays (ip(8) reads routes with it). */
+  if (rc == 0)
+    rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), SCMP_SYS (socket), 1, SCMP_A0 (SCMP_CMP_EQ, AF_PACKET));
+  static const int inet_families[] = {AF_INET, AF_INET6};
+  for (size_t i = 0; i < sizeof inet_families / sizeof inet_families[0] && rc == 0; i++)
+    rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), SCMP_SYS (socket), 2,
+                           SCMP_A0 (SCMP_CMP_EQ, (scmp_datum_t) inet_families[i]),
+                           SCMP_A1 (SCMP_CMP_MASKED_EQ, 0xF /* the type, without flags */, SOCK_RAW));
   /* TIOCSTI pushes input into a terminal: another process's session. */
   if (rc == 0)
     rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), SCMP_SYS (ioctl), 1,

@@ -41,6 +41,13 @@ command_child (const sbx_confine_t *confine, const int *fds, const char *cwd, ch
 {
   err_t err = ERR_INIT;
   int report = fds[3];
+  /* A session (and process group) of its own: kill(0, …) or a terminal's
+   * job control from this command reach only what it starts. */
+  if (setsid () < 0)
+    {
+      err_make_sys (&err, errno, "setsid");
+      goto fail;
+    }
   if (dup2 (fds[0], 0) < 0 || dup2 (fds[1], 1) < 0 || dup2 (fds[2], 2) < 0)
     {
       err_make_sys (&err, errno, "set up stdio");

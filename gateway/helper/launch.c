@@ -86,7 +86,11 @@ holder_main (const helper_opts_t *o, const sbx_cg_layout_t *cg, const sbx_confin
 {
   close (helper_report_fd);
   err_t cerr = ERR_INIT;
-  if (helper_holder_setup (o, cg, &cerr) < 0)
+  /* The sandbox's pid 1 leads a session of its own: nothing inside shares
+   * a session or process group with the helper, the gateway or the shim. */
+  if (setsid () < 0)
+    err_make_sys (&cerr, errno, "setsid");
+  if (cerr.status != 0 || helper_holder_setup (o, cg, &cerr) < 0)
     {
       helper_report_err (sync, &cerr);
       _exit (1);

@@ -24,6 +24,30 @@
 #include "common/cleanup.h"
 #include "gateway/helper/helper.h"
 
+/* Device nodes bound from the host into every sandbox's /dev. */
+static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
+#define N_DEV_NODES (sizeof dev_nodes / sizeof dev_nodes[0])
+
+/* What the sandbox's root takes from the host, as detached mounts (open_tree
+ * clones) captured before pivot_root. */
+typedef struct host_refs_s
+{
+  int dev_nodes[N_DEV_NODES];
+  int *volumes; /* per volume; -1: its host path is gone */
+} host_refs_t;
+
+static void
+host_refs_release (host_refs_t *refs, size_t n_volumes)
+{
+  for (size_t i = 0; i < N_DEV_NODES; i++)
+    if (refs->dev_nodes[i] > 0)
+      close (refs->dev_nodes[i]);
+  for (size_t i = 0; refs->volumes != NULL && i < n_volumes; i++)
+    if (refs->volumes[i] >= 0)
+      close (refs->volumes[i]);
+  free (refs->volumes);
+}
+
 int
 helper_mkdir_p (const char *path, mode_t mode, err_t *err)
 {
@@ -43,21 +67,20 @@ helper_mkdir_p (const char *path, mode_t mode, err_t *err)
 }
 
 static int
-bind_node (const char *root, const char *name, err_t *err)
+bind_node (const char *root, const char *name, int src_fd, err_t *err)
 {
-  char src[64], dst[PATH_MAX * 2];
-  snprintf (src, sizeof src, "/dev/%s", name);
+  char dst[PATH_MAX * 2];
   snprintf (dst, sizeof dst, "%s/dev/%s", root, name);
-  cleanup_close int fd = open (dst, O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
+  cleanup_close int fd = open (dst, O_CREAT | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (fd < 0)
     return err_make_sys (err, errno, "create `%s`", dst);
-  if (mount (src, dst, NULL, MS_BIND, NULL) < 0)
-    return err_make_sys (err, errno, "bind `%s` on `%s`", src, dst);
+  if (move_mount (src_fd, "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+    return err_make_sys (err, errno, "bind /dev/%s on `%s`", name, dst);
   return 0;
 }
 
 static int
-setup_dev (const char *root, err_t *err)
+setup_dev (const char *root, const host_refs_t *refs, err_t *err)
 {
   char path[PATH_MAX * 2];
   snprintf (path, sizeof path, "%s/dev", root);
@@ -65,9 +88,8 @@ setup_dev (const char *root, err_t *err)
     return -1;
   if (mount ("tmpfs", path, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=1m,nr_inodes=256") < 0)
     return err_make_sys (err, errno, "mount tmpfs on `%s`", path);
-  static const char *const nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
-  for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++)
-    if (bind_node (root, nodes[i], err) < 0)
+  for (size_t i = 0; i < N_DEV_NODES; i++)
+    if (bind_node (root, dev_nodes[i], refs->dev_nodes[i], err) < 0)
       return -1;
   snprintf (path, sizeof path, "%s/dev/pts", root);
   if (mkdir (path, 0755) < 0)
@@ -136,48 +158,82 @@ setup_proc (const char *root, err_t *err)
   return 0;
 }
 
+/* Splits "host:sandbox[:ro]" (validated by the gateway) into its parts,
+ * in `spec`'s own storage. */
+static void
+split_volume (char *spec, char **host, char **dst, bool *ro)
+{
+  *host = spec;
+  *dst = strchr (spec, ':');
+  *ro = false;
+  if (*dst == NULL)
+    return;
+  *(*dst)++ = '\0';
+  char *mode = strchr (*dst, ':');
+  if (mode != NULL)
+    {
+      *mode++ = '\0';
+      *ro = strcmp (mode, "ro") == 0;
+    }
+}
+
+/* Before pivot_root: a detached copy of each volume's host tree, nosuid,
+ * nodev and, for `:ro`, read-only all the way down (a read-only remount of
+ * the top would leave nested mounts writable). -1 for a host path gone
+ * since the gateway started (skipped, as the gateway warned). */
 static int
-setup_volumes (const helper_opts_t *o, const char *root, err_t *err)
+capture_volumes (const helper_opts_t *o, host_refs_t *refs, err_t *err)
 {
   for (size_t i = 0; i < o->n_volumes; i++)
     {
-      /* host:sandbox[:ro], validated by the gateway. */
       char spec[PATH_MAX * 2];
       snprintf (spec, sizeof spec, "%s", o->volumes[i]);
-      char *host = spec, *dst = strchr (spec, ':');
-      if (dst == NULL)
+      char *host, *dst;
+      bool ro;
+      split_volume (spec, &host, &dst, &ro);
+      refs->volumes[i] = open_tree (AT_FDCWD, host, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+      if (refs->volumes[i] < 0)
         continue;
-      *dst++ = '\0';
-      char *mode = strchr (dst, ':');
-      bool ro = false;
-      if (mode != NULL)
-        {
-          *mode++ = '\0';
-          ro = strcmp (mode, "ro") == 0;
-        }
-      char target[PATH_MAX];
-      snprintf (target, sizeof target, "%s%s", root, dst);
+      struct mount_attr attr = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (ro ? MOUNT_ATTR_RDONLY : 0)};
+      if (mount_setattr (refs->volumes[i], "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0)
+        return err_make_sys (err, errno, "volume `%s`: set nosuid, nodev%s", host, ro ? ", read-only" : "");
+    }
+  return 0;
+}
+
+/* After pivot_root: each volume's mount point, made in the sandbox's own
+ * view (its symlinks resolve inside it), and the captured tree moved there. */
+static int
+attach_volumes (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
+{
+  for (size_t i = 0; i < o->n_volumes; i++)
+    {
+      if (refs->volumes[i] < 0)
+        continue;
+      char spec[PATH_MAX * 2];
+      snprintf (spec, sizeof spec, "%s", o->volumes[i]);
+      char *host, *dst;
+      bool ro;
+      split_volume (spec, &host, &dst, &ro);
       struct stat st;
-      if (stat (host, &st) < 0)
-        continue; /* warned about at gateway start */
+      if (fstat (refs->volumes[i], &st) < 0)
+        return err_make_sys (err, errno, "volume `%s`", host);
       if (S_ISDIR (st.st_mode))
         {
-          if (helper_mkdir_p (target, 0755, err) < 0)
+          if (helper_mkdir_p (dst, 0755, err) < 0)
             return -1;
         }
       else
         {
           char parent[PATH_MAX];
-          snprintf (parent, sizeof parent, "%s", target);
+          snprintf (parent, sizeof parent, "%s", dst);
           *strrchr (parent, '/') = '\0';
-          if (helper_mkdir_p (parent, 0755, err) < 0)
+          if (parent[0] != '\0' && helper_mkdir_p (parent, 0755, err) < 0)
             return -1;
-          cleanup_close int fd = open (target, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+          cleanup_close int fd = open (dst, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
         }
-      if (mount (host, target, NULL, MS_BIND | MS_REC, NULL) < 0)
+      if (move_mount (refs->volumes[i], "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH) < 0)
         return err_make_sys (err, errno, "bind `%s` on `%s`", host, dst);
-      if (ro && mount (NULL, target, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC, NULL) < 0)
-        return err_make_sys (err, errno, "make `%s` read-only", dst);
     }
   return 0;
 }
@@ -202,26 +258,100 @@ mask_paths (const helper_opts_t *o, const char *root, err_t *err)
 }
 
 /* Egress sandboxes resolve names through slirp4netns's DNS forwarder. */
-static int
-write_resolv_conf (const char *root, err_t *err)
+/* After pivot_root: the egress resolver in /etc/resolv.conf. Best effort:
+ * a sandbox that broke its own /etc (a symlink loop, a file) only loses
+ * name resolution. */
+static void
+write_resolv_conf (void)
 {
-  char path[PATH_MAX * 2];
-  snprintf (path, sizeof path, "%s/etc", root);
-  if (helper_mkdir_p (path, 0755, err) < 0)
-    return -1;
-  snprintf (path, sizeof path, "%s/etc/resolv.conf", root);
-  unlink (path);
-  cleanup_close int fd = open (path, O_CREAT | O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return err_make_sys (err, errno, "create `%s`", path);
+  err_t err = ERR_INIT;
+  if (helper_mkdir_p ("/etc", 0755, &err) < 0)
+    {
+      err_release (&err);
+      return;
+    }
+  unlink ("/etc/resolv.conf");
+  cleanup_close int fd = open ("/etc/resolv.conf", O_CREAT | O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
   static const char text[] = "nameserver 10.0.2.3\n";
-  if (write (fd, text, sizeof text - 1) != (ssize_t) sizeof text - 1)
-    return err_make_sys (err, errno, "write `%s`", path);
-  return 0;
+  if (fd >= 0 && write (fd, text, sizeof text - 1) < 0)
+    return;
 }
 
 /* Runs as pid 1 of the new pid namespace, still in the helper's mount
  * namespace until it unshares its own. */
+/* Before pivot_root: what the sandbox's root needs from the host, as
+ * detached mounts (the host's tree is gone after pivot_root). */
+static int
+capture_host (const helper_opts_t *o, host_refs_t *refs, err_t *err)
+{
+  for (size_t i = 0; i < N_DEV_NODES; i++)
+    {
+      char src[64];
+      snprintf (src, sizeof src, "/dev/%s", dev_nodes[i]);
+      refs->dev_nodes[i] = open_tree (AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+      if (refs->dev_nodes[i] < 0)
+        return err_make_sys (err, errno, "clone `%s`", src);
+    }
+  refs->volumes = calloc (o->n_volumes + 1, sizeof *refs->volumes);
+  if (refs->volumes == NULL)
+    return err_make (err, ENOMEM, "out of memory");
+  for (size_t i = 0; i < o->n_volumes; i++)
+    refs->volumes[i] = -1;
+  return capture_volumes (o, refs, err);
+}
+
+/* Makes the overlay at `root` the root of this mount namespace. */
+static int
+pivot_into (const char *root, err_t *err)
+{
+  if (chdir (root) < 0)
+    return err_make_sys (err, errno, "chdir `%s`", root);
+  if (syscall (SYS_pivot_root, ".", ".") < 0)
+    return err_make_sys (err, errno, "pivot_root");
+  if (umount2 (".", MNT_DETACH) < 0)
+    return err_make_sys (err, errno, "detach the old root");
+  if (chdir ("/") < 0)
+    return err_make_sys (err, errno, "chdir /");
+  return 0;
+}
+
+/* Mounts the overlay of the image under the sandbox's upper layer. */
+static int
+mount_overlay (const helper_opts_t *o, const char *root, err_t *err)
+{
+  char disk[PATH_MAX], opts[PATH_MAX + 64];
+  snprintf (disk, sizeof disk, "%s/disk", o->state);
+  /* Upper and work are named relative to the disk, so the mount options
+   * (visible in the sandbox's mountinfo) do not show where it lives. Device
+   * files of the image are dead inside (nodev); /dev is a tmpfs of its own. */
+  snprintf (opts, sizeof opts, "lowerdir=%s,upperdir=upper,workdir=work", o->lower);
+  if (chdir (disk) < 0)
+    return err_make_sys (err, errno, "chdir `%s`", disk);
+  if (mount ("overlay", root, "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
+    return err_make_sys (err, errno, "mount the overlay on `%s` (lower `%s`)", root, o->lower);
+  return 0;
+}
+
+/* The sandbox's root, from the inside: every path below is resolved in the
+ * sandbox's own view after pivot_root, so a symlink it planted in its
+ * layer (/etc -> /etc, /dev -> /host/path) can only point into itself —
+ * nothing here creates or writes a file on the host. */
+static int
+populate_root (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
+{
+  if (setup_dev ("", refs, err) < 0 || setup_proc ("", err) < 0 || mask_paths (o, "", err) < 0
+      || attach_volumes (o, refs, err) < 0)
+    return -1;
+  if (o->egress)
+    write_resolv_conf ();
+  err_t ignored = ERR_INIT;
+  helper_mkdir_p ("/root", 0700, &ignored);
+  err_release (&ignored);
+  helper_mkdir_p ("/tmp", 01777, &ignored);
+  err_release (&ignored);
+  return 0;
+}
+
 int
 helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
 {
@@ -233,39 +363,13 @@ helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *e
     return err_make_sys (err, errno, "unshare namespaces");
   if (mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     return err_make_sys (err, errno, "make mounts private");
-
-  char root[PATH_MAX], disk[PATH_MAX], opts[PATH_MAX + 64];
+  char root[PATH_MAX];
   snprintf (root, sizeof root, "%s/root", o->state);
-  snprintf (disk, sizeof disk, "%s/disk", o->state);
-  /* Upper and work are named relative to the disk, so the mount options
-   * (visible in the sandbox's mountinfo) do not show where it lives. Device
-   * files of the image are dead inside (nodev); /dev is a tmpfs of its own. */
-  snprintf (opts, sizeof opts, "lowerdir=%s,upperdir=upper,workdir=work", o->lower);
-  if (chdir (disk) < 0)
-    return err_make_sys (err, errno, "chdir `%s`", disk);
-  if (mount ("overlay", root, "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
-    return err_make_sys (err, errno, "mount the overlay on `%s` (lower `%s`)", root, o->lower);
-  if (setup_proc (root, err) < 0 || setup_dev (root, err) < 0 || mask_paths (o, root, err) < 0
-      || setup_volumes (o, root, err) < 0)
-    return -1;
-  if (o->egress && write_resolv_conf (root, err) < 0)
-    return -1;
-  char path[PATH_MAX * 2];
-  snprintf (path, sizeof path, "%s/root", root);
-  if (helper_mkdir_p (path, 0700, err) < 0)
-    return -1;
-  snprintf (path, sizeof path, "%s/tmp", root);
-  if (helper_mkdir_p (path, 01777, err) < 0)
-    return -1;
-
-  if (chdir (root) < 0)
-    return err_make_sys (err, errno, "chdir `%s`", root);
-  if (syscall (SYS_pivot_root, ".", ".") < 0)
-    return err_make_sys (err, errno, "pivot_root");
-  if (umount2 (".", MNT_DETACH) < 0)
-    return err_make_sys (err, errno, "detach the old root");
-  if (chdir ("/") < 0)
-    return err_make_sys (err, errno, "chdir /");
+  host_refs_t refs = {0};
+  if (mount_overlay (o, root, err) < 0 || capture_host (o, &refs, err) < 0 || pivot_into (root, err) < 0
+      || populate_root (o, &refs, err) < 0)
+    return -1; /* the holder exits: its descriptors go with it */
+  host_refs_release (&refs, o->n_volumes);
   const char *hn = o->hostname != NULL ? o->hostname : "sandbox";
   if (sethostname (hn, strlen (hn)) < 0)
     return err_make_sys (err, errno, "sethostname");

@@ -23,7 +23,6 @@
 #define OCI_WHITEOUT ".wh."
 #define OCI_OPAQUE ".wh..wh..opq"
 #define OVERLAY_OPAQUE_XATTR "trusted.overlay.opaque"
-#define MAX_DEPTH 256
 
 typedef struct link_s
 {
@@ -49,6 +48,7 @@ typedef struct export_s
   size_t n_links, cap_links;
   uint64_t entries;
   uint8_t *io;
+  char *path; /* the entry being written (PATH_MAX + 1 bytes) */
 } export_t;
 
 static int
@@ -119,7 +119,7 @@ find_link (export_t *x, const struct stat *st)
   return NULL;
 }
 
-static void
+static int
 remember_link (export_t *x, const struct stat *st, const char *path)
 {
   if (x->n_links == x->cap_links)
@@ -127,13 +127,15 @@ remember_link (export_t *x, const struct stat *st, const char *path)
       size_t cap = x->cap_links ? x->cap_links * 2 : 16;
       link_t *l = realloc (x->links, cap * sizeof *l);
       if (l == NULL)
-        return; /* the file is then stored again instead of linked */
+        return err_make (x->err, ENOMEM, "export: out of memory");
       x->links = l;
       x->cap_links = cap;
     }
   char *p = strdup (path);
-  if (p != NULL)
-    x->links[x->n_links++] = (link_t){st->st_dev, st->st_ino, p};
+  if (p == NULL)
+    return err_make (x->err, ENOMEM, "export: out of memory");
+  x->links[x->n_links++] = (link_t){st->st_dev, st->st_ino, p};
+  return 0;
 }
 
 static void
@@ -146,22 +148,42 @@ set_meta (struct archive_entry *e, const char *path, const struct stat *st)
   archive_entry_set_mtime (e, st->st_mtim.tv_sec, st->st_mtim.tv_nsec);
 }
 
-/* Copies the extended attributes of `fd`, except overlay's own. */
-static void
-add_xattrs (struct archive_entry *e, int fd)
+/* Copies the extended attributes of `fd`, except overlay's own, whatever
+ * their size. Failing to read one fails the export (never a silent drop). */
+static int
+add_xattrs (export_t *x, struct archive_entry *e, int fd, const char *path)
 {
-  char names[4096];
-  ssize_t n = flistxattr (fd, names, sizeof names);
-  for (ssize_t off = 0; n > 0 && off < n; off += (ssize_t) strlen (names + off) + 1)
+  ssize_t n = flistxattr (fd, NULL, 0);
+  if (n < 0 && (errno == ENOTSUP || errno == ENODATA))
+    return 0;
+  if (n < 0)
+    return err_make_sys (x->err, errno, "list the xattrs of `%s`", path);
+  if (n == 0)
+    return 0;
+  cleanup_free char *names = malloc ((size_t) n);
+  if (names == NULL)
+    return err_make (x->err, ENOMEM, "export: out of memory");
+  n = flistxattr (fd, names, (size_t) n);
+  if (n < 0)
+    return err_make_sys (x->err, errno, "list the xattrs of `%s`", path);
+  for (ssize_t off = 0; off < n; off += (ssize_t) strlen (names + off) + 1)
     {
       const char *name = names + off;
       if (strncmp (name, "trusted.overlay.", 16) == 0)
         continue;
-      char value[4096];
-      ssize_t vlen = fgetxattr (fd, name, value, sizeof value);
-      if (vlen >= 0)
-        archive_entry_xattr_add_entry (e, name, value, (size_t) vlen);
+      ssize_t vlen = fgetxattr (fd, name, NULL, 0);
+      cleanup_free char *value = vlen > 0 ? malloc ((size_t) vlen) : NULL;
+      if (vlen > 0 && value == NULL)
+        return err_make (x->err, ENOMEM, "export: out of memory");
+      if (vlen > 0)
+        vlen = fgetxattr (fd, name, value, (size_t) vlen);
+      if (vlen < 0 && errno == ENODATA)
+        continue; /* removed meanwhile */
+      if (vlen < 0)
+        return err_make_sys (x->err, errno, "read xattr `%s` of `%s`", name, path);
+      archive_entry_xattr_add_entry (e, name, value, (size_t) vlen);
     }
+  return 0;
 }
 
 static int
@@ -211,17 +233,28 @@ write_file (export_t *x, int dirfd, const char *name, const char *path, const st
         }
     }
   cleanup_close int fd = openat (dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0 && errno != ENOENT && errno != ELOOP)
+    {
+      archive_entry_free (e);
+      return err_make_sys (x->err, errno, "open `%s`", path);
+    }
   struct stat now;
   if (fd < 0 || fstat (fd, &now) < 0 || now.st_ino != st->st_ino || !S_ISREG (now.st_mode))
     {
+      /* Changed under us (it cannot while frozen): skip, never follow. */
+      log_fields (SEV_WARNING, json_pack ("{s:s}", "path", path), "snapshot: a file changed during export");
       archive_entry_free (e);
-      return 0; /* changed under us (it cannot while frozen): skip, never follow */
+      return 0;
     }
-  if (st->st_nlink > 1)
-    remember_link (x, st, path);
+  if (st->st_nlink > 1 && remember_link (x, st, path) < 0)
+    {
+      archive_entry_free (e);
+      return -1;
+    }
   archive_entry_set_size (e, now.st_size);
-  add_xattrs (e, fd);
-  rc = write_entry (x, e, path);
+  rc = add_xattrs (x, e, fd, path);
+  if (rc == 0)
+    rc = write_entry (x, e, path);
   archive_entry_free (e);
   if (rc < 0)
     return -1;
@@ -244,7 +277,26 @@ write_file (export_t *x, int dirfd, const char *name, const char *path, const st
   return 0;
 }
 
-static int walk (export_t *x, int dirfd, const char *dir, int depth);
+/* One directory on the walk's stack: its entries, sorted, and where the
+ * walk is in them. The walk is iterative: however deep a sandbox nests its
+ * directories, the stack is on the heap and bounded by PATH_MAX. */
+typedef struct frame_s
+{
+  int fd;      /* the directory, opened O_NOFOLLOW */
+  size_t len;  /* length of its path in x->path */
+  char **names;
+  size_t n, next;
+} frame_t;
+
+static void
+frame_free (frame_t *f)
+{
+  for (size_t i = 0; i < f->n; i++)
+    free (f->names[i]);
+  free (f->names);
+  if (f->fd >= 0)
+    close (f->fd);
+}
 
 static int
 name_cmp (const void *a, const void *b)
@@ -252,17 +304,74 @@ name_cmp (const void *a, const void *b)
   return strcmp (*(char *const *) a, *(char *const *) b);
 }
 
+/* Lists the directory of `f` (sorted). Any failure fails the export: a
+ * listing cut short would silently drop files. */
 static int
-write_dir (export_t *x, int dirfd, const char *name, const char *path, const struct stat *st, int depth)
+list_dir (export_t *x, frame_t *f)
 {
+  int dfd = dup (f->fd);
+  if (dfd < 0)
+    return err_make_sys (x->err, errno, "dup");
+  DIR *d = fdopendir (dfd);
+  if (d == NULL)
+    {
+      close (dfd);
+      return err_make_sys (x->err, errno, "open directory `%s`", x->path);
+    }
+  size_t cap = 0;
+  struct dirent *de;
+  int rc = 0;
+  errno = 0;
+  while (rc == 0 && (de = readdir (d)) != NULL)
+    {
+      if (strcmp (de->d_name, ".") == 0 || strcmp (de->d_name, "..") == 0)
+        continue;
+      if (f->n == cap)
+        {
+          size_t c = cap ? cap * 2 : 32;
+          char **g = realloc (f->names, c * sizeof *g);
+          if (g == NULL)
+            {
+              rc = err_make (x->err, ENOMEM, "list `%s`: out of memory", x->path);
+              break;
+            }
+          f->names = g;
+          cap = c;
+        }
+      if ((f->names[f->n] = strdup (de->d_name)) == NULL)
+        rc = err_make (x->err, ENOMEM, "list `%s`: out of memory", x->path);
+      else
+        f->n++;
+      errno = 0;
+    }
+  if (rc == 0 && errno != 0)
+    rc = err_make_sys (x->err, errno, "list `%s`", x->path);
+  closedir (d);
+  if (rc == 0 && f->n > 0)
+    qsort (f->names, f->n, sizeof *f->names, name_cmp);
+  return rc;
+}
+
+/* Writes directory `name`'s entry (and its opaque marker) and opens it for
+ * the walk: *fd, or -1 when it vanished or was swapped meanwhile. */
+static int
+write_dir (export_t *x, int dirfd, const char *name, const char *path, const struct stat *st, int *out)
+{
+  *out = -1;
   cleanup_close int fd = openat (dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   struct stat now;
+  if (fd < 0 && errno != ENOENT && errno != ENOTDIR && errno != ELOOP)
+    return err_make_sys (x->err, errno, "open directory `%s`", path);
   if (fd < 0 || fstat (fd, &now) < 0 || now.st_ino != st->st_ino)
-    return 0; /* swapped for something else: skip, never follow */
+    {
+      log_fields (SEV_WARNING, json_pack ("{s:s}", "path", path), "snapshot: a directory changed during export");
+      return 0;
+    }
   struct archive_entry *e = archive_entry_new ();
   set_meta (e, path, &now);
-  add_xattrs (e, fd);
-  int rc = write_entry (x, e, path);
+  int rc = add_xattrs (x, e, fd, path);
+  if (rc == 0)
+    rc = write_entry (x, e, path);
   archive_entry_free (e);
   if (rc < 0)
     return -1;
@@ -270,8 +379,12 @@ write_dir (export_t *x, int dirfd, const char *name, const char *path, const str
   ssize_t olen = fgetxattr (fd, OVERLAY_OPAQUE_XATTR, opaque, sizeof opaque);
   if (olen == 1 && opaque[0] == 'y')
     {
-      char wpath[PATH_MAX * 2 + 16];
-      snprintf (wpath, sizeof wpath, "%s/" OCI_OPAQUE, path);
+      size_t plen = strlen (path);
+      char *wpath = malloc (plen + sizeof "/" OCI_OPAQUE);
+      if (wpath == NULL)
+        return err_make (x->err, ENOMEM, "export: out of memory");
+      memcpy (wpath, path, plen);
+      memcpy (wpath + plen, "/" OCI_OPAQUE, sizeof "/" OCI_OPAQUE);
       struct archive_entry *w = archive_entry_new ();
       struct stat ws = now;
       ws.st_mode = S_IFREG | 0644;
@@ -279,88 +392,118 @@ write_dir (export_t *x, int dirfd, const char *name, const char *path, const str
       archive_entry_set_size (w, 0);
       rc = write_entry (x, w, wpath);
       archive_entry_free (w);
+      free (wpath);
       if (rc < 0)
         return -1;
     }
-  return walk (x, fd, path, depth + 1);
+  *out = take_fd (&fd);
+  return 0;
 }
 
 static int
-walk (export_t *x, int dirfd, const char *dir, int depth)
+write_symlink (export_t *x, int dirfd, const char *name, const char *path, const struct stat *st)
 {
-  if (depth > MAX_DEPTH)
-    return err_make (x->err, ELOOP, "directories nested deeper than %d levels under `%s`", MAX_DEPTH, dir);
-  int dfd = dup (dirfd);
-  if (dfd < 0)
-    return err_make_sys (x->err, errno, "dup");
-  DIR *d = fdopendir (dfd);
-  if (d == NULL)
+  char target[PATH_MAX];
+  ssize_t tl = readlinkat (dirfd, name, target, sizeof target - 1);
+  if (tl < 0 && errno == ENOENT)
+    return 0; /* vanished */
+  if (tl < 0)
+    return err_make_sys (x->err, errno, "read link `%s`", path);
+  target[tl] = '\0';
+  struct archive_entry *e = archive_entry_new ();
+  set_meta (e, path, st);
+  archive_entry_set_symlink (e, target);
+  int rc = write_entry (x, e, path);
+  archive_entry_free (e);
+  return rc;
+}
+
+/* Exports one entry of directory `f`; a directory is opened into *child. */
+static int
+export_entry (export_t *x, const frame_t *f, const char *name, int *child)
+{
+  *child = -1;
+  size_t nlen = strlen (name);
+  size_t len = f->len + (f->len > 0 ? 1 : 0) + nlen;
+  if (len >= PATH_MAX)
+    return err_make (x->err, ENAMETOOLONG, "a path under `%.200s` is longer than the tar format allows here",
+                     x->path);
+  char *p = x->path + f->len;
+  if (f->len > 0)
+    *p++ = '/';
+  memcpy (p, name, nlen + 1);
+  struct stat st;
+  if (fstatat (f->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+    return errno == ENOENT ? 0 : err_make_sys (x->err, errno, "stat `%s`", x->path);
+  if (S_ISCHR (st.st_mode) && st.st_rdev == makedev (0, 0))
     {
-      close (dfd);
-      return err_make_sys (x->err, errno, "open directory `%s`", dir);
+      char saved = x->path[f->len];
+      x->path[f->len] = '\0'; /* the directory's path */
+      int rc = write_whiteout (x, x->path, name, &st);
+      x->path[f->len] = saved;
+      return rc;
     }
-  size_t n = 0, cap = 32;
-  char **names = malloc (cap * sizeof *names);
-  struct dirent *de;
+  if (S_ISDIR (st.st_mode))
+    return write_dir (x, f->fd, name, x->path, &st, child);
+  if (S_ISREG (st.st_mode))
+    return write_file (x, f->fd, name, x->path, &st);
+  if (S_ISLNK (st.st_mode))
+    return write_symlink (x, f->fd, name, x->path, &st);
+  log_fields (SEV_DEBUG, json_pack ("{s:s}", "path", x->path), "snapshot: skipped a fifo, socket or device");
+  return 0;
+}
+
+/* Walks the tree below `root` depth first, in name order, without
+ * recursion. */
+static int
+walk (export_t *x, int root)
+{
+  frame_t *stack = NULL;
+  size_t depth = 0, cap = 0;
   int rc = 0;
-  while (names != NULL && (de = readdir (d)) != NULL)
+  int top_fd = dup (root);
+  if (top_fd < 0)
+    return err_make_sys (x->err, errno, "dup");
+  x->path[0] = '\0';
+  for (;;)
     {
-      if (strcmp (de->d_name, ".") == 0 || strcmp (de->d_name, "..") == 0)
-        continue;
-      if (n == cap)
+      if (top_fd >= 0)
         {
-          char **g = realloc (names, cap * 2 * sizeof *names);
-          if (g == NULL)
+          if (depth == cap)
+            {
+              size_t c = cap ? cap * 2 : 16;
+              frame_t *g = realloc (stack, c * sizeof *g);
+              if (g == NULL)
+                {
+                  close (top_fd);
+                  rc = err_make (x->err, ENOMEM, "export: out of memory");
+                  break;
+                }
+              stack = g;
+              cap = c;
+            }
+          stack[depth] = (frame_t){.fd = top_fd, .len = strlen (x->path)};
+          top_fd = -1;
+          if ((rc = list_dir (x, &stack[depth++])) < 0)
             break;
-          names = g;
-          cap *= 2;
         }
-      names[n] = strdup (de->d_name);
-      if (names[n] != NULL)
-        n++;
-    }
-  closedir (d);
-  if (names == NULL)
-    return err_make (x->err, ENOMEM, "list `%s`: out of memory", dir);
-  qsort (names, n, sizeof *names, name_cmp);
-  for (size_t i = 0; i < n && rc == 0; i++)
-    {
-      const char *name = names[i];
-      char path[PATH_MAX * 2];
-      int plen = snprintf (path, sizeof path, "%s%s%s", dir, dir[0] ? "/" : "", name);
-      if (plen >= PATH_MAX)
+      if (depth == 0)
+        break;
+      frame_t *f = &stack[depth - 1];
+      if (f->next == f->n)
         {
-          rc = err_make (x->err, ENAMETOOLONG, "path too long under `%.200s`", dir);
-          break;
+          frame_free (f);
+          depth--;
+          continue;
         }
-      struct stat st;
-      if (fstatat (dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-        continue; /* vanished */
-      if (S_ISCHR (st.st_mode) && st.st_rdev == makedev (0, 0))
-        rc = write_whiteout (x, dir, name, &st);
-      else if (S_ISDIR (st.st_mode))
-        rc = write_dir (x, dirfd, name, path, &st, depth);
-      else if (S_ISREG (st.st_mode))
-        rc = write_file (x, dirfd, name, path, &st);
-      else if (S_ISLNK (st.st_mode))
-        {
-          char target[PATH_MAX];
-          ssize_t tl = readlinkat (dirfd, name, target, sizeof target - 1);
-          if (tl < 0)
-            continue;
-          target[tl] = '\0';
-          struct archive_entry *e = archive_entry_new ();
-          set_meta (e, path, &st);
-          archive_entry_set_symlink (e, target);
-          rc = write_entry (x, e, path);
-          archive_entry_free (e);
-        }
-      else
-        log_fields (SEV_DEBUG, json_pack ("{s:s}", "path", path), "snapshot: skipped a fifo, socket or device");
+      if ((rc = export_entry (x, f, f->names[f->next++], &top_fd)) < 0)
+        break;
+      if (top_fd < 0)
+        x->path[f->len] = '\0';
     }
-  for (size_t i = 0; i < n; i++)
-    free (names[i]);
-  free (names);
+  while (depth > 0)
+    frame_free (&stack[--depth]);
+  free (stack);
   return rc;
 }
 
@@ -375,10 +518,11 @@ snap_export (const char *upper, snap_compression_t compression, size_t chunk, sn
     return err_make_sys (err, errno, "open the sandbox's layer `%s`", upper);
   x.buf = malloc (chunk);
   x.io = malloc (1 << 20);
+  x.path = malloc (PATH_MAX + 1);
   x.sha = EVP_MD_CTX_new ();
   x.a = archive_write_new ();
   int rc = -1;
-  if (x.buf == NULL || x.io == NULL || x.sha == NULL || x.a == NULL)
+  if (x.buf == NULL || x.io == NULL || x.path == NULL || x.sha == NULL || x.a == NULL)
     {
       err_make (err, ENOMEM, "export: out of memory");
       goto out;
@@ -403,7 +547,7 @@ snap_export (const char *upper, snap_compression_t compression, size_t chunk, sn
       archive_fail (&x, "start the archive");
       goto out;
     }
-  if (walk (&x, root, "", 0) < 0)
+  if (walk (&x, root) < 0)
     goto out;
   if (archive_write_close (x.a) != ARCHIVE_OK)
     {
@@ -424,6 +568,7 @@ out:
   EVP_MD_CTX_free (x.sha);
   free (x.buf);
   free (x.io);
+  free (x.path);
   for (size_t i = 0; i < x.n_links; i++)
     free (x.links[i].path);
   free (x.links);
