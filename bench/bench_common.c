@@ -129,8 +129,8 @@ void
 bc_row_add (const char *what, const char *unit, bc_series_t *ours, double p_tail, const char *base_name,
             bc_series_t *base)
 {
-  bc_row_add_values (what, unit, bc_pct (ours, 50), bc_pct (ours, p_tail), base_name,
-                     base ? bc_pct (base, 50) : NAN, base ? bc_pct (base, p_tail) : NAN);
+  bc_row_add_values (what, unit, bc_pct (ours, 50), bc_pct (ours, p_tail), base_name, base ? bc_pct (base, 50) : NAN,
+                     base ? bc_pct (base, p_tail) : NAN);
 }
 
 static void
@@ -161,7 +161,7 @@ fmt_ratio (char *buf, size_t n, const row_t *r)
 void
 bc_print_table (FILE *f, bool markdown)
 {
-  static const char *hdr[] = {"measurement", "ours median", "ours p99", "baseline", "baseline median",
+  static const char *hdr[] = {"measurement",  "ours median",          "ours p99", "baseline", "baseline median",
                               "baseline p99", "ratio (ours/baseline)"};
   if (markdown)
     {

@@ -385,10 +385,10 @@ bench_exec (void)
   err_t err = ERR_INIT;
   if (bc_launch (CH, id, &err) < 0)
     bc_die (PROG, "launch", &err);
-  baseline_t crun_exec = {.name = "crun exec",
-                          .tool = "crun",
-                          .words = {"crun", "--cgroup-manager=disabled", "exec", O.crun_container ? O.crun_container : "",
-                                    "/bin/true"}};
+  baseline_t crun_exec = {
+      .name = "crun exec",
+      .tool = "crun",
+      .words = {"crun", "--cgroup-manager=disabled", "exec", O.crun_container ? O.crun_container : "", "/bin/true"}};
   if (O.crun_container == NULL)
     bc_series_na (&crun_exec.s, "no running crun container given");
   baseline_check_tool (&crun_exec);
@@ -530,8 +530,7 @@ bench_memory (void)
   for (int i = 0; i < launched; i++)
     {
       char path[512];
-      snprintf (path, sizeof path, "%s/%s/%s-mem-%03d/cgroup.procs", O.cgroup_root, O.cgroup_group, O.prefix,
-                i);
+      snprintf (path, sizeof path, "%s/%s/%s-mem-%03d/cgroup.procs", O.cgroup_root, O.cgroup_group, O.prefix, i);
       pid_t pids[64];
       int n = cgroup_pids (path, pids, 64);
       if (n <= 0)
@@ -587,37 +586,44 @@ bench_memory (void)
 static void
 usage (FILE *f)
 {
-  fprintf (f,
-           "Usage: " PROG " --target HOST:PORT [options]\n"
-           "Benchmarks a running sandbox-gateway (secret in CLOUD_RUN_SANDBOX_GATEWAY_SECRET).\n"
-           "  --target HOST:PORT      the gateway\n"
-           "  --cgroup-group NAME     the gateway's SANDBOX_CGROUP_GROUP (memory test)\n"
-           "  --cgroup-root DIR       the pids hierarchy (default /sys/fs/cgroup/pids)\n"
-           "  --gateway-pid PID       also report the gateway's RSS growth per sandbox\n"
-           "  --crun-bundle DIR       bundle for the `crun run` baseline (else n/a)\n"
-           "  --crun-container NAME   running container for the `crun exec` baseline (else n/a)\n"
-           "  --hide-cgroup2          run in a private mount namespace without the cgroup2 mount at\n"
-           "                          /sys/fs/cgroup/unified (crun refuses hybrid layouts)\n"
-           "  --launch N              launch runs (default 50)\n"
-           "  --exec N                exec runs (default 300), --exec-warmup N (default 30)\n"
-           "  --tput N                throughput runs (default 3), --tput-mib N (default 1024)\n"
-           "  --sandboxes N           idle sandboxes for the memory test (default 200; 0 skips)\n"
-           "  --only LIST             comma-separated subset of launch,exec,tput,mem\n"
-           "  --markdown FILE         also write the table to FILE in Markdown\n");
+  fprintf (f, "Usage: " PROG " --target HOST:PORT [options]\n"
+              "Benchmarks a running sandbox-gateway (secret in CLOUD_RUN_SANDBOX_GATEWAY_SECRET).\n"
+              "  --target HOST:PORT      the gateway\n"
+              "  --cgroup-group NAME     the gateway's SANDBOX_CGROUP_GROUP (memory test)\n"
+              "  --cgroup-root DIR       the pids hierarchy (default /sys/fs/cgroup/pids)\n"
+              "  --gateway-pid PID       also report the gateway's RSS growth per sandbox\n"
+              "  --crun-bundle DIR       bundle for the `crun run` baseline (else n/a)\n"
+              "  --crun-container NAME   running container for the `crun exec` baseline (else n/a)\n"
+              "  --hide-cgroup2          run in a private mount namespace without the cgroup2 mount at\n"
+              "                          /sys/fs/cgroup/unified (crun refuses hybrid layouts)\n"
+              "  --launch N              launch runs (default 50)\n"
+              "  --exec N                exec runs (default 300), --exec-warmup N (default 30)\n"
+              "  --tput N                throughput runs (default 3), --tput-mib N (default 1024)\n"
+              "  --sandboxes N           idle sandboxes for the memory test (default 200; 0 skips)\n"
+              "  --only LIST             comma-separated subset of launch,exec,tput,mem\n"
+              "  --markdown FILE         also write the table to FILE in Markdown\n");
 }
 
 int
 main (int argc, char **argv)
 {
   static const struct option lo[] = {
-      {"target", required_argument, 0, 't'},        {"cgroup-group", required_argument, 0, 'g'},
-      {"cgroup-root", required_argument, 0, 'r'},   {"gateway-pid", required_argument, 0, 'p'},
-      {"crun-bundle", required_argument, 0, 'b'},   {"crun-container", required_argument, 0, 'c'},
-      {"launch", required_argument, 0, 'L'},        {"exec", required_argument, 0, 'E'},
-      {"exec-warmup", required_argument, 0, 'W'},   {"tput", required_argument, 0, 'T'},
-      {"tput-mib", required_argument, 0, 'B'},      {"sandboxes", required_argument, 0, 'S'},
-      {"only", required_argument, 0, 'o'},          {"markdown", required_argument, 0, 'm'},
-      {"hide-cgroup2", no_argument, 0, 'H'},        {"help", no_argument, 0, 'h'},
+      {"target", required_argument, 0, 't'},
+      {"cgroup-group", required_argument, 0, 'g'},
+      {"cgroup-root", required_argument, 0, 'r'},
+      {"gateway-pid", required_argument, 0, 'p'},
+      {"crun-bundle", required_argument, 0, 'b'},
+      {"crun-container", required_argument, 0, 'c'},
+      {"launch", required_argument, 0, 'L'},
+      {"exec", required_argument, 0, 'E'},
+      {"exec-warmup", required_argument, 0, 'W'},
+      {"tput", required_argument, 0, 'T'},
+      {"tput-mib", required_argument, 0, 'B'},
+      {"sandboxes", required_argument, 0, 'S'},
+      {"only", required_argument, 0, 'o'},
+      {"markdown", required_argument, 0, 'm'},
+      {"hide-cgroup2", no_argument, 0, 'H'},
+      {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0},
   };
   const char *only = "launch,exec,tput,mem";

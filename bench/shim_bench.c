@@ -137,8 +137,8 @@ http_do (http_t *h, const char *method, const char *path, const char *json, int 
                   "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
                   method, path, SECRET, strlen (json), json);
   else
-    n = snprintf (req, sizeof req, "%s %s HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer %s\r\n\r\n", method,
-                  path, SECRET);
+    n = snprintf (req, sizeof req, "%s %s HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer %s\r\n\r\n", method, path,
+                  SECRET);
   if (n < 0 || (size_t) n >= sizeof req)
     return err_make (err, EMSGSIZE, "request too large");
   for (int attempt = 0; attempt < 2; attempt++)
@@ -388,8 +388,8 @@ grpc_load (const char *name, int (*call) (err_t *err))
     pthread_join (t[i], NULL);
   double secs = (bc_now_ms () - t0) / 1e3;
   free (t);
-  load_result_t r = {.rps = (double) L.ok / secs, .p50_ms = bc_pct (&L.lat, 50), .p99_ms = bc_pct (&L.lat, 99),
-                     .errors = L.failed};
+  load_result_t r = {
+      .rps = (double) L.ok / secs, .p50_ms = bc_pct (&L.lat, 50), .p99_ms = bc_pct (&L.lat, 99), .errors = L.failed};
   fprintf (stderr, PROG ": load %s: %ld ok, %ld failed in %.1f s%s%s\n", name, L.ok, L.failed, secs,
            L.failed ? "; first error: " : "", L.first_error);
   free (L.lat.v);
@@ -409,8 +409,8 @@ wrk_load (const char *name, const char *method, const char *path, const char *bo
   snprintf (url, sizeof url, "http://%s%s", O.shim, path);
   snprintf (dur, sizeof dur, "%ds", O.load_seconds);
   snprintf (conns, sizeof conns, "%d", O.clients);
-  char *argv[] = {(char *) O.wrk, "-t1", "-c", conns, "-d", dur, "--timeout", "10s", "-s", (char *) O.wrk_script,
-                  url, NULL};
+  char *argv[]
+      = {(char *) O.wrk, "-t1", "-c", conns, "-d", dur, "--timeout", "10s", "-s", (char *) O.wrk_script, url, NULL};
   FILE *out = tmpfile ();
   if (out == NULL)
     return r;
@@ -427,8 +427,9 @@ wrk_load (const char *name, const char *method, const char *path, const char *bo
   long req = 0, dur_us = 0, p50 = 0, p99 = 0, es = 0, ec = 0, er = 0, ew = 0, et = 0;
   bool found = false;
   while (fgets (line, sizeof line, out) != NULL)
-    if (sscanf (line, "WRK requests=%ld duration_us=%ld p50_us=%ld p99_us=%ld status=%ld connect=%ld read=%ld "
-                      "write=%ld timeout=%ld",
+    if (sscanf (line,
+                "WRK requests=%ld duration_us=%ld p50_us=%ld p99_us=%ld status=%ld connect=%ld read=%ld "
+                "write=%ld timeout=%ld",
                 &req, &dur_us, &p50, &p99, &es, &ec, &er, &ew, &et)
         == 9)
       found = true;
@@ -503,12 +504,12 @@ int
 main (int argc, char **argv)
 {
   static const struct option lo[] = {
-      {"shim", required_argument, 0, 's'},         {"target", required_argument, 0, 't'},
-      {"rtt", required_argument, 0, 'n'},          {"rtt-warmup", required_argument, 0, 'w'},
-      {"clients", required_argument, 0, 'c'},      {"load-seconds", required_argument, 0, 'd'},
-      {"wrk", required_argument, 0, 'W'},          {"wrk-script", required_argument, 0, 'S'},
-      {"only", required_argument, 0, 'o'},         {"markdown", required_argument, 0, 'm'},
-      {"help", no_argument, 0, 'h'},               {0, 0, 0, 0},
+      {"shim", required_argument, 0, 's'},    {"target", required_argument, 0, 't'},
+      {"rtt", required_argument, 0, 'n'},     {"rtt-warmup", required_argument, 0, 'w'},
+      {"clients", required_argument, 0, 'c'}, {"load-seconds", required_argument, 0, 'd'},
+      {"wrk", required_argument, 0, 'W'},     {"wrk-script", required_argument, 0, 'S'},
+      {"only", required_argument, 0, 'o'},    {"markdown", required_argument, 0, 'm'},
+      {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
   };
   const char *only = "rtt,load";
   int ch;
@@ -528,8 +529,7 @@ main (int argc, char **argv)
       case 'h': usage (stdout); return 0;
       default: usage (stderr); return 2;
       }
-  if (O.shim == NULL || O.target == NULL || O.rtt_n < 1 || O.rtt_warmup < 0 || O.clients < 1
-      || O.load_seconds < 1)
+  if (O.shim == NULL || O.target == NULL || O.rtt_n < 1 || O.rtt_warmup < 0 || O.clients < 1 || O.load_seconds < 1)
     {
       usage (stderr);
       return 2;
@@ -555,8 +555,7 @@ main (int argc, char **argv)
   err_t err = ERR_INIT;
   int status = 0;
   char body[1024];
-  if (http_do (&h, "POST", "/sandboxes", "{\"sandbox_id\":\"" SANDBOX_ID "\"}", &status, body, sizeof body, &err)
-      < 0)
+  if (http_do (&h, "POST", "/sandboxes", "{\"sandbox_id\":\"" SANDBOX_ID "\"}", &status, body, sizeof body, &err) < 0)
     bc_die (PROG, "POST /sandboxes", &err);
   if (status != 201)
     {

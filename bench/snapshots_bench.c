@@ -63,7 +63,7 @@ static const struct
   int count;
   long size;
 } CLASSES[] = {
-    {9, 64L << 20}, {16, 16L << 20}, {32, 4L << 20}, {39, 1L << 20},
+    {9, 64L << 20},   {16, 16L << 20}, {32, 4L << 20},   {39, 1L << 20},
     {64, 256L << 10}, {96, 64L << 10}, {128, 16L << 10}, {256, 4L << 10},
 };
 #define NCLASSES (sizeof CLASSES / sizeof CLASSES[0])
@@ -357,8 +357,7 @@ bench_restore (const char *tarpath)
           fprintf (stderr, PROG ": tar -x failed\n");
           exit (1);
         }
-      fprintf (stderr, PROG ": restore %d: ours %.0f ms, tar -x %.0f ms%s\n", i, ms, tms,
-               i == 0 ? " (warm-up)" : "");
+      fprintf (stderr, PROG ": restore %d: ours %.0f ms, tar -x %.0f ms%s\n", i, ms, tms, i == 0 ? " (warm-up)" : "");
       if (i > 0)
         {
           bc_series_add (&ours, bc_mbps (TREE_BYTES, ms));
@@ -472,10 +471,10 @@ int
 main (int argc, char **argv)
 {
   static const struct option lo[] = {
-      {"target", required_argument, 0, 't'}, {"gcs-target", required_argument, 0, 'g'},
-      {"dir", required_argument, 0, 'd'},    {"runs", required_argument, 0, 'n'},
+      {"target", required_argument, 0, 't'},   {"gcs-target", required_argument, 0, 'g'},
+      {"dir", required_argument, 0, 'd'},      {"runs", required_argument, 0, 'n'},
       {"tree-mib", required_argument, 0, 's'}, {"markdown", required_argument, 0, 'm'},
-      {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
+      {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
   };
   int chr;
   while ((chr = getopt_long (argc, argv, "h", lo, NULL)) != -1)

@@ -89,13 +89,13 @@ take_fd (int *fd)
 }
 
 #ifndef TEMP_FAILURE_RETRY
-#define TEMP_FAILURE_RETRY(expr)                                                                   \
-  ({                                                                                               \
-    long _r;                                                                                       \
-    do                                                                                             \
-      _r = (long) (expr);                                                                          \
-    while (_r == -1L && errno == EINTR);                                                           \
-    _r;                                                                                            \
+#define TEMP_FAILURE_RETRY(expr)                                                                                     \
+  ({                                                                                                                 \
+    long _r;                                                                                                         \
+    do                                                                                                               \
+      _r = (long) (expr);                                                                                            \
+    while (_r == -1L && errno == EINTR);                                                                             \
+    _r;                                                                                                              \
   })
 #endif
 

@@ -26,11 +26,11 @@ typedef enum cfg_type_e
 
 typedef struct cfg_var_s
 {
-  const char *name;     /* environment variable */
+  const char *name; /* environment variable */
   cfg_type_t type;
-  const char *def;      /* default as text; NULL = unset */
-  const char *help;     /* one line */
-  long min, max;        /* CFG_INT bounds */
+  const char *def;  /* default as text; NULL = unset */
+  const char *help; /* one line */
+  long min, max;    /* CFG_INT bounds */
   void *target;
   const char *fallback; /* another variable whose value is the default, or NULL */
   bool secret;          /* never print the value */

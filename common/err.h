@@ -20,12 +20,15 @@
 
 #include <stdarg.h>
 
-typedef struct err_s {
-  int status;  /* errno value; 0 when no error */
-  char *msg;   /* owned; NULL when no error */
+typedef struct err_s
+{
+  int status; /* errno value; 0 when no error */
+  char *msg;  /* owned; NULL when no error */
 } err_t;
 
+/* clang-format off */
 #define ERR_INIT {0, NULL}
+/* clang-format on */
 
 /* Fills *err with `status` and the formatted message and returns -1.
  * Any previous content of *err is released first. `status` 0 is stored as

@@ -44,7 +44,6 @@ void log_msg (log_level_t level, const char *fmt, ...) __attribute__ ((format (p
  * <message of err>" as a warning; then releases *err (crun's crun_error_write_warning_and_release). */
 void err_warn_release (err_t *err, const char *fmt, ...) __attribute__ ((format (printf, 2, 3)));
 
-void log_fields (log_level_t level, json_t *fields, const char *fmt, ...)
-    __attribute__ ((format (printf, 3, 4)));
+void log_fields (log_level_t level, json_t *fields, const char *fmt, ...) __attribute__ ((format (printf, 3, 4)));
 
 #endif

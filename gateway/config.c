@@ -11,11 +11,10 @@
 #include "common/config.h"
 #include "common/log.h"
 
-static const char usage[]
-    = "Usage: sandbox-gateway [--help]\n\n"
-      "Serves sandbox.v1.Sandbox (isolated Linux sandboxes: launch, exec with streamed\n"
-      "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
-      "Configuration comes from the environment only.";
+static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
+                            "Serves sandbox.v1.Sandbox (isolated Linux sandboxes: launch, exec with streamed\n"
+                            "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
+                            "Configuration comes from the environment only.";
 
 #define N_VARS 30
 
@@ -24,73 +23,74 @@ static void
 vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
 {
   const cfg_var_t table[] = {
-    {"SANDBOX_LISTEN", CFG_STRING, "127.0.0.1:50051", "address the gRPC server listens on (host:port; port 0 picks one)",
-     0, 0, &c->listen, NULL, false},
-    {"CLOUD_RUN_SANDBOX_GATEWAY_SECRET", CFG_STRING, NULL,
-     "bearer secret every sandbox.v1.Sandbox call must present; unset: every call fails UNAVAILABLE", 0, 0,
-     &c->secret, NULL, true},
-    {"SANDBOX_LOG_LEVEL", CFG_STRING, "info", "lowest log severity written: debug, info, warning or error", 0, 0,
-     &c->log_level, NULL, false},
-    {"SANDBOX_MAX_MESSAGE_MB", CFG_INT, "16", "largest gRPC message accepted or sent, in MiB", 1, 1024,
-     &c->max_message_mb, NULL, false},
-    {"SANDBOX_SHUTDOWN_GRACE_SECONDS", CFG_INT, "10",
-     "on SIGTERM, how long calls in flight may run before they are cancelled", 0, 3600, &c->grace_seconds, NULL,
-     false},
-    {"SANDBOX_TLS_CERT", CFG_STRING, NULL, "PEM certificate chain; with SANDBOX_TLS_KEY, serve TLS", 0, 0,
-     &c->tls_cert, NULL, false},
-    {"SANDBOX_TLS_KEY", CFG_STRING, NULL, "PEM private key for SANDBOX_TLS_CERT", 0, 0, &c->tls_key, NULL, false},
-    {"SANDBOX_TLS_CLIENT_CA", CFG_STRING, NULL, "PEM CA bundle; when set, clients must present a certificate it signed",
-     0, 0, &c->tls_client_ca, NULL, false},
-    {"SANDBOX_STATE_DIR", CFG_STRING, "/var/lib/sandbox-gateway", "where sandboxes keep their state (disks, mount points)",
-     0, 0, &c->state_dir, NULL, false},
-    {"SANDBOX_ROOTFS", CFG_STRING, "/", "the image sandboxes see read-only under their writable overlay", 0, 0,
-     &c->rootfs, NULL, false},
-    {"SANDBOX_DISK_MB", CFG_INT, "2048", "writable overlay quota per sandbox, in MiB (a tmpfs)", 16, 1048576,
-     &c->disk_mb, NULL, false},
-    {"SANDBOX_MAX", CFG_INT, "256", "most live sandboxes; more: RESOURCE_EXHAUSTED", 1, 100000, &c->max_sandboxes,
-     NULL, false},
-    {"SANDBOX_PIDS_MAX", CFG_INT, "512", "most processes per sandbox", 8, 4194304, &c->pids_max, NULL, false},
-    {"SANDBOX_MEMORY_MB", CFG_INT, "2048", "memory limit per sandbox, in MiB", 16, 16777216, &c->memory_mb, NULL,
-     false},
-    {"SANDBOX_CPUS", CFG_STRING, NULL, "CPU limit per sandbox, in CPUs (e.g. 1.5); unset: unlimited", 0, 0, &c->cpus,
-     NULL, false},
-    {"SANDBOX_IDLE_TTL", CFG_INT, "0", "delete a sandbox unused for this many seconds; 0: never", 0, 31536000,
-     &c->idle_ttl, NULL, false},
-    {"ALLOW_EGRESS", CFG_BOOL, "false",
-     "let sandboxes launched with allow_egress reach the network (never the host's loopback or link-local)", 0, 0,
-     &c->allow_egress, NULL, false},
-    {"SANDBOX_VOLUME_MOUNTS", CFG_STRING, NULL,
-     "host paths bound into every sandbox: host:sandbox[:ro],...; ~ is the gateway's home; missing hosts skipped", 0,
-     0, &c->volume_mounts, NULL, false},
-    {"SANDBOX_CGROUP_GROUP", CFG_STRING, "sandbox-gateway",
-     "this instance's cgroup (under each hierarchy); instances sharing a machine need different ones", 0, 0,
-     &c->cgroup_group, NULL, false},
-    {"SANDBOX_SNAPSHOT_DIR", CFG_STRING, NULL, "the local snapshot store's directory; unset: $SANDBOX_STATE_DIR/snapshots",
-     0, 0, &c->snapshot_dir, NULL, false},
-    {"CLOUD_RUN_SANDBOX_SNAPSHOT_PREFIX", CFG_STRING, "sandbox-snapshots/", "prefix of snapshot object names", 0, 0,
-     &c->snapshot_prefix, NULL, false},
-    {"CLOUD_RUN_SANDBOX_GCS_BUCKET", CFG_STRING, NULL,
-     "persist snapshots to this Google Cloud Storage bucket; unset: the local store", 0, 0, &c->gcs_bucket, NULL,
-     false},
-    {"STORAGE_EMULATOR_HOST", CFG_STRING, NULL, "GCS: talk to this emulator (host:port or URL), without credentials",
-     0, 0, &c->gcs_emulator, NULL, false},
-    {"GOOGLE_APPLICATION_CREDENTIALS", CFG_STRING, NULL,
-     "GCS: service-account key file; unset: the metadata server's credentials", 0, 0, &c->gcs_credentials, NULL,
-     false},
-    {"GCE_METADATA_HOST", CFG_STRING, "metadata.google.internal", "GCS: the metadata server", 0, 0,
-     &c->gcs_metadata_host, NULL, false},
-    {"SANDBOX_GCS_CHUNK_MB", CFG_INT, "8", "GCS: resumable upload chunk, in MiB", 1, 1024, &c->gcs_chunk_mb, NULL,
-     false},
-    {"SANDBOX_GCS_RETRY_SECONDS", CFG_INT, "60", "GCS: how long one step is retried before it fails", 1, 3600,
-     &c->gcs_retry_seconds, NULL, false},
-    {"SANDBOX_SNAPSHOT_MAX_ENTRIES", CFG_INT, "1000000", "most entries a restored snapshot may have", 1, 100000000,
-     &c->snapshot_max_entries, NULL, false},
-    {"SANDBOX_SLIRP4NETNS", CFG_STRING, "slirp4netns", "user-mode networking program for egress sandboxes", 0, 0,
-     &c->slirp4netns, NULL, false},
-    {"SANDBOX_HELPER", CFG_STRING, NULL, "path of sandbox-helper; unset: next to this program", 0, 0, &c->helper,
-     NULL, false},
+      {"SANDBOX_LISTEN", CFG_STRING, "127.0.0.1:50051",
+       "address the gRPC server listens on (host:port; port 0 picks one)", 0, 0, &c->listen, NULL, false},
+      {"CLOUD_RUN_SANDBOX_GATEWAY_SECRET", CFG_STRING, NULL,
+       "bearer secret every sandbox.v1.Sandbox call must present; unset: every call fails UNAVAILABLE", 0, 0,
+       &c->secret, NULL, true},
+      {"SANDBOX_LOG_LEVEL", CFG_STRING, "info", "lowest log severity written: debug, info, warning or error", 0, 0,
+       &c->log_level, NULL, false},
+      {"SANDBOX_MAX_MESSAGE_MB", CFG_INT, "16", "largest gRPC message accepted or sent, in MiB", 1, 1024,
+       &c->max_message_mb, NULL, false},
+      {"SANDBOX_SHUTDOWN_GRACE_SECONDS", CFG_INT, "10",
+       "on SIGTERM, how long calls in flight may run before they are cancelled", 0, 3600, &c->grace_seconds, NULL,
+       false},
+      {"SANDBOX_TLS_CERT", CFG_STRING, NULL, "PEM certificate chain; with SANDBOX_TLS_KEY, serve TLS", 0, 0,
+       &c->tls_cert, NULL, false},
+      {"SANDBOX_TLS_KEY", CFG_STRING, NULL, "PEM private key for SANDBOX_TLS_CERT", 0, 0, &c->tls_key, NULL, false},
+      {"SANDBOX_TLS_CLIENT_CA", CFG_STRING, NULL,
+       "PEM CA bundle; when set, clients must present a certificate it signed", 0, 0, &c->tls_client_ca, NULL, false},
+      {"SANDBOX_STATE_DIR", CFG_STRING, "/var/lib/sandbox-gateway",
+       "where sandboxes keep their state (disks, mount points)", 0, 0, &c->state_dir, NULL, false},
+      {"SANDBOX_ROOTFS", CFG_STRING, "/", "the image sandboxes see read-only under their writable overlay", 0, 0,
+       &c->rootfs, NULL, false},
+      {"SANDBOX_DISK_MB", CFG_INT, "2048", "writable overlay quota per sandbox, in MiB (a tmpfs)", 16, 1048576,
+       &c->disk_mb, NULL, false},
+      {"SANDBOX_MAX", CFG_INT, "256", "most live sandboxes; more: RESOURCE_EXHAUSTED", 1, 100000, &c->max_sandboxes,
+       NULL, false},
+      {"SANDBOX_PIDS_MAX", CFG_INT, "512", "most processes per sandbox", 8, 4194304, &c->pids_max, NULL, false},
+      {"SANDBOX_MEMORY_MB", CFG_INT, "2048", "memory limit per sandbox, in MiB", 16, 16777216, &c->memory_mb, NULL,
+       false},
+      {"SANDBOX_CPUS", CFG_STRING, NULL, "CPU limit per sandbox, in CPUs (e.g. 1.5); unset: unlimited", 0, 0,
+       &c->cpus, NULL, false},
+      {"SANDBOX_IDLE_TTL", CFG_INT, "0", "delete a sandbox unused for this many seconds; 0: never", 0, 31536000,
+       &c->idle_ttl, NULL, false},
+      {"ALLOW_EGRESS", CFG_BOOL, "false",
+       "let sandboxes launched with allow_egress reach the network (never the host's loopback or link-local)", 0, 0,
+       &c->allow_egress, NULL, false},
+      {"SANDBOX_VOLUME_MOUNTS", CFG_STRING, NULL,
+       "host paths bound into every sandbox: host:sandbox[:ro],...; ~ is the gateway's home; missing hosts skipped",
+       0, 0, &c->volume_mounts, NULL, false},
+      {"SANDBOX_CGROUP_GROUP", CFG_STRING, "sandbox-gateway",
+       "this instance's cgroup (under each hierarchy); instances sharing a machine need different ones", 0, 0,
+       &c->cgroup_group, NULL, false},
+      {"SANDBOX_SNAPSHOT_DIR", CFG_STRING, NULL,
+       "the local snapshot store's directory; unset: $SANDBOX_STATE_DIR/snapshots", 0, 0, &c->snapshot_dir, NULL,
+       false},
+      {"CLOUD_RUN_SANDBOX_SNAPSHOT_PREFIX", CFG_STRING, "sandbox-snapshots/", "prefix of snapshot object names", 0, 0,
+       &c->snapshot_prefix, NULL, false},
+      {"CLOUD_RUN_SANDBOX_GCS_BUCKET", CFG_STRING, NULL,
+       "persist snapshots to this Google Cloud Storage bucket; unset: the local store", 0, 0, &c->gcs_bucket, NULL,
+       false},
+      {"STORAGE_EMULATOR_HOST", CFG_STRING, NULL,
+       "GCS: talk to this emulator (host:port or URL), without credentials", 0, 0, &c->gcs_emulator, NULL, false},
+      {"GOOGLE_APPLICATION_CREDENTIALS", CFG_STRING, NULL,
+       "GCS: service-account key file; unset: the metadata server's credentials", 0, 0, &c->gcs_credentials, NULL,
+       false},
+      {"GCE_METADATA_HOST", CFG_STRING, "metadata.google.internal", "GCS: the metadata server", 0, 0,
+       &c->gcs_metadata_host, NULL, false},
+      {"SANDBOX_GCS_CHUNK_MB", CFG_INT, "8", "GCS: resumable upload chunk, in MiB", 1, 1024, &c->gcs_chunk_mb, NULL,
+       false},
+      {"SANDBOX_GCS_RETRY_SECONDS", CFG_INT, "60", "GCS: how long one step is retried before it fails", 1, 3600,
+       &c->gcs_retry_seconds, NULL, false},
+      {"SANDBOX_SNAPSHOT_MAX_ENTRIES", CFG_INT, "1000000", "most entries a restored snapshot may have", 1, 100000000,
+       &c->snapshot_max_entries, NULL, false},
+      {"SANDBOX_SLIRP4NETNS", CFG_STRING, "slirp4netns", "user-mode networking program for egress sandboxes", 0, 0,
+       &c->slirp4netns, NULL, false},
+      {"SANDBOX_HELPER", CFG_STRING, NULL, "path of sandbox-helper; unset: next to this program", 0, 0, &c->helper,
+       NULL, false},
   };
-  _Static_assert (sizeof table / sizeof table[0] == N_VARS, "N_VARS matches the table");
+  _Static_assert(sizeof table / sizeof table[0] == N_VARS, "N_VARS matches the table");
   memcpy (vars, table, sizeof table);
 }
 
@@ -165,14 +165,12 @@ gw_config_load (gw_config_t *c, err_t *err)
     return -1;
   log_level_t level;
   if (log_parse_level (c->log_level, &level) < 0)
-    return err_make (err, EINVAL, "SANDBOX_LOG_LEVEL: `%s` is not one of debug, info, warning, error",
-                     c->log_level);
+    return err_make (err, EINVAL, "SANDBOX_LOG_LEVEL: `%s` is not one of debug, info, warning, error", c->log_level);
   log_set_level (level);
   const char *colon = strrchr (c->listen, ':');
   char *port_end = NULL;
   long port = colon != NULL ? strtol (colon + 1, &port_end, 10) : -1;
-  if (colon == NULL || colon == c->listen || port_end == colon + 1 || *port_end != '\0' || port < 0
-      || port > 65535)
+  if (colon == NULL || colon == c->listen || port_end == colon + 1 || *port_end != '\0' || port < 0 || port > 65535)
     return err_make (err, EINVAL, "SANDBOX_LISTEN: `%s` is not host:port with a port in 0..65535", c->listen);
   if ((c->tls_cert != NULL) != (c->tls_key != NULL))
     return err_make (err, EINVAL, "SANDBOX_TLS_CERT and SANDBOX_TLS_KEY must be set together");

@@ -57,10 +57,10 @@ typedef struct gw_config_s
   long snapshot_max_entries;
 
   /* Derived by gw_config_load. */
-  long cpu_millis;                          /* 0: unlimited */
-  char *volumes[GW_MAX_VOLUMES + 1];        /* "host:sandbox[:ro]", NULL-terminated */
-  const char *masks[GW_MAX_MASKS + 1];      /* NULL-terminated, borrowed from fields above */
-  char *unpacker;                           /* sandbox-unpack, beside sandbox-helper */
+  long cpu_millis;                     /* 0: unlimited */
+  char *volumes[GW_MAX_VOLUMES + 1];   /* "host:sandbox[:ro]", NULL-terminated */
+  const char *masks[GW_MAX_MASKS + 1]; /* NULL-terminated, borrowed from fields above */
+  char *unpacker;                      /* sandbox-unpack, beside sandbox-helper */
 } gw_config_t;
 
 /* Reads and checks the environment into *cfg (zeroed first). The message

@@ -17,8 +17,7 @@ scripts/install-deps.sh
 
 step "Formatting and API checks"
 scripts/check-api.sh
-# enabled once the tree is formatted
-# scripts/format.sh --check
+scripts/format.sh --check
 
 step "Building"
 bazel build //...

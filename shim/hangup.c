@@ -109,8 +109,7 @@ watch_add (int fd, rpc_client_call_t *call)
   s->call = call;
   s->used = true;
   s->hung_up = false;
-  struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLHUP | EPOLLERR,
-                           .data.u64 = ((uint64_t) i << 32) | s->gen};
+  struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLHUP | EPOLLERR, .data.u64 = ((uint64_t) i << 32) | s->gen};
   if (epoll_ctl (watch_epfd, EPOLL_CTL_ADD, fd, &ev) < 0)
     {
       s->used = false;

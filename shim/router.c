@@ -28,8 +28,8 @@ shim_match_path (const char *tmpl, const char *url, char *id, size_t id_cap, boo
 }
 
 const shim_route_t *
-shim_route_find (const shim_route_t *table, size_t n, const char *url, const char *method, char *id,
-                 bool *path_known, bool *id_too_long)
+shim_route_find (const shim_route_t *table, size_t n, const char *url, const char *method, char *id, bool *path_known,
+                 bool *id_too_long)
 {
   *path_known = false;
   *id_too_long = false;

@@ -84,8 +84,8 @@ start_request (shim_req_t *r, const char *url, const char *method)
     {
       const char *cl = MHD_lookup_connection_value (r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
       unsigned long long declared = cl != NULL ? strtoull (cl, NULL, 10) : 0;
-      unsigned long long cap = r->route->body == SHIM_BODY_JSON ? SHIM_MAX_JSON_BODY
-                                                                 : (unsigned long long) shim.cfg.max_restore_bytes;
+      unsigned long long cap
+          = r->route->body == SHIM_BODY_JSON ? SHIM_MAX_JSON_BODY : (unsigned long long) shim.cfg.max_restore_bytes;
       if (declared > cap)
         shim_req_fail (r, 413, "Request body too large");
     }
@@ -227,17 +227,17 @@ struct MHD_Daemon *
 shim_server_start (const struct sockaddr *addr, err_t *err)
 {
   struct MHD_Daemon *d = MHD_start_daemon (
-      MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG
-          | MHD_USE_ITC | MHD_USE_TURBO,
+      MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC
+          | MHD_USE_TURBO,
       0, NULL, NULL, access_handler, NULL, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, addr,
       MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_NOTIFY_CONNECTION, watchdog_notify_connection, NULL,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned) shim.cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned) shim.cfg.connection_timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (256 * 1024),
-      MHD_OPTION_THREAD_STACK_SIZE, (size_t) (512 * 1024),
-      MHD_OPTION_END);
+      MHD_OPTION_THREAD_STACK_SIZE, (size_t) (512 * 1024), MHD_OPTION_END);
   if (d == NULL)
     {
-      err_make (err, EADDRINUSE, "cannot listen on %s:%ld (address in use or not valid)", shim.cfg.host, shim.cfg.port);
+      err_make (err, EADDRINUSE, "cannot listen on %s:%ld (address in use or not valid)", shim.cfg.host,
+                shim.cfg.port);
       return NULL;
     }
   if (watchdog_start (err) < 0)

@@ -21,7 +21,7 @@ typedef struct shim_config_s
 {
   char *host;
   long port;
-  char *secret;         /* CLOUD_RUN_SANDBOX_GATEWAY_SECRET: clients must present it */
+  char *secret; /* CLOUD_RUN_SANDBOX_GATEWAY_SECRET: clients must present it */
   char *gateway_target;
   char *gateway_secret; /* sent to the gateway */
   long max_exec_output;

@@ -7,7 +7,6 @@
 #include <string.h>
 #include <strings.h>
 
-
 void
 shim_errors_init (shim_errors_t *e)
 {
@@ -148,8 +147,7 @@ lax_bool (json_t *v, bool *out)
 }
 
 bool
-shim_parse_launch (const char *content_type, const char *body, size_t len, shim_launch_body_t *out,
-                   shim_errors_t *e)
+shim_parse_launch (const char *content_type, const char *body, size_t len, shim_launch_body_t *out, shim_errors_t *e)
 {
   memset (out, 0, sizeof *out);
   json_t *root = parse_object (content_type, body, len, e);

@@ -61,5 +61,4 @@ bool shim_parse_exec (const char *content_type, const char *body, size_t len, sh
                       shim_errors_t *e);
 void shim_exec_body_release (shim_exec_body_t *b);
 
-
 #endif

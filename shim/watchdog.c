@@ -17,7 +17,6 @@
 
 #include "shim/shim.h"
 
-
 typedef struct conn_track_s
 {
   int fd;
@@ -65,7 +64,8 @@ watchdog_body (struct MHD_Connection *conn, size_t n)
 }
 
 void
-watchdog_notify_connection (void *cls, struct MHD_Connection *conn, void **socket_context, enum MHD_ConnectionNotificationCode code)
+watchdog_notify_connection (void *cls, struct MHD_Connection *conn, void **socket_context,
+                            enum MHD_ConnectionNotificationCode code)
 {
   if (code == MHD_CONNECTION_NOTIFY_STARTED)
     {

@@ -165,8 +165,7 @@ rpc_client_start (rpc_channel_t *ch, const char *method, int64_t timeout_ms, con
   c->status_details = grpc_empty_slice ();
   c->cq = grpc_completion_queue_create_for_pluck (NULL);
 
-  gpr_timespec deadline
-      = timeout_ms > 0 ? rpc_deadline_in_ms (timeout_ms) : gpr_inf_future (GPR_CLOCK_REALTIME);
+  gpr_timespec deadline = timeout_ms > 0 ? rpc_deadline_in_ms (timeout_ms) : gpr_inf_future (GPR_CLOCK_REALTIME);
   grpc_slice path = grpc_slice_from_copied_string (method);
   c->call = grpc_channel_create_call (ch->channel, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq, path, NULL, deadline, NULL);
   grpc_slice_unref (path);
@@ -268,8 +267,8 @@ rpc_client_finish (rpc_client_call_t *c, rpc_status_t *st)
     {
       rpc_status_release (st);
       st->code = c->status;
-      st->details = strndup ((const char *) GRPC_SLICE_START_PTR (c->status_details),
-                             GRPC_SLICE_LENGTH (c->status_details));
+      st->details
+          = strndup ((const char *) GRPC_SLICE_START_PTR (c->status_details), GRPC_SLICE_LENGTH (c->status_details));
       st->from_handler = false;
       for (size_t i = 0; i < c->trailing_md.count; i++)
         if (grpc_slice_str_cmp (c->trailing_md.metadata[i].key, RPC_ORIGIN_KEY) == 0

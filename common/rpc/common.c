@@ -22,11 +22,11 @@
 static void
 core_log (gpr_log_func_args *args)
 {
-  log_level_t level = args->severity == GPR_LOG_SEVERITY_ERROR ? SEV_ERROR
+  log_level_t level = args->severity == GPR_LOG_SEVERITY_ERROR  ? SEV_ERROR
                       : args->severity == GPR_LOG_SEVERITY_INFO ? SEV_INFO
                                                                 : SEV_DEBUG;
-  log_fields (level, json_pack ("{s:s, s:s, s:i}", "component", "grpc", "file", args->file, "line", args->line),
-              "%s", args->message);
+  log_fields (level, json_pack ("{s:s, s:s, s:i}", "component", "grpc", "file", args->file, "line", args->line), "%s",
+              args->message);
 }
 
 void
@@ -58,18 +58,30 @@ static const struct
   int errnum;
   grpc_status_code code;
 } errno_table[] = {
-    {EINVAL, GRPC_STATUS_INVALID_ARGUMENT},   {ENAMETOOLONG, GRPC_STATUS_INVALID_ARGUMENT},
-    {E2BIG, GRPC_STATUS_INVALID_ARGUMENT},    {EBADMSG, GRPC_STATUS_INVALID_ARGUMENT},
-    {ENOENT, GRPC_STATUS_NOT_FOUND},          {ESRCH, GRPC_STATUS_NOT_FOUND},
-    {EEXIST, GRPC_STATUS_ALREADY_EXISTS},     {ENOSPC, GRPC_STATUS_RESOURCE_EXHAUSTED},
-    {EDQUOT, GRPC_STATUS_RESOURCE_EXHAUSTED}, {EAGAIN, GRPC_STATUS_RESOURCE_EXHAUSTED},
-    {EMFILE, GRPC_STATUS_RESOURCE_EXHAUSTED}, {ENFILE, GRPC_STATUS_RESOURCE_EXHAUSTED},
-    {ENOMEM, GRPC_STATUS_RESOURCE_EXHAUSTED}, {EMSGSIZE, GRPC_STATUS_RESOURCE_EXHAUSTED},
-    {EUSERS, GRPC_STATUS_RESOURCE_EXHAUSTED}, {ETIMEDOUT, GRPC_STATUS_DEADLINE_EXCEEDED},
-    {ECANCELED, GRPC_STATUS_CANCELLED},       {ENOSYS, GRPC_STATUS_UNIMPLEMENTED},
-    {EKEYREJECTED, GRPC_STATUS_UNAUTHENTICATED}, {ESHUTDOWN, GRPC_STATUS_UNAVAILABLE},
-    {ECONNREFUSED, GRPC_STATUS_UNAVAILABLE},  {EPERM, GRPC_STATUS_PERMISSION_DENIED},
-    {EACCES, GRPC_STATUS_PERMISSION_DENIED},  {EBUSY, GRPC_STATUS_FAILED_PRECONDITION},
+    {EINVAL, GRPC_STATUS_INVALID_ARGUMENT},
+    {ENAMETOOLONG, GRPC_STATUS_INVALID_ARGUMENT},
+    {E2BIG, GRPC_STATUS_INVALID_ARGUMENT},
+    {EBADMSG, GRPC_STATUS_INVALID_ARGUMENT},
+    {ENOENT, GRPC_STATUS_NOT_FOUND},
+    {ESRCH, GRPC_STATUS_NOT_FOUND},
+    {EEXIST, GRPC_STATUS_ALREADY_EXISTS},
+    {ENOSPC, GRPC_STATUS_RESOURCE_EXHAUSTED},
+    {EDQUOT, GRPC_STATUS_RESOURCE_EXHAUSTED},
+    {EAGAIN, GRPC_STATUS_RESOURCE_EXHAUSTED},
+    {EMFILE, GRPC_STATUS_RESOURCE_EXHAUSTED},
+    {ENFILE, GRPC_STATUS_RESOURCE_EXHAUSTED},
+    {ENOMEM, GRPC_STATUS_RESOURCE_EXHAUSTED},
+    {EMSGSIZE, GRPC_STATUS_RESOURCE_EXHAUSTED},
+    {EUSERS, GRPC_STATUS_RESOURCE_EXHAUSTED},
+    {ETIMEDOUT, GRPC_STATUS_DEADLINE_EXCEEDED},
+    {ECANCELED, GRPC_STATUS_CANCELLED},
+    {ENOSYS, GRPC_STATUS_UNIMPLEMENTED},
+    {EKEYREJECTED, GRPC_STATUS_UNAUTHENTICATED},
+    {ESHUTDOWN, GRPC_STATUS_UNAVAILABLE},
+    {ECONNREFUSED, GRPC_STATUS_UNAVAILABLE},
+    {EPERM, GRPC_STATUS_PERMISSION_DENIED},
+    {EACCES, GRPC_STATUS_PERMISSION_DENIED},
+    {EBUSY, GRPC_STATUS_FAILED_PRECONDITION},
 };
 
 grpc_status_code
@@ -98,9 +110,9 @@ const char *
 rpc_status_name (grpc_status_code code)
 {
   static const char *const names[] = {
-      "OK",        "CANCELLED",          "UNKNOWN",          "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
-      "NOT_FOUND", "ALREADY_EXISTS",     "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-      "ABORTED",   "OUT_OF_RANGE",       "UNIMPLEMENTED",    "INTERNAL",         "UNAVAILABLE",
+      "OK",        "CANCELLED",       "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+      "NOT_FOUND", "ALREADY_EXISTS",  "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED",   "OUT_OF_RANGE",    "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
       "DATA_LOSS", "UNAUTHENTICATED",
   };
   if ((unsigned) code < sizeof names / sizeof names[0])
@@ -113,8 +125,8 @@ rpc_pack (const ProtobufCMessage *msg, size_t max, grpc_byte_buffer **out, err_t
 {
   size_t len = protobuf_c_message_get_packed_size (msg);
   if (len > max)
-    return err_make (err, EMSGSIZE, "%s of %zu bytes exceeds the %zu-byte message limit", msg->descriptor->name,
-                     len, max);
+    return err_make (err, EMSGSIZE, "%s of %zu bytes exceeds the %zu-byte message limit", msg->descriptor->name, len,
+                     max);
   grpc_slice slice = grpc_slice_malloc (len);
   protobuf_c_message_pack (msg, GRPC_SLICE_START_PTR (slice));
   *out = grpc_raw_byte_buffer_create (&slice, 1);
@@ -160,14 +172,14 @@ rpc_channel_args_init (rpc_channel_args_t *a, const rpc_opts_t *opts, bool serve
     max = INT32_MAX;
   a->max_message = max;
   size_t n = 0;
-#define ARG_INT(k, v)                                                                                              \
-  do                                                                                                               \
-    {                                                                                                              \
-      a->args[n].type = GRPC_ARG_INTEGER;                                                                          \
-      a->args[n].key = (char *) (k);                                                                               \
-      a->args[n].value.integer = (v);                                                                              \
-      n++;                                                                                                         \
-    }                                                                                                              \
+#define ARG_INT(k, v)                                                                                                \
+  do                                                                                                                 \
+    {                                                                                                                \
+      a->args[n].type = GRPC_ARG_INTEGER;                                                                            \
+      a->args[n].key = (char *) (k);                                                                                 \
+      a->args[n].value.integer = (v);                                                                                \
+      n++;                                                                                                           \
+    }                                                                                                                \
   while (0)
   ARG_INT (GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int) max);
   ARG_INT (GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, (int) max);

@@ -61,12 +61,12 @@ struct rpc_call_s
   grpc_completion_queue *cq;
   gpr_timespec deadline;
   grpc_metadata_array md;
-  int close_tag;   /* its address tags RECV_CLOSE_ON_SERVER */
-  int batch_tag;   /* its address tags every other batch */
-  int cancelled;   /* written by RECV_CLOSE_ON_SERVER */
-  bool closed;     /* RECV_CLOSE_ON_SERVER has completed */
-  bool md_sent;    /* initial metadata has gone out */
-  bool finished;   /* the status has gone out */
+  int close_tag; /* its address tags RECV_CLOSE_ON_SERVER */
+  int batch_tag; /* its address tags every other batch */
+  int cancelled; /* written by RECV_CLOSE_ON_SERVER */
+  bool closed;   /* RECV_CLOSE_ON_SERVER has completed */
+  bool md_sent;  /* initial metadata has gone out */
+  bool finished; /* the status has gone out */
   bool half_closed;
   bool peer_gone;
   grpc_byte_buffer *reply;

@@ -81,7 +81,9 @@ typedef struct rpc_status_s
   bool from_handler;
 } rpc_status_t;
 
+/* clang-format off */
 #define RPC_STATUS_INIT {GRPC_STATUS_OK, NULL, false}
+/* clang-format on */
 
 /* Trailing metadata the server layer adds to every status it sends. */
 #define RPC_ORIGIN_KEY "status-origin"

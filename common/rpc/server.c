@@ -315,10 +315,11 @@ server_credentials (rpc_server_t *s, grpc_server_credentials **out, err_t *err)
   if (s->tls_ca_file != NULL && rpc_read_pem (s->tls_ca_file, &ca, err) < 0)
     return err_wrap (err, "TLS client CA");
   grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
-  *out = grpc_ssl_server_credentials_create_ex (
-      ca, &pair, 1,
-      ca != NULL ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-      NULL);
+  *out
+      = grpc_ssl_server_credentials_create_ex (ca, &pair, 1,
+                                               ca != NULL ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                                          : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+                                               NULL);
   if (*out == NULL)
     return err_make (err, EINVAL, "TLS: the certificate or key is not valid PEM");
   return 0;

@@ -28,8 +28,7 @@ int api_connect (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 /* Receives the single request message of a unary or server-streaming
  * call into *out (freed by the caller: cleanup_message). EINVAL when there
  * is none. */
-int api_recv_request (rpc_call_t *call, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out,
-                      err_t *err);
+int api_recv_request (rpc_call_t *call, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err);
 
 /* After making sandbox `id` for `call`: when the call has meanwhile been
  * cancelled or passed its deadline, deletes the sandbox again and returns

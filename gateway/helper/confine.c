@@ -52,6 +52,7 @@ set_caps (err_t *err)
 
 /* System calls no sandboxed program needs and that widen the kernel's
  * attack surface or reach outside the sandbox. */
+/* clang-format off */
 static const char *const denied_syscalls[] = {
     /* kernel and module control */
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff",
@@ -73,6 +74,7 @@ static const char *const denied_syscalls[] = {
     "personality", "vhangup", "uselib", "ustat", "sysfs", "_sysctl", "vm86", "vm86old", "get_kernel_syms",
     "query_module", "create_module", "pciconfig_read", "pciconfig_write", "pciconfig_iobase",
 };
+/* clang-format on */
 
 int
 sbx_confine_prepare (sbx_confine_t *out, err_t *err)

@@ -102,16 +102,24 @@ main (int argc, char **argv)
       return 2;
     }
   static const struct option longopts[] = {
-      {"id", required_argument, NULL, 'i'},      {"state", required_argument, NULL, 's'},
-      {"lower", required_argument, NULL, 'l'},   {"cgroup-mount", required_argument, NULL, 'c'},
-      {"disk-mb", required_argument, NULL, 'd'}, {"disk-inodes", required_argument, NULL, 'n'},
-      {"pids", required_argument, NULL, 'p'},    {"memory-mb", required_argument, NULL, 'm'},
+      {"id", required_argument, NULL, 'i'},
+      {"state", required_argument, NULL, 's'},
+      {"lower", required_argument, NULL, 'l'},
+      {"cgroup-mount", required_argument, NULL, 'c'},
+      {"disk-mb", required_argument, NULL, 'd'},
+      {"disk-inodes", required_argument, NULL, 'n'},
+      {"pids", required_argument, NULL, 'p'},
+      {"memory-mb", required_argument, NULL, 'm'},
       {"cpu-millis", required_argument, NULL, 'u'},
-      {"volume", required_argument, NULL, 'v'},  {"hostname", required_argument, NULL, 'h'},
-      {"egress", no_argument, NULL, 'e'},        {"cgroup-group", required_argument, NULL, 'G'},
-      {"restore", no_argument, NULL, 'R'},       {"max-entries", required_argument, NULL, 'E'},
+      {"volume", required_argument, NULL, 'v'},
+      {"hostname", required_argument, NULL, 'h'},
+      {"egress", no_argument, NULL, 'e'},
+      {"cgroup-group", required_argument, NULL, 'G'},
+      {"restore", no_argument, NULL, 'R'},
+      {"max-entries", required_argument, NULL, 'E'},
       {"unpacker", required_argument, NULL, 'U'},
-      {"mask", required_argument, NULL, 'M'},    {"block", required_argument, NULL, 'B'},
+      {"mask", required_argument, NULL, 'M'},
+      {"block", required_argument, NULL, 'B'},
       {NULL, 0, NULL, 0},
   };
   optind = 2;

@@ -82,8 +82,7 @@ block_route (const unsigned char dst[4], int len, err_t *err)
     {
       struct nlmsgerr *e = NLMSG_DATA (h);
       if (e->error != 0 && e->error != -EEXIST)
-        return err_make_sys (err, -e->error, "make %u.%u.%u.%u/%d unreachable", dst[0], dst[1], dst[2], dst[3],
-                             len);
+        return err_make_sys (err, -e->error, "make %u.%u.%u.%u/%d unreachable", dst[0], dst[1], dst[2], dst[3], len);
     }
   return 0;
 }

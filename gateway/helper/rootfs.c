@@ -102,7 +102,7 @@ setup_dev (const char *root, const host_refs_t *refs, err_t *err)
   if (mount ("shm", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=65536k") < 0)
     return err_make_sys (err, errno, "mount tmpfs on `%s`", path);
   static const char *const links[][2] = {
-      {"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"},
+      {"pts/ptmx", "ptmx"},          {"/proc/self/fd", "fd"},       {"/proc/self/fd/0", "stdin"},
       {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"},
   };
   for (size_t i = 0; i < sizeof links / sizeof links[0]; i++)
@@ -248,9 +248,9 @@ mask_paths (const helper_opts_t *o, const char *root, err_t *err)
       struct stat st;
       if (lstat (path, &st) < 0)
         continue; /* not in the image */
-      int rc = S_ISDIR (st.st_mode) ? mount ("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                                             "size=0,mode=0555")
-                                    : mount ("/dev/null", path, NULL, MS_BIND, NULL);
+      int rc = S_ISDIR (st.st_mode)
+                   ? mount ("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0,mode=0555")
+                   : mount ("/dev/null", path, NULL, MS_BIND, NULL);
       if (rc < 0)
         return err_make_sys (err, errno, "mask `%s`", o->masks[i]);
     }

@@ -38,9 +38,9 @@ typedef struct sbx_cg_layout_s
    * and counted there. */
   char roots[SBX_CG_MAX_HIER][192];
   size_t n;
-  int freezer;   /* index of the hierarchy with the freezer, -1 none */
-  int memory;    /* index of the memory hierarchy, -1 none */
-  int cpu;       /* index of the cpu hierarchy, -1 none */
+  int freezer; /* index of the hierarchy with the freezer, -1 none */
+  int memory;  /* index of the memory hierarchy, -1 none */
+  int cpu;     /* index of the cpu hierarchy, -1 none */
 } sbx_cg_layout_t;
 
 /* Limits of one sandbox. 0 means unlimited. */

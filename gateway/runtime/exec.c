@@ -318,8 +318,8 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
   if (s == NULL)
     return err_make (err, ENOENT, "sandbox `%s` not found", req->id);
 
-  exec_run_t x = {.rt = rt, .req = req, .sink = sink, .res = res, .pumps = {{-1, 1}, {-1, 2}}, .stdin_fd = -1,
-                  .report_fd = -1};
+  exec_run_t x = {
+      .rt = rt, .req = req, .sink = sink, .res = res, .pumps = {{-1, 1}, {-1, 2}}, .stdin_fd = -1, .report_fd = -1};
   pthread_mutex_lock (&rt->mu);
   snprintf (x.group, sizeof x.group, "exec-%u", ++s->exec_seq);
   int ctl = s->ctl_fd;

@@ -113,9 +113,11 @@ helper_argv (sbx_runtime_t *rt, const sbx_t *s, bool restore, launch_numbers_t *
   snprintf (nums->mem, sizeof nums->mem, "%ld", c->memory_mb);
   snprintf (nums->cpu, sizeof nums->cpu, "%ld", c->cpu_millis);
   snprintf (nums->max_entries, sizeof nums->max_entries, "%ld", c->snapshot_max_entries);
-  const char *fixed[] = {"sandbox-helper", "launch", "--id", s->id, "--state", s->state, "--lower", c->rootfs,
-                         "--cgroup-mount", c->cgroup_mount, "--cgroup-group", c->cgroup_group, "--disk-mb",
-                         nums->disk_mb, "--pids", nums->pids, "--memory-mb", nums->mem, "--cpu-millis", nums->cpu};
+  const char *fixed[]
+      = {"sandbox-helper", "launch",      "--id",           s->id,           "--state",        s->state,
+         "--lower",        c->rootfs,     "--cgroup-mount", c->cgroup_mount, "--cgroup-group", c->cgroup_group,
+         "--disk-mb",      nums->disk_mb, "--pids",         nums->pids,      "--memory-mb",    nums->mem,
+         "--cpu-millis",   nums->cpu};
   for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
     argv_add (a, fixed[i]);
   argv_add_each (a, "--volume", c->volumes);
@@ -201,7 +203,8 @@ run_helper (sbx_runtime_t *rt, sbx_t *s, char *const *argv, sbx_source_fn src, v
     return err_make_sys (err, errno, "restore: pipe");
   pid_t helper = -1;
   cleanup_close int report_fd = -1;
-  if (sbx_spawn_helper (rt, argv, src != NULL ? tar_pipe[0] : null, null, STDERR_FILENO, &helper, &report_fd, err) < 0)
+  if (sbx_spawn_helper (rt, argv, src != NULL ? tar_pipe[0] : null, null, STDERR_FILENO, &helper, &report_fd, err)
+      < 0)
     return err_wrap (err, "launch `%s`", s->id);
   pthread_mutex_lock (&rt->mu);
   s->helper = helper;
@@ -282,9 +285,9 @@ sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn
   if (out != NULL)
     sbx_fill_info_locked (rt, s, out);
   pthread_mutex_unlock (&rt->mu);
-  log_fields (SEV_INFO,
-              json_pack ("{s:s, s:b, s:i}", "sandbox_id", id, "allow_egress", s->allow_egress, "holder_pid",
-                         (int) s->holder),
-              src != NULL ? "sandbox restored" : "sandbox launched");
+  log_fields (
+      SEV_INFO,
+      json_pack ("{s:s, s:b, s:i}", "sandbox_id", id, "allow_egress", s->allow_egress, "holder_pid", (int) s->holder),
+      src != NULL ? "sandbox restored" : "sandbox launched");
   return 0;
 }

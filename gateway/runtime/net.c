@@ -67,8 +67,17 @@ sbx_net_start (sbx_runtime_t *rt, sbx_t *s, err_t *err)
   cleanup_close int ex_r = ex[0], ex_w = ex[1];
   char pid[24];
   snprintf (pid, sizeof pid, "%d", (int) s->holder);
-  const char *argv[] = {rt->cfg.slirp4netns, "--configure", "--mtu=65520", "--disable-host-loopback",
-                        "--enable-sandbox", "--enable-seccomp", "--ready-fd=3", "--exit-fd=4", pid, "tap0", NULL};
+  const char *argv[] = {rt->cfg.slirp4netns,
+                        "--configure",
+                        "--mtu=65520",
+                        "--disable-host-loopback",
+                        "--enable-sandbox",
+                        "--enable-seccomp",
+                        "--ready-fd=3",
+                        "--exit-fd=4",
+                        pid,
+                        "tap0",
+                        NULL};
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init (&fa);
   posix_spawn_file_actions_addopen (&fa, 0, "/dev/null", O_RDONLY, 0);

@@ -29,7 +29,8 @@ runtime_init (sbx_runtime_t *rt, const sbx_config_t *cfg, err_t *err)
   if (sbx_cg_detect (cfg->cgroup_mount, cfg->cgroup_group, cfg->cpu_millis > 0, &rt->cg, err) < 0)
     return -1;
   snprintf (rt->sandboxes_dir, sizeof rt->sandboxes_dir, "%s/sandboxes", cfg->state_dir);
-  if ((mkdir (cfg->state_dir, 0700) < 0 && errno != EEXIST) || (mkdir (rt->sandboxes_dir, 0700) < 0 && errno != EEXIST))
+  if ((mkdir (cfg->state_dir, 0700) < 0 && errno != EEXIST)
+      || (mkdir (rt->sandboxes_dir, 0700) < 0 && errno != EEXIST))
     return err_make_sys (err, errno, "create the state directory `%s`", rt->sandboxes_dir);
   sbx_clean_leftovers (rt);
   if (sbx_net_scan_host (rt, err) < 0)

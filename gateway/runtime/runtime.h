@@ -39,10 +39,10 @@ typedef struct sbx_config_s
   long max_sandboxes;
   long pids_max;
   long memory_mb;
-  long cpu_millis;          /* 0: unlimited */
-  long idle_ttl_seconds;    /* 0: never */
-  long snapshot_max_entries; /* most entries a restored tar may have */
-  bool allow_egress;        /* ALLOW_EGRESS: the gateway permits egress */
+  long cpu_millis;            /* 0: unlimited */
+  long idle_ttl_seconds;      /* 0: never */
+  long snapshot_max_entries;  /* most entries a restored tar may have */
+  bool allow_egress;          /* ALLOW_EGRESS: the gateway permits egress */
   const char *const *volumes; /* "host:sandbox[:ro]", NULL-terminated, already checked */
   const char *const *masks;   /* host paths hidden inside sandboxes, NULL-terminated */
 } sbx_config_t;
@@ -88,8 +88,8 @@ typedef ssize_t (*sbx_source_fn) (void *ctx, const uint8_t **data, err_t *err);
  * the sandbox starts. The stream is unpacked as it arrives by a helper
  * chrooted in the new layer. EINVAL for a hostile or broken tar, ENOSPC
  * over the disk quota, and as sbx_launch. */
-int sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn src, void *ctx,
-                 sbx_info_t *out, err_t *err);
+int sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn src, void *ctx, sbx_info_t *out,
+                 err_t *err);
 
 /* Runs fn(upper directory path) while holding the sandbox, with its
  * processes frozen when `freeze` (thawed afterwards whatever happens). */
@@ -108,9 +108,9 @@ int sbx_list (sbx_runtime_t *rt, sbx_info_t **out, size_t *n, err_t *err);
 typedef struct sbx_exec_req_s
 {
   const char *id;
-  char *const *argv;  /* NULL-terminated, at least one element */
-  char *const *env;   /* "KEY=VALUE", NULL-terminated, may be NULL */
-  const char *cwd;    /* absolute; NULL or "": /root */
+  char *const *argv; /* NULL-terminated, at least one element */
+  char *const *env;  /* "KEY=VALUE", NULL-terminated, may be NULL */
+  const char *cwd;   /* absolute; NULL or "": /root */
   const uint8_t *stdin_data;
   size_t stdin_len;
   uint32_t timeout_seconds; /* 0: default */
@@ -130,13 +130,13 @@ typedef struct sbx_exec_sink_s
 
 typedef struct sbx_exec_result_s
 {
-  int exit_code;      /* -1 when killed by a signal */
+  int exit_code; /* -1 when killed by a signal */
   int signal;
   bool timed_out;
   bool cancelled;
   bool oom_killed;
   uint64_t duration_ms;
-  char message[256];  /* detail for an abnormal end */
+  char message[256]; /* detail for an abnormal end */
 } sbx_exec_result_t;
 
 /* Runs a command in a sandbox, streaming its output to `sink`. Returns 0

@@ -89,15 +89,15 @@ sbx_exec_encode (char *buf, size_t cap, const char *cwd, char *const *argv, char
 {
   sbx_exec_hdr_t h = {.magic = SBX_EXEC_MAGIC};
   size_t off = sizeof h;
-#define PUT(s)                                                                                                     \
-  do                                                                                                               \
-    {                                                                                                              \
-      size_t l_ = strlen (s) + 1;                                                                                  \
-      if (off + l_ > cap)                                                                                          \
-        return -1;                                                                                                 \
-      memcpy (buf + off, (s), l_);                                                                                 \
-      off += l_;                                                                                                   \
-    }                                                                                                              \
+#define PUT(s)                                                                                                       \
+  do                                                                                                                 \
+    {                                                                                                                \
+      size_t l_ = strlen (s) + 1;                                                                                    \
+      if (off + l_ > cap)                                                                                            \
+        return -1;                                                                                                   \
+      memcpy (buf + off, (s), l_);                                                                                   \
+      off += l_;                                                                                                     \
+    }                                                                                                                \
   while (0)
   PUT (cwd);
   for (size_t i = 0; argv[i] != NULL; i++, h.argc++)

@@ -282,8 +282,8 @@ write_file (export_t *x, int dirfd, const char *name, const char *path, const st
  * directories, the stack is on the heap and bounded by PATH_MAX. */
 typedef struct frame_s
 {
-  int fd;      /* the directory, opened O_NOFOLLOW */
-  size_t len;  /* length of its path in x->path */
+  int fd;     /* the directory, opened O_NOFOLLOW */
+  size_t len; /* length of its path in x->path */
   char **names;
   size_t n, next;
 } frame_t;

@@ -27,8 +27,8 @@ export_layer (const char *upper, void *ctx, err_t *err)
 }
 
 int
-snap_export_sandbox (sbx_runtime_t *rt, const char *id, snap_compression_t compression, snap_sink_fn sink,
-                     void *ctx, snap_export_result_t *res, err_t *err)
+snap_export_sandbox (sbx_runtime_t *rt, const char *id, snap_compression_t compression, snap_sink_fn sink, void *ctx,
+                     snap_export_result_t *res, err_t *err)
 {
   export_job_t j = {.compression = compression, .sink = sink, .ctx = ctx, .res = res};
   return sbx_with_layer (rt, id, true, export_layer, &j, err);
@@ -104,8 +104,7 @@ store_next (void *ctx, const uint8_t **data, err_t *err)
 
 /* Restores `id` from the store. ENOENT when there is no snapshot. */
 static int
-restore_from_store (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egress, sbx_info_t *info,
-                    err_t *err)
+restore_from_store (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egress, sbx_info_t *info, err_t *err)
 {
   cleanup_free char *object = snap_object_name (store, id);
   if (object == NULL)

@@ -52,8 +52,9 @@ mkdir_p (const char *path, mode_t mode, err_t *err)
               if (lstat (buf, &st) < 0)
                 return err_make_sys (err, errno, "lstat `%s`", buf);
               if (S_ISLNK (st.st_mode))
-                return err_make (err, EINVAL, "unsafe path in the snapshot: `%.200s` goes through the symlink `%.200s`",
-                                 path, buf);
+                return err_make (err, EINVAL,
+                                 "unsafe path in the snapshot: `%.200s` goes through the symlink `%.200s`", path,
+                                 buf);
               if (!S_ISDIR (st.st_mode))
                 return err_make (err, EINVAL, "bad snapshot at `%.200s`: `%.200s` is not a directory", path, buf);
             }
@@ -276,7 +277,8 @@ write_entry (unpack_t *u, struct archive_entry *e, const char *path, const char 
   if (archive_entry_size (e) > 0 && link == NULL && copy_data (u, path, err) < 0)
     return -1;
   int fin = archive_write_finish_entry (u->w);
-  if (fin < ARCHIVE_WARN || (fin == ARCHIVE_WARN && (archive_errno (u->w) == ENOSPC || archive_errno (u->w) == EDQUOT)))
+  if (fin < ARCHIVE_WARN
+      || (fin == ARCHIVE_WARN && (archive_errno (u->w) == ENOSPC || archive_errno (u->w) == EDQUOT)))
     return extract_fail (u->w, path, err);
   return 0;
 }

@@ -13,10 +13,10 @@
 
 typedef struct store_choice_s
 {
-  const char *local_dir;     /* SANDBOX_SNAPSHOT_DIR */
-  const char *prefix;        /* CLOUD_RUN_SANDBOX_SNAPSHOT_PREFIX */
-  const char *gcs_bucket;    /* NULL: the local store */
-  const char *gcs_emulator;  /* STORAGE_EMULATOR_HOST */
+  const char *local_dir;    /* SANDBOX_SNAPSHOT_DIR */
+  const char *prefix;       /* CLOUD_RUN_SANDBOX_SNAPSHOT_PREFIX */
+  const char *gcs_bucket;   /* NULL: the local store */
+  const char *gcs_emulator; /* STORAGE_EMULATOR_HOST */
   const char *gcs_credentials;
   const char *gcs_metadata_host;
   size_t gcs_chunk_bytes;

@@ -52,12 +52,11 @@ typedef struct snap_store_ops_s
 struct snap_store_s
 {
   const snap_store_ops_t *ops;
-  const char *kind;   /* "local" or "gcs" */
-  char *prefix;       /* object name prefix */
+  const char *kind; /* "local" or "gcs" */
+  char *prefix;     /* object name prefix */
 };
 
 /* The object name of a sandbox's snapshot (caller frees). */
 char *snap_object_name (const snap_store_t *store, const char *sandbox_id);
-
 
 #endif

@@ -7,7 +7,7 @@
 
 int
 route_unary (const char *method, const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,
-       ProtobufCMessage **resp, rpc_status_t *st, int64_t timeout_ms)
+             ProtobufCMessage **resp, rpc_status_t *st, int64_t timeout_ms)
 {
   err_t err = ERR_INIT;
   int rc = rpc_client_unary (shim.channel, method, timeout_ms, shim.md, shim.n_md, req, desc, resp, st, &err);

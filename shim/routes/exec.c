@@ -107,9 +107,9 @@ typedef struct ndjson_s
   char *line;
   size_t len, off;
   bool done;
-  bool failed;             /* the call ended with an error before any event */
-  bool any;                /* an event has been rendered */
-  rpc_status_t st;         /* the call's status when failed */
+  bool failed;     /* the call ended with an error before any event */
+  bool any;        /* an event has been rendered */
+  rpc_status_t st; /* the call's status when failed */
 } ndjson_t;
 
 static ssize_t

@@ -36,8 +36,8 @@ route_health (shim_req_t *r, unsigned *status)
   if (serving)
     {
       Sandbox__V1__StatusRequest sreq = SANDBOX__V1__STATUS_REQUEST__INIT;
-      if (route_unary ("/sandbox.v1.Sandbox/Status", &sreq.base, &sandbox__v1__status_response__descriptor, &resp, &st,
-                 3000)
+      if (route_unary ("/sandbox.v1.Sandbox/Status", &sreq.base, &sandbox__v1__status_response__descriptor, &resp,
+                       &st, 3000)
           == 0)
         {
           egress = ((Sandbox__V1__StatusResponse *) resp)->allow_egress;
@@ -47,7 +47,6 @@ route_health (shim_req_t *r, unsigned *status)
     }
   return shim_json (json_pack ("{s:b, s:b}", "cli_mounted", serving, "allow_egress", egress), 200, status);
 }
-
 
 /* ---- POST /sandboxes, GET /sandboxes, DELETE /sandboxes/{id} ------------------- */
 
@@ -69,7 +68,7 @@ route_launch (shim_req_t *r, unsigned *status)
   rpc_status_t st = RPC_STATUS_INIT;
   struct MHD_Response *out;
   if (route_unary ("/sandbox.v1.Sandbox/Launch", &req.base, &sandbox__v1__sandbox_info__descriptor, &resp, &st,
-             ROUTE_SHORT_CALL_MS)
+                   ROUTE_SHORT_CALL_MS)
       == 0)
     out = shim_json (json_pack ("{s:s}", "sandbox_id", body.id), 201, status);
   else if (st.code == GRPC_STATUS_ALREADY_EXISTS || st.code == GRPC_STATUS_INVALID_ARGUMENT
@@ -99,7 +98,7 @@ route_list (shim_req_t *r, unsigned *status)
   rpc_status_t st = RPC_STATUS_INIT;
   struct MHD_Response *out;
   if (route_unary ("/sandbox.v1.Sandbox/List", &req.base, &sandbox__v1__list_response__descriptor, &resp, &st,
-             ROUTE_SHORT_CALL_MS)
+                   ROUTE_SHORT_CALL_MS)
       == 0)
     {
       Sandbox__V1__ListResponse *l = (Sandbox__V1__ListResponse *) resp;
@@ -107,12 +106,12 @@ route_list (shim_req_t *r, unsigned *status)
       for (size_t i = 0; i < l->n_sandboxes; i++)
         {
           Sandbox__V1__SandboxInfo *s = l->sandboxes[i];
-          json_array_append_new (
-              arr, json_pack ("{s:s, s:I, s:I, s:b, s:i, s:I, s:I}", "sandbox_id", s->sandbox_id, "created_at_ms",
-                              (json_int_t) s->created_at_unix_ms, "last_used_ms", (json_int_t) s->last_used_unix_ms,
-                              "allow_egress", s->allow_egress, "process_count", (int) s->process_count,
-                              "disk_used_bytes", (json_int_t) s->disk_used_bytes, "disk_limit_bytes",
-                              (json_int_t) s->disk_limit_bytes));
+          json_array_append_new (arr, json_pack ("{s:s, s:I, s:I, s:b, s:i, s:I, s:I}", "sandbox_id", s->sandbox_id,
+                                                 "created_at_ms", (json_int_t) s->created_at_unix_ms, "last_used_ms",
+                                                 (json_int_t) s->last_used_unix_ms, "allow_egress", s->allow_egress,
+                                                 "process_count", (int) s->process_count, "disk_used_bytes",
+                                                 (json_int_t) s->disk_used_bytes, "disk_limit_bytes",
+                                                 (json_int_t) s->disk_limit_bytes));
         }
       out = shim_json (json_pack ("{s:o}", "sandboxes", arr), 200, status);
     }
@@ -136,12 +135,11 @@ route_delete (shim_req_t *r, unsigned *status)
   req.delete_snapshot = del_snap;
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
-  struct MHD_Response *out
-      = route_unary ("/sandbox.v1.Sandbox/Delete", &req.base, &sandbox__v1__delete_response__descriptor, &resp, &st,
-               ROUTE_SHORT_CALL_MS)
-                == 0
-            ? shim_empty (204, status)
-            : shim_gateway_error (st.code, &st, status);
+  struct MHD_Response *out = route_unary ("/sandbox.v1.Sandbox/Delete", &req.base,
+                                          &sandbox__v1__delete_response__descriptor, &resp, &st, ROUTE_SHORT_CALL_MS)
+                                     == 0
+                                 ? shim_empty (204, status)
+                                 : shim_gateway_error (st.code, &st, status);
   if (resp != NULL)
     protobuf_c_message_free_unpacked (resp, NULL);
   rpc_status_release (&st);
@@ -159,4 +157,3 @@ route_metrics (shim_req_t *r, unsigned *status)
   *status = 200;
   return resp;
 }
-

@@ -179,8 +179,7 @@ route_tar (shim_req_t *r, unsigned *status)
   if (t == NULL)
     return shim_detail (503, "Out of memory", status);
   err_t err = ERR_INIT;
-  if (rpc_client_start (shim.channel, "/sandbox.v1.Sandbox/ExportSnapshot", 0, shim.md, shim.n_md, &t->call, &err)
-          < 0
+  if (rpc_client_start (shim.channel, "/sandbox.v1.Sandbox/ExportSnapshot", 0, shim.md, shim.n_md, &t->call, &err) < 0
       || rpc_client_send (t->call, &req.base, &err) < 0 || rpc_client_close_send (t->call, &err) < 0
       || tar_next (t) <= 0)
     {
@@ -258,7 +257,7 @@ route_connect (shim_req_t *r, unsigned *status)
   rpc_status_t st = RPC_STATUS_INIT;
   struct MHD_Response *out;
   if (route_unary ("/sandbox.v1.Sandbox/Connect", &req.base, &sandbox__v1__connect_response__descriptor, &resp, &st,
-             600000)
+                   600000)
       == 0)
     {
       static const char *const outcomes[] = {"unspecified", "live", "restored", "created"};
@@ -273,5 +272,3 @@ route_connect (shim_req_t *r, unsigned *status)
   rpc_status_release (&st);
   return out;
 }
-
-

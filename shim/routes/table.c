@@ -9,11 +9,11 @@ const shim_route_t shim_routes[] = {
     {"GET", "/sandboxes", SHIM_BODY_NONE, true, route_list, NULL, NULL},
     {"DELETE", "/sandboxes/{id}", SHIM_BODY_NONE, true, route_delete, NULL, NULL},
     {"POST", "/sandboxes/{id}/exec", SHIM_BODY_JSON, true, route_exec, NULL, NULL},
-    {"POST", "/sandboxes/{id}/restore", SHIM_BODY_STREAM, true, route_restore, route_restore_upload, route_restore_cleanup},
+    {"POST", "/sandboxes/{id}/restore", SHIM_BODY_STREAM, true, route_restore, route_restore_upload,
+     route_restore_cleanup},
     {"GET", "/sandboxes/{id}/tar", SHIM_BODY_NONE, true, route_tar, NULL, NULL},
     {"POST", "/sandboxes/{id}/snapshot", SHIM_BODY_NONE, true, route_snapshot, NULL, NULL},
     {"POST", "/sandboxes/{id}/connect", SHIM_BODY_NONE, true, route_connect, NULL, NULL},
     {"GET", "/metrics", SHIM_BODY_NONE, true, route_metrics, NULL, NULL},
 };
 const size_t shim_n_routes = sizeof shim_routes / sizeof shim_routes[0];
-

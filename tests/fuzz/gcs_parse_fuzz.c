@@ -24,15 +24,15 @@
 
 #include "gateway/store/gcs/parse.h"
 
-#define CHECK(cond)                                                                                \
-  do                                                                                               \
-    {                                                                                              \
-      if (!(cond))                                                                                 \
-        {                                                                                          \
-          fprintf (stderr, "gcs_parse_fuzz: check failed: %s (line %d)\n", #cond, __LINE__);     \
-          abort ();                                                                                \
-        }                                                                                          \
-    }                                                                                              \
+#define CHECK(cond)                                                                                                  \
+  do                                                                                                                 \
+    {                                                                                                                \
+      if (!(cond))                                                                                                   \
+        {                                                                                                            \
+          fprintf (stderr, "gcs_parse_fuzz: check failed: %s (line %d)\n", #cond, __LINE__);                         \
+          abort ();                                                                                                  \
+        }                                                                                                            \
+    }                                                                                                                \
   while (0)
 
 static const char *const names[] = {"Location", "Range", "x-goog-hash", "Content-Length", ""};

@@ -31,31 +31,31 @@
 #include "grpc/reflection/v1alpha/reflection.pb-c.h"
 #include "sandbox/v1/sandbox.pb-c.h"
 
-#define CHECK(cond)                                                                                \
-  do                                                                                               \
-    {                                                                                              \
-      if (!(cond))                                                                                 \
-        {                                                                                          \
-          fprintf (stderr, "proto_fuzz: %s: check failed: %s (line %d)\n", desc->name, #cond, __LINE__); \
-          abort ();                                                                                \
-        }                                                                                          \
-    }                                                                                              \
+#define CHECK(cond)                                                                                                  \
+  do                                                                                                                 \
+    {                                                                                                                \
+      if (!(cond))                                                                                                   \
+        {                                                                                                            \
+          fprintf (stderr, "proto_fuzz: %s: check failed: %s (line %d)\n", desc->name, #cond, __LINE__);             \
+          abort ();                                                                                                  \
+        }                                                                                                            \
+    }                                                                                                                \
   while (0)
 
 static const ProtobufCMessageDescriptor *const types[] = {
-  &sandbox__v1__launch_request__descriptor,
-  &sandbox__v1__restore_request__descriptor,
-  &sandbox__v1__exec_request__descriptor,
-  &sandbox__v1__export_snapshot_request__descriptor,
-  &sandbox__v1__persist_snapshot_request__descriptor,
-  &sandbox__v1__connect_request__descriptor,
-  &sandbox__v1__delete_request__descriptor,
-  &sandbox__v1__get_request__descriptor,
-  &sandbox__v1__list_request__descriptor,
-  &sandbox__v1__status_request__descriptor,
-  &grpc__health__v1__health_check_request__descriptor,
-  &grpc__reflection__v1__server_reflection_request__descriptor,
-  &grpc__reflection__v1alpha__server_reflection_request__descriptor,
+    &sandbox__v1__launch_request__descriptor,
+    &sandbox__v1__restore_request__descriptor,
+    &sandbox__v1__exec_request__descriptor,
+    &sandbox__v1__export_snapshot_request__descriptor,
+    &sandbox__v1__persist_snapshot_request__descriptor,
+    &sandbox__v1__connect_request__descriptor,
+    &sandbox__v1__delete_request__descriptor,
+    &sandbox__v1__get_request__descriptor,
+    &sandbox__v1__list_request__descriptor,
+    &sandbox__v1__status_request__descriptor,
+    &grpc__health__v1__health_check_request__descriptor,
+    &grpc__reflection__v1__server_reflection_request__descriptor,
+    &grpc__reflection__v1alpha__server_reflection_request__descriptor,
 };
 #define N_TYPES (sizeof types / sizeof types[0])
 

@@ -27,21 +27,27 @@
 #include "shim/router.h"
 #include "shim/validate.h"
 
-#define CHECK(cond)                                                                                \
-  do                                                                                               \
-    {                                                                                              \
-      if (!(cond))                                                                                 \
-        {                                                                                          \
-          fprintf (stderr, "shim_fuzz: check failed: %s (line %d)\n", #cond, __LINE__);          \
-          abort ();                                                                                \
-        }                                                                                          \
-    }                                                                                              \
+#define CHECK(cond)                                                                                                  \
+  do                                                                                                                 \
+    {                                                                                                                \
+      if (!(cond))                                                                                                   \
+        {                                                                                                            \
+          fprintf (stderr, "shim_fuzz: check failed: %s (line %d)\n", #cond, __LINE__);                              \
+          abort ();                                                                                                  \
+        }                                                                                                            \
+    }                                                                                                                \
   while (0)
 
 static const char *const routes[] = {
-  "/health",          "/sandboxes",         "/sandboxes/{id}",         "/sandboxes/{id}/exec",
-  "/sandboxes/{id}/restore", "/sandboxes/{id}/tar", "/sandboxes/{id}/snapshot", "/sandboxes/{id}/connect",
-  "/metrics",
+    "/health",
+    "/sandboxes",
+    "/sandboxes/{id}",
+    "/sandboxes/{id}/exec",
+    "/sandboxes/{id}/restore",
+    "/sandboxes/{id}/tar",
+    "/sandboxes/{id}/snapshot",
+    "/sandboxes/{id}/connect",
+    "/metrics",
 };
 
 /* The error list is well formed and serialisable, as the shim sends it. */

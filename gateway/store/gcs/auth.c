@@ -40,17 +40,17 @@ struct gcs_auth_s
 {
   auth_kind_t kind;
   const gcs_net_t *net;
-  char *describe;     /* for messages */
+  char *describe; /* for messages */
   /* Service account. */
   char *client_email;
   char *token_uri;
-  char *key_id;       /* private_key_id, sent as the JWT "kid"; may be NULL */
+  char *key_id; /* private_key_id, sent as the JWT "kid"; may be NULL */
   EVP_PKEY *key;
   /* Metadata server. */
   char *metadata_url;
   /* The cache. */
   pthread_mutex_t mu;
-  char *token;        /* NULL when none */
+  char *token;         /* NULL when none */
   uint64_t expires_ms; /* monotonic */
 };
 
@@ -333,7 +333,8 @@ static int
 store_token (gcs_auth_t *a, const gcs_resp_t *resp, const char *where, err_t *err)
 {
   json_error_t jerr;
-  json_t *root = resp->body != NULL && !resp->body_truncated ? json_loadb (resp->body, resp->body_len, 0, &jerr) : NULL;
+  json_t *root
+      = resp->body != NULL && !resp->body_truncated ? json_loadb (resp->body, resp->body_len, 0, &jerr) : NULL;
   const char *tok = json_str (root, "access_token");
   json_t *exp = json_object_get (root, "expires_in");
   if (tok == NULL || !token_is_sane (tok))
@@ -341,7 +342,9 @@ store_token (gcs_auth_t *a, const gcs_resp_t *resp, const char *where, err_t *er
       json_decref (root);
       return err_make (err, EIO, "%s: `%s` answered without a usable access_token", a->describe, where);
     }
-  json_int_t secs = json_is_integer (exp) ? json_integer_value (exp) : json_is_real (exp) ? (json_int_t) json_real_value (exp) : 3600;
+  json_int_t secs = json_is_integer (exp) ? json_integer_value (exp)
+                    : json_is_real (exp)  ? (json_int_t) json_real_value (exp)
+                                          : 3600;
   if (secs < 0)
     secs = 0;
   if (secs > 24 * 3600)

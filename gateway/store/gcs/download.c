@@ -37,18 +37,18 @@ typedef struct gcs_reader_s
   char *url;
   CURL *h;
   CURLM *m;
-  bool attached;        /* h is in m */
+  bool attached; /* h is in m */
   struct curl_slist *hdrs;
   gcs_resp_t resp;
   uint8_t *pend;
   size_t pend_cap, pend_off, pend_len;
   bool paused;
-  bool done;            /* the transfer has ended */
-  CURLcode result;      /* how, when done */
-  bool oversize;        /* the write callback was handed more than READ_PIECE_MAX */
+  bool done;       /* the transfer has ended */
+  CURLcode result; /* how, when done */
+  bool oversize;   /* the write callback was handed more than READ_PIECE_MAX */
   uint32_t crc;
   uint64_t got;
-  bool verified;        /* the end was reached and checked */
+  bool verified; /* the end was reached and checked */
 } gcs_reader_t;
 
 static size_t

@@ -58,16 +58,16 @@ gcs_destroy (snap_store_t *store)
 }
 
 static const snap_store_ops_t gcs_ops = {
-  .writer_open = gcs_writer_open,
-  .writer_write = gcs_writer_write,
-  .writer_commit = gcs_writer_commit,
-  .writer_abort = gcs_writer_abort,
-  .reader_open = gcs_reader_open,
-  .reader_read = gcs_reader_read,
-  .reader_close = gcs_reader_close,
-  .remove = gcs_remove,
-  .exists = gcs_exists,
-  .destroy = gcs_destroy,
+    .writer_open = gcs_writer_open,
+    .writer_write = gcs_writer_write,
+    .writer_commit = gcs_writer_commit,
+    .writer_abort = gcs_writer_abort,
+    .reader_open = gcs_reader_open,
+    .reader_read = gcs_reader_read,
+    .reader_close = gcs_reader_close,
+    .remove = gcs_remove,
+    .exists = gcs_exists,
+    .destroy = gcs_destroy,
 };
 
 /* ---- settings ------------------------------------------------------------ */

@@ -29,7 +29,7 @@
 
 #define GCS_DEFAULT_PREFIX "sandbox-snapshots/"
 #define GCS_DEFAULT_ENDPOINT "https://storage.googleapis.com"
-#define GCS_CHUNK_QUANTUM (256u * 1024u)              /* chunk sizes are multiples of this */
+#define GCS_CHUNK_QUANTUM (256u * 1024u) /* chunk sizes are multiples of this */
 #define GCS_DEFAULT_CHUNK_SIZE (8u * 1024u * 1024u)
 #define GCS_DEFAULT_RETRY_BUDGET_MS 60000u
 #define GCS_DEFAULT_BACKOFF_INITIAL_MS 250u
@@ -52,8 +52,8 @@ typedef struct gcs_config_s
   unsigned retry_budget_ms;     /* time allowed for retries of one step, from its first failure */
   unsigned backoff_initial_ms;  /* first backoff; doubles up to backoff_max_ms, with jitter */
   unsigned backoff_max_ms;
-  long connect_timeout_s;       /* TCP + TLS connect */
-  long stall_timeout_s;         /* a transfer below 1 byte/s for this long has failed */
+  long connect_timeout_s; /* TCP + TLS connect */
+  long stall_timeout_s;   /* a transfer below 1 byte/s for this long has failed */
 } gcs_config_t;
 
 /* Fills *cfg with the defaults and the environment variables named above

@@ -178,8 +178,8 @@ on_body (char *data, size_t size, size_t n, void *user)
 /* ---- requests ------------------------------------------------------------ */
 
 int
-gcs_http_setup (CURL *h, const gcs_net_t *net, const gcs_req_t *req, gcs_resp_t *resp,
-                struct curl_slist **hdrs, err_t *err)
+gcs_http_setup (CURL *h, const gcs_net_t *net, const gcs_req_t *req, gcs_resp_t *resp, struct curl_slist **hdrs,
+                err_t *err)
 {
   gcs_resp_clear (resp);
   resp->body_max = req->body_max != 0 ? req->body_max : BODY_MAX_DEFAULT;
@@ -269,8 +269,7 @@ gcs_resp_retryable (const gcs_resp_t *resp)
 {
   switch (resp->rc)
     {
-    case CURLE_OK:
-      return resp->status == 408 || resp->status == 429 || resp->status >= 500;
+    case CURLE_OK: return resp->status == 408 || resp->status == 429 || resp->status >= 500;
     /* Failures that trying again will not fix. */
     case CURLE_UNSUPPORTED_PROTOCOL:
     case CURLE_URL_MALFORMAT:
@@ -281,10 +280,8 @@ gcs_resp_retryable (const gcs_resp_t *resp)
     case CURLE_ABORTED_BY_CALLBACK:
     case CURLE_WRITE_ERROR:
     case CURLE_BAD_FUNCTION_ARGUMENT:
-    case CURLE_TOO_MANY_REDIRECTS:
-      return false;
-    default:
-      return true;
+    case CURLE_TOO_MANY_REDIRECTS: return false;
+    default: return true;
     }
 }
 

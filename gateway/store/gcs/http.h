@@ -28,9 +28,9 @@ typedef struct gcs_net_s
 {
   CURLSH *share;
   pthread_mutex_t locks[CURL_LOCK_DATA_LAST];
-  long connect_timeout_s;     /* TCP + TLS connect */
-  long stall_timeout_s;       /* abort a transfer below 1 byte/s for this long */
-  unsigned retry_budget_ms;   /* time allowed for retries after a failure */
+  long connect_timeout_s;   /* TCP + TLS connect */
+  long stall_timeout_s;     /* abort a transfer below 1 byte/s for this long */
+  unsigned retry_budget_ms; /* time allowed for retries after a failure */
   unsigned backoff_initial_ms;
   unsigned backoff_max_ms;
 } gcs_net_t;
@@ -45,14 +45,14 @@ uint64_t gcs_now_ms (void);
 
 typedef struct gcs_req_s
 {
-  const char *method;               /* GET, POST, PUT, DELETE */
+  const char *method; /* GET, POST, PUT, DELETE */
   const char *url;
   const struct curl_slist *headers; /* extra request headers; not owned */
   const char *auth_header;          /* "Authorization: Bearer …" or NULL */
   const void *body;                 /* sent for POST and PUT (may be NULL with body_len 0) */
   size_t body_len;
-  long timeout_s;                   /* whole exchange; 0: only stall detection bounds it */
-  size_t body_max;                  /* response bytes kept (default 64 KiB); more sets body_truncated */
+  long timeout_s;  /* whole exchange; 0: only stall detection bounds it */
+  size_t body_max; /* response bytes kept (default 64 KiB); more sets body_truncated */
 } gcs_req_t;
 
 typedef struct gcs_resp_s
@@ -64,13 +64,13 @@ typedef struct gcs_resp_s
   size_t body_len;
   size_t body_max;
   bool body_truncated;
-  bool headers_done;            /* the final response's headers have all arrived */
-  char *location;               /* Location header, owned; NULL when absent or over-long */
-  bool has_range;               /* Range: bytes=0-N seen */
-  bool range_bad;               /* a Range header that did not parse */
-  uint64_t committed;           /* N + 1 */
-  bool has_crc;                 /* x-goog-hash crc32c seen */
-  bool crc_bad;                 /* malformed or contradictory crc32c */
+  bool headers_done;  /* the final response's headers have all arrived */
+  char *location;     /* Location header, owned; NULL when absent or over-long */
+  bool has_range;     /* Range: bytes=0-N seen */
+  bool range_bad;     /* a Range header that did not parse */
+  uint64_t committed; /* N + 1 */
+  bool has_crc;       /* x-goog-hash crc32c seen */
+  bool crc_bad;       /* malformed or contradictory crc32c */
   uint32_t crc;
 } gcs_resp_t;
 
@@ -91,8 +91,8 @@ int gcs_resp_body_append (gcs_resp_t *resp, const char *data, size_t len);
  * `req` and its strings must outlive the transfer. *hdrs receives the
  * request's header list, which the caller frees with curl_slist_free_all
  * after the transfer. 0 ok, -1 with *err (out of memory). */
-int gcs_http_setup (CURL *h, const gcs_net_t *net, const gcs_req_t *req, gcs_resp_t *resp,
-                    struct curl_slist **hdrs, err_t *err);
+int gcs_http_setup (CURL *h, const gcs_net_t *net, const gcs_req_t *req, gcs_resp_t *resp, struct curl_slist **hdrs,
+                    err_t *err);
 
 /* One exchange: sets up and performs it. Returns 0 when it could be tried
  * (look at resp->rc and resp->status), -1 with *err only when it could not

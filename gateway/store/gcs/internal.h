@@ -30,12 +30,12 @@ typedef struct gcs_store_s
 {
   snap_store_t base; /* first: a snap_store_t * is a gcs_store_t * */
   char *bucket;
-  char *bucket_esc;  /* URL-escaped */
-  char *endpoint;    /* no trailing '/' */
+  char *bucket_esc; /* URL-escaped */
+  char *endpoint;   /* no trailing '/' */
   size_t chunk_size;
   gcs_net_t net;
   bool net_ready;
-  gcs_auth_t *auth;  /* NULL: no credentials (emulator) */
+  gcs_auth_t *auth; /* NULL: no credentials (emulator) */
 } gcs_store_t;
 
 /* ---- request helpers (request.c) ----------------------------------------- */
@@ -67,8 +67,8 @@ void gcs_log_retry (const char *what, const char *step, const gcs_resp_t *resp);
  * that answer in *resp (any status: the caller decides), *retried (may be
  * NULL) set when an earlier attempt failed; -1 with *err when the retry
  * budget ran out (ETIMEDOUT, naming `what`, `step` and the last failure). */
-int gcs_do_with_retry (gcs_store_t *s, CURL *h, gcs_req_t *req, gcs_resp_t *resp, const char *what,
-                       const char *step, bool *retried, err_t *err);
+int gcs_do_with_retry (gcs_store_t *s, CURL *h, gcs_req_t *req, gcs_resp_t *resp, const char *what, const char *step,
+                       bool *retried, err_t *err);
 
 /* The error for a final unexpected answer: EACCES for 401/403, ENOENT for
  * 404, else EIO. Returns -1. */

@@ -270,8 +270,8 @@ gcs_crc32c (uint32_t crc, const uint8_t *data, size_t len)
 void
 gcs_crc32c_base64 (uint32_t crc, char out[9])
 {
-  unsigned char be[4] = {(unsigned char) (crc >> 24), (unsigned char) (crc >> 16), (unsigned char) (crc >> 8),
-                         (unsigned char) crc};
+  unsigned char be[4]
+      = {(unsigned char) (crc >> 24), (unsigned char) (crc >> 16), (unsigned char) (crc >> 8), (unsigned char) crc};
   unsigned char tmp[16];
   EVP_EncodeBlock (tmp, be, 4); /* 8 characters and a NUL */
   memcpy (out, tmp, 9);

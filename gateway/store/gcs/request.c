@@ -79,12 +79,9 @@ status_errno (long status)
   switch (status)
     {
     case 401:
-    case 403:
-      return EACCES;
-    case 404:
-      return ENOENT;
-    default:
-      return EIO;
+    case 403: return EACCES;
+    case 404: return ENOENT;
+    default: return EIO;
     }
 }
 

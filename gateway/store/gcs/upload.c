@@ -32,14 +32,14 @@
 typedef struct gcs_writer_s
 {
   gcs_store_t *store;
-  char *what;       /* "gs://bucket/object", for messages */
+  char *what; /* "gs://bucket/object", for messages */
   char *object;
   CURL *h;
-  char *session;    /* the resumable session URI */
-  uint8_t *buf;     /* one chunk: the bytes from offset `base` not yet committed */
+  char *session; /* the resumable session URI */
+  uint8_t *buf;  /* one chunk: the bytes from offset `base` not yet committed */
   size_t len;
-  uint64_t base;    /* bytes the server has committed */
-  uint32_t crc;     /* CRC32C of everything written */
+  uint64_t base; /* bytes the server has committed */
+  uint32_t crc;  /* CRC32C of everything written */
   bool failed;
 } gcs_writer_t;
 

@@ -403,8 +403,16 @@ test_range_header_parsing_refuses_malformed_values (void **state)
   assert_int_equal (c, 100);
   assert_int_equal (gcs_parse_range ("BYTES=0-0", 9, &c), 0);
   assert_int_equal (c, 1);
-  const char *bad[] = {"bytes=1-99", "bytes=0-", "bytes=-5", "bytes=0-99x", "bytes 0-99", "bytes=0-9,0-3", "",
-                       "bytes=0-18446744073709551615", "bytes=0-99999999999999999999999", "bytes=00-5 "};
+  const char *bad[] = {"bytes=1-99",
+                       "bytes=0-",
+                       "bytes=-5",
+                       "bytes=0-99x",
+                       "bytes 0-99",
+                       "bytes=0-9,0-3",
+                       "",
+                       "bytes=0-18446744073709551615",
+                       "bytes=0-99999999999999999999999",
+                       "bytes=00-5 "};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     assert_int_equal (gcs_parse_range (bad[i], strlen (bad[i]), &c), -1);
   /* The length is respected: no read past it. */
@@ -426,8 +434,13 @@ test_goog_hash_parsing_finds_crc32c_and_refuses_garbage (void **state)
   assert_int_equal (c, gcs_crc32c (0, (const uint8_t *) "hello", 5));
   v = "md5=Ojk9c3dhfxgoKVVHYwFbHQ==";
   assert_int_equal (gcs_parse_goog_hash_crc32c (v, strlen (v), &c), 0);
-  const char *bad[] = {"crc32c=", "crc32c=AAAA", "crc32c=n03x6A=", "crc32c=n03x6A===", "crc32c=n0$x6A==",
-                       "crc32c=n03x6B==" /* non-zero spare bits */, "crc32c=n03x6A==,crc32c=mnG7TA=="};
+  const char *bad[] = {"crc32c=",
+                       "crc32c=AAAA",
+                       "crc32c=n03x6A=",
+                       "crc32c=n03x6A===",
+                       "crc32c=n0$x6A==",
+                       "crc32c=n03x6B==" /* non-zero spare bits */,
+                       "crc32c=n03x6A==,crc32c=mnG7TA=="};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     assert_int_equal (gcs_parse_goog_hash_crc32c (bad[i], strlen (bad[i]), &c), -1);
 }
@@ -928,31 +941,31 @@ int
 main (void)
 {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test (test_crc32c_matches_known_vectors_on_both_paths),
-    cmocka_unit_test (test_range_header_parsing_refuses_malformed_values),
-    cmocka_unit_test (test_goog_hash_parsing_finds_crc32c_and_refuses_garbage),
-    cmocka_unit_test (test_header_lines_match_names_in_any_case_only),
-    cmocka_unit_test (test_bad_settings_are_refused_with_the_reason),
-    cmocka_unit_test (test_config_from_env_reads_the_documented_variables),
-    cmocka_unit_test_setup (test_multi_chunk_object_round_trips_byte_identical, test_setup),
-    cmocka_unit_test_setup (test_upload_survives_injected_503s, test_setup),
-    cmocka_unit_test_setup (test_upload_survives_429s, test_setup),
-    cmocka_unit_test_setup (test_upload_survives_connection_dropped_mid_chunk, test_setup),
-    cmocka_unit_test_setup (test_upload_resends_what_a_partial_commit_left, test_setup),
-    cmocka_unit_test_setup (test_slow_server_within_budget_works, test_setup),
-    cmocka_unit_test_setup (test_stalled_connection_is_detected_and_upload_resumes, test_setup),
-    cmocka_unit_test_setup (test_outage_longer_than_budget_fails_clearly_and_leaves_no_object, test_setup),
-    cmocka_unit_test_setup (test_abort_leaves_no_object, test_setup),
-    cmocka_unit_test_setup (test_download_of_missing_object_is_enoent, test_setup),
-    cmocka_unit_test_setup (test_download_with_corrupted_crc_is_ebadmsg, test_setup),
-    cmocka_unit_test_setup (test_download_cut_short_is_an_error, test_setup),
-    cmocka_unit_test_setup (test_download_retries_its_start, test_setup),
-    cmocka_unit_test_setup (test_remove_and_exists, test_setup),
-    cmocka_unit_test_setup (test_service_account_jwt_is_accepted_and_token_cached, test_setup),
-    cmocka_unit_test_setup (test_threads_share_one_token_fetch, test_setup),
-    cmocka_unit_test_setup (test_jwt_signed_by_another_key_is_refused, test_setup),
-    cmocka_unit_test_setup (test_metadata_server_token_works, test_setup),
-    cmocka_unit_test_setup (test_requests_without_credentials_are_refused_by_an_auth_server, test_setup),
+      cmocka_unit_test (test_crc32c_matches_known_vectors_on_both_paths),
+      cmocka_unit_test (test_range_header_parsing_refuses_malformed_values),
+      cmocka_unit_test (test_goog_hash_parsing_finds_crc32c_and_refuses_garbage),
+      cmocka_unit_test (test_header_lines_match_names_in_any_case_only),
+      cmocka_unit_test (test_bad_settings_are_refused_with_the_reason),
+      cmocka_unit_test (test_config_from_env_reads_the_documented_variables),
+      cmocka_unit_test_setup (test_multi_chunk_object_round_trips_byte_identical, test_setup),
+      cmocka_unit_test_setup (test_upload_survives_injected_503s, test_setup),
+      cmocka_unit_test_setup (test_upload_survives_429s, test_setup),
+      cmocka_unit_test_setup (test_upload_survives_connection_dropped_mid_chunk, test_setup),
+      cmocka_unit_test_setup (test_upload_resends_what_a_partial_commit_left, test_setup),
+      cmocka_unit_test_setup (test_slow_server_within_budget_works, test_setup),
+      cmocka_unit_test_setup (test_stalled_connection_is_detected_and_upload_resumes, test_setup),
+      cmocka_unit_test_setup (test_outage_longer_than_budget_fails_clearly_and_leaves_no_object, test_setup),
+      cmocka_unit_test_setup (test_abort_leaves_no_object, test_setup),
+      cmocka_unit_test_setup (test_download_of_missing_object_is_enoent, test_setup),
+      cmocka_unit_test_setup (test_download_with_corrupted_crc_is_ebadmsg, test_setup),
+      cmocka_unit_test_setup (test_download_cut_short_is_an_error, test_setup),
+      cmocka_unit_test_setup (test_download_retries_its_start, test_setup),
+      cmocka_unit_test_setup (test_remove_and_exists, test_setup),
+      cmocka_unit_test_setup (test_service_account_jwt_is_accepted_and_token_cached, test_setup),
+      cmocka_unit_test_setup (test_threads_share_one_token_fetch, test_setup),
+      cmocka_unit_test_setup (test_jwt_signed_by_another_key_is_refused, test_setup),
+      cmocka_unit_test_setup (test_metadata_server_token_works, test_setup),
+      cmocka_unit_test_setup (test_requests_without_credentials_are_refused_by_an_auth_server, test_setup),
   };
   return cmocka_run_group_tests (tests, group_setup, group_teardown);
 }

@@ -28,9 +28,9 @@
 
 /* ---- the echo service ---------------------------------------------------- */
 
-static atomic_int cancels_seen;      /* Wait handlers that saw cancellation */
-static atomic_int send_failures;     /* Expand handlers whose send failed */
-static atomic_int handlers_started;  /* Wait handlers that have begun */
+static atomic_int cancels_seen;     /* Wait handlers that saw cancellation */
+static atomic_int send_failures;    /* Expand handlers whose send failed */
+static atomic_int handlers_started; /* Wait handlers that have begun */
 static pthread_mutex_t barrier_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t barrier_cv = PTHREAD_COND_INITIALIZER;
 static unsigned barrier_arrived;
@@ -669,14 +669,16 @@ static void
 test_tls_round_trip_and_plaintext_client_refused (void **state)
 {
   (void) state;
-  rpc_opts_t server_opts = {.tls_cert_file = "tests/unit/rpc/localhost.crt", .tls_key_file = "tests/unit/rpc/localhost.key"};
+  rpc_opts_t server_opts
+      = {.tls_cert_file = "tests/unit/rpc/localhost.crt", .tls_key_file = "tests/unit/rpc/localhost.key"};
   int port = 0;
   rpc_server_t *s = start_echo_server (&server_opts, &port);
   char target[64];
   snprintf (target, sizeof target, "127.0.0.1:%d", port);
 
   err_t err = ERR_INIT;
-  rpc_opts_t client_opts = {.tls = true, .tls_ca_file = "tests/unit/rpc/localhost.crt", .tls_server_name = "localhost"};
+  rpc_opts_t client_opts
+      = {.tls = true, .tls_ca_file = "tests/unit/rpc/localhost.crt", .tls_server_name = "localhost"};
   rpc_channel_t *tls = NULL;
   assert_int_equal (rpc_channel_new (target, &client_opts, &tls, &err), 0);
   Echo__V1__EchoReply *reply = NULL;

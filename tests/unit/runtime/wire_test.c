@@ -227,8 +227,8 @@ test_exec_request_with_huge_counts_is_refused (void **state)
     for (int which = 0; which < 2; which++)
       {
         char buf[sizeof (sbx_exec_hdr_t) + 4] = {0};
-        sbx_exec_hdr_t h = {.magic = SBX_EXEC_MAGIC, .argc = which == 0 ? huge[i] : 1,
-                            .envc = which == 1 ? huge[i] : 0, .len = 4};
+        sbx_exec_hdr_t h
+            = {.magic = SBX_EXEC_MAGIC, .argc = which == 0 ? huge[i] : 1, .envc = which == 1 ? huge[i] : 0, .len = 4};
         memcpy (buf, &h, sizeof h);
         memcpy (buf + sizeof h, "/\0a\0", 4);
         const char *cwd = NULL;
