@@ -108,39 +108,34 @@ log_write (log_level_t level, json_t *fields, const char *fmt, va_list ap)
 void
 log_msg (log_level_t level, const char *fmt, ...)
 {
-  if (!log_enabled (level))
-    return;
   va_list ap;
   va_start (ap, fmt);
-  log_write (level, NULL, fmt, ap);
+  if (log_enabled (level))
+    log_write (level, NULL, fmt, ap);
   va_end (ap);
 }
 
 void
 log_fields (log_level_t level, json_t *fields, const char *fmt, ...)
 {
-  if (!log_enabled (level))
-    {
-      json_decref (fields);
-      return;
-    }
   va_list ap;
   va_start (ap, fmt);
-  log_write (level, fields, fmt, ap);
+  if (log_enabled (level))
+    log_write (level, fields, fmt, ap);
+  else
+    json_decref (fields);
   va_end (ap);
 }
 
 void
 err_warn_release (err_t *err, const char *fmt, ...)
 {
-  if (err->status != 0 && log_enabled (SEV_WARNING))
-    {
-      char context[512];
-      va_list ap;
-      va_start (ap, fmt);
-      vsnprintf (context, sizeof context, fmt, ap);
-      va_end (ap);
-      log_msg (SEV_WARNING, "%s: %s", context, err_msg (err));
-    }
+  char context[512] = "";
+  va_list ap;
+  va_start (ap, fmt);
+  vsnprintf (context, sizeof context, fmt, ap);
+  va_end (ap);
+  if (err->status != 0)
+    log_msg (SEV_WARNING, "%s: %s", context, err_msg (err));
   err_release (err);
 }

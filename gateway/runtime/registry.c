@@ -187,18 +187,31 @@ sbx_with_layer (sbx_runtime_t *rt, const char *id, bool freeze, sbx_layer_fn fn,
   return rc;
 }
 
+/* Locks the registry and finds the ready sandbox `id`: on NULL (*err
+ * EINVAL or ENOENT) the registry is not locked. */
+static sbx_t *
+lock_ready (sbx_runtime_t *rt, const char *id, err_t *err)
+{
+  if (!sbx_id_valid (id))
+    {
+      err_make (err, EINVAL, "invalid sandbox id");
+      return NULL;
+    }
+  pthread_mutex_lock (&rt->mu);
+  sbx_t *s = sbx_find_locked (rt, id);
+  if (s != NULL && s->ready && !s->deleting)
+    return s;
+  pthread_mutex_unlock (&rt->mu);
+  err_make (err, ENOENT, "sandbox `%s` not found", id);
+  return NULL;
+}
+
 int
 sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
 {
-  if (!sbx_id_valid (id))
-    return err_make (err, EINVAL, "invalid sandbox id");
-  pthread_mutex_lock (&rt->mu);
-  sbx_t *s = sbx_find_locked (rt, id);
-  if (s == NULL || !s->ready || s->deleting)
-    {
-      pthread_mutex_unlock (&rt->mu);
-      return err_make (err, ENOENT, "sandbox `%s` not found", id);
-    }
+  sbx_t *s = lock_ready (rt, id, err);
+  if (s == NULL)
+    return -1;
   s->deleting = true;
   int pidfd = take_fd (&s->holder_pidfd);
   pid_t slirp = s->slirp;
@@ -228,15 +241,9 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
 int
 sbx_get (sbx_runtime_t *rt, const char *id, sbx_info_t *out, err_t *err)
 {
-  if (!sbx_id_valid (id))
-    return err_make (err, EINVAL, "invalid sandbox id");
-  pthread_mutex_lock (&rt->mu);
-  sbx_t *s = sbx_find_locked (rt, id);
-  if (s == NULL || !s->ready || s->deleting)
-    {
-      pthread_mutex_unlock (&rt->mu);
-      return err_make (err, ENOENT, "sandbox `%s` not found", id);
-    }
+  sbx_t *s = lock_ready (rt, id, err);
+  if (s == NULL)
+    return -1;
   s->last_used_ms = sbx_mono_ms ();
   sbx_fill_info_locked (rt, s, out);
   pthread_mutex_unlock (&rt->mu);
