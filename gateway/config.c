@@ -16,7 +16,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 30
+#define N_VARS 33
 
 /* The table of variables, with targets in *c. */
 static void
@@ -32,6 +32,14 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        &c->log_level, NULL, false},
       {"SANDBOX_MAX_MESSAGE_MB", CFG_INT, "16", "largest gRPC message accepted or sent, in MiB", 1, 1024,
        &c->max_message_mb, NULL, false},
+      {"SANDBOX_MAX_CALLS", CFG_INT, "2048",
+       "most gRPC calls in progress (each has a thread); more: RESOURCE_EXHAUSTED", 16, 65536, &c->max_calls, NULL,
+       false},
+      {"SANDBOX_MAX_OPEN_CALLS", CFG_INT, "64", "of those, most to methods anyone may call (health, reflection)", 4,
+       65536, &c->max_open_calls, NULL, false},
+      {"SANDBOX_FIRST_MESSAGE_SECONDS", CFG_INT, "10",
+       "a call whose request has not arrived this long after it was accepted is cancelled", 1, 3600,
+       &c->first_message_seconds, NULL, false},
       {"SANDBOX_SHUTDOWN_GRACE_SECONDS", CFG_INT, "10",
        "on SIGTERM, how long calls in flight may run before they are cancelled", 0, 3600, &c->grace_seconds, NULL,
        false},

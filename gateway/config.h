@@ -29,6 +29,9 @@ typedef struct gw_config_s
   char *secret;
   char *log_level;
   long max_message_mb;
+  long max_calls;
+  long max_open_calls;
+  long first_message_seconds;
   long grace_seconds;
   char *tls_cert;
   char *tls_key;

@@ -100,6 +100,9 @@ start (gateway_t *g, err_t *err)
   rpc_opts_t opts = {
       .fixed_window = true,
       .max_message_bytes = (size_t) c->max_message_mb * 1024 * 1024,
+      .max_calls = (size_t) c->max_calls,
+      .max_open_calls = (size_t) c->max_open_calls,
+      .first_message_ms = (int) c->first_message_seconds * 1000,
       .tls_cert_file = c->tls_cert,
       .tls_key_file = c->tls_key,
       .tls_ca_file = c->tls_client_ca,

@@ -85,7 +85,9 @@ rpc_call_recv (rpc_call_t *c, const ProtobufCMessageDescriptor *desc, ProtobufCM
   memset (&op, 0, sizeof op);
   op.op = GRPC_OP_RECV_MESSAGE;
   op.data.recv_message.recv_message = &bb;
-  if (!rpc_call_run_batch (c, &op, 1))
+  bool ok = rpc_call_run_batch (c, &op, 1);
+  rpc_call_first_message_done (c);
+  if (!ok)
     {
       if (bb != NULL)
         grpc_byte_buffer_destroy (bb);
@@ -119,6 +121,7 @@ rpc_call_recv (rpc_call_t *c, const ProtobufCMessageDescriptor *desc, ProtobufCM
 int
 rpc_call_send (rpc_call_t *c, const ProtobufCMessage *msg, err_t *err)
 {
+  rpc_call_first_message_done (c); /* a handler that answers without reading is past it too */
   if (c->finished || c->peer_gone)
     return err_make (err, ECANCELED, "%s: the call has ended", c->path);
   grpc_byte_buffer *bb = NULL;

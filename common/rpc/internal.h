@@ -35,7 +35,8 @@ gpr_timespec rpc_deadline_in_ms (int64_t ms);
 typedef struct rpc_method_s
 {
   char *path;
-  void *handle; /* from grpc_server_register_method */
+  void *handle;       /* from grpc_server_register_method */
+  rpc_admit_fn admit; /* NULL: an open method */
   rpc_handler_fn fn;
   void *user;
 } rpc_method_t;
@@ -70,6 +71,11 @@ struct rpc_call_s
   bool half_closed;
   bool peer_gone;
   grpc_byte_buffer *reply;
+  /* Admission (server.c; `server->mu` guards the list and `waiting`). */
+  bool open;           /* counts against max_open_calls */
+  bool waiting;        /* on the server's list of calls awaiting their first message */
+  int64_t accepted_ms; /* monotonic */
+  struct rpc_call_s *wait_prev, *wait_next;
 };
 
 struct rpc_server_s
@@ -87,12 +93,21 @@ struct rpc_server_s
   pthread_mutex_t mu;
   pthread_cond_t cv;
   size_t inflight;
+  size_t inflight_open;
+  size_t max_calls, max_open_calls;
+  int64_t first_message_ms;
+  rpc_call_t *waiting; /* calls awaiting their first message, oldest last */
+  int64_t last_sweep_ms;
   atomic_bool shutting_down;
   bool shutdown_called;
   bool shutdown_done;
   bool destroyed_grpc;
   int shutdown_tag;
 };
+
+/* The call's first message has arrived (or will not): it leaves the list
+ * of calls the first-message deadline applies to. */
+void rpc_call_first_message_done (rpc_call_t *c);
 
 /* Runs a batch on the call's own queue and waits for it: false when the
  * batch failed (the peer is gone). */

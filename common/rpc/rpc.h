@@ -68,7 +68,22 @@ typedef struct rpc_opts_s
   /* Client only: the name to verify the server certificate against instead
    * of the target's host (tests, IP targets). */
   const char *tls_server_name;
+  /* Server only: every call gets a thread of its own, so calls are capped
+   * before they get one. At most `max_calls` calls run at once (0:
+   * RPC_DEFAULT_MAX_CALLS), of which at most `max_open_calls` (0:
+   * RPC_DEFAULT_MAX_OPEN_CALLS) to methods without an admission check
+   * (health, reflection: anyone can call them); beyond, new calls get
+   * RESOURCE_EXHAUSTED without a thread. A call whose first message has
+   * not arrived `first_message_ms` (0: RPC_DEFAULT_FIRST_MESSAGE_MS) after
+   * it was accepted is cancelled, so held-open calls free their slots. */
+  size_t max_calls;
+  size_t max_open_calls;
+  int first_message_ms;
 } rpc_opts_t;
+
+#define RPC_DEFAULT_MAX_CALLS 2048
+#define RPC_DEFAULT_MAX_OPEN_CALLS 64
+#define RPC_DEFAULT_FIRST_MESSAGE_MS 10000
 
 /* A finished call's status. `details` is owned (free with rpc_status_release). */
 typedef struct rpc_status_s
@@ -137,10 +152,19 @@ typedef int (*rpc_handler_fn) (rpc_call_t *call, void *user, err_t *err);
 /* Creates a server (not yet listening). *out is owned by the caller. */
 int rpc_server_new (const rpc_opts_t *opts, rpc_server_t **out, err_t *err);
 
+/* Decides, on the thread that accepts calls and before the call gets a
+ * thread, whether a call may run (from its metadata: authentication).
+ * Returns GRPC_STATUS_OK, or the status to refuse it with (*message: a
+ * static text). Must not block. */
+typedef grpc_status_code (*rpc_admit_fn) (rpc_call_t *call, void *user, const char **message);
+
 /* Registers `fn` for the full method path ("/pkg.Service/Method"). `path` is
  * copied; `user` is passed to every invocation. Only before rpc_server_start.
- * Calls to unregistered methods are answered UNIMPLEMENTED. */
+ * Calls to unregistered methods are answered UNIMPLEMENTED. A method
+ * registered without `admit` counts against max_open_calls. */
 int rpc_server_add_method (rpc_server_t *s, const char *path, rpc_handler_fn fn, void *user, err_t *err);
+int rpc_server_add_admitted_method (rpc_server_t *s, const char *path, rpc_admit_fn admit, rpc_handler_fn fn,
+                                    void *user, err_t *err);
 
 /* Listens on `addr` ("host:port"; port 0 picks a free one, returned in
  * *bound_port when not NULL) and starts accepting calls. */

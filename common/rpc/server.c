@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/cleanup.h"
 #include "common/log.h"
@@ -105,26 +106,16 @@ call_run (rpc_call_t *c)
   if (rpc_call_start_batch (c, &op, 1, &c->close_tag) != GRPC_CALL_OK)
     c->closed = true; /* nothing to wait for */
 
-  if (c->method == NULL)
+  err_t err = ERR_INIT;
+  int rc = c->method->fn (c, c->method->user, &err);
+  if (!c->finished)
     {
-      cleanup_free char *msg = NULL;
-      if (asprintf (&msg, "method `%s` is not implemented", c->path) < 0)
-        msg = NULL;
-      rpc_call_finish (c, GRPC_STATUS_UNIMPLEMENTED, msg);
+      if (rc < 0)
+        rpc_call_finish (c, rpc_status_from_errno (err.status), err_msg (&err));
+      else
+        rpc_call_finish (c, GRPC_STATUS_OK, NULL);
     }
-  else
-    {
-      err_t err = ERR_INIT;
-      int rc = c->method->fn (c, c->method->user, &err);
-      if (!c->finished)
-        {
-          if (rc < 0)
-            rpc_call_finish (c, rpc_status_from_errno (err.status), err_msg (&err));
-          else
-            rpc_call_finish (c, GRPC_STATUS_OK, NULL);
-        }
-      err_release (&err);
-    }
+  err_release (&err);
   if (!c->closed)
     {
       grpc_completion_queue_pluck (c->cq, &c->close_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
@@ -132,13 +123,123 @@ call_run (rpc_call_t *c)
     }
 }
 
+static int64_t
+mono_ms (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void
+unwait_locked (rpc_server_t *s, rpc_call_t *c)
+{
+  if (!c->waiting)
+    return;
+  if (c->wait_prev != NULL)
+    c->wait_prev->wait_next = c->wait_next;
+  else
+    s->waiting = c->wait_next;
+  if (c->wait_next != NULL)
+    c->wait_next->wait_prev = c->wait_prev;
+  c->waiting = false;
+}
+
+void
+rpc_call_first_message_done (rpc_call_t *c)
+{
+  if (!c->waiting) /* only this call's thread clears it */
+    return;
+  rpc_server_t *s = c->server;
+  pthread_mutex_lock (&s->mu);
+  unwait_locked (s, c);
+  pthread_mutex_unlock (&s->mu);
+}
+
 static void
 call_done (rpc_server_t *s, rpc_call_t *c)
 {
-  call_free (c);
   pthread_mutex_lock (&s->mu);
+  unwait_locked (s, c);
   s->inflight--;
+  if (c->open)
+    s->inflight_open--;
   pthread_cond_broadcast (&s->cv);
+  pthread_mutex_unlock (&s->mu);
+  call_free (c);
+}
+
+/* Answers a call on the accepting thread, without giving it a thread of
+ * its own, and frees it. */
+static void
+refuse (rpc_call_t *c, grpc_status_code code, const char *message)
+{
+  rpc_call_finish (c, code, message);
+  grpc_op op;
+  memset (&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  op.data.recv_close_on_server.cancelled = &c->cancelled;
+  if (rpc_call_start_batch (c, &op, 1, &c->close_tag) == GRPC_CALL_OK)
+    grpc_completion_queue_pluck (c->cq, &c->close_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+  call_free (c);
+}
+
+/* Admission: unregistered methods, the method's own check, the caps. On
+ * refusal the call is answered and freed; otherwise it is counted in and
+ * waits for its first message. */
+static bool
+admit (rpc_server_t *s, rpc_call_t *c)
+{
+  if (c->method == NULL)
+    {
+      char msg[512];
+      snprintf (msg, sizeof msg, "method `%.400s` is not implemented", c->path);
+      refuse (c, GRPC_STATUS_UNIMPLEMENTED, msg);
+      return false;
+    }
+  const char *why = NULL;
+  grpc_status_code code = c->method->admit != NULL ? c->method->admit (c, c->method->user, &why) : GRPC_STATUS_OK;
+  if (code != GRPC_STATUS_OK)
+    {
+      refuse (c, code, why);
+      return false;
+    }
+  c->open = c->method->admit == NULL;
+  pthread_mutex_lock (&s->mu);
+  bool full = s->inflight >= s->max_calls || (c->open && s->inflight_open >= s->max_open_calls);
+  if (!full)
+    {
+      s->inflight++;
+      s->inflight_open += c->open ? 1 : 0;
+      c->accepted_ms = mono_ms ();
+      c->waiting = true;
+      c->wait_next = s->waiting;
+      if (s->waiting != NULL)
+        s->waiting->wait_prev = c;
+      s->waiting = c;
+    }
+  pthread_mutex_unlock (&s->mu);
+  if (full)
+    refuse (c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+            c->open ? "too many calls in progress (open methods)" : "too many calls in progress");
+  return !full;
+}
+
+/* Cancels the calls whose first message is overdue: a call held open
+ * without a request must not keep its thread. */
+static void
+sweep_waiting (rpc_server_t *s)
+{
+  int64_t now = mono_ms ();
+  pthread_mutex_lock (&s->mu);
+  if (now - s->last_sweep_ms >= 250)
+    {
+      s->last_sweep_ms = now;
+      for (rpc_call_t *c = s->waiting; c != NULL; c = c->wait_next)
+        if (now - c->accepted_ms >= s->first_message_ms)
+          grpc_call_cancel_with_status (c->call, GRPC_STATUS_DEADLINE_EXCEEDED,
+                                        "no request message in time: cancelled", NULL);
+    }
   pthread_mutex_unlock (&s->mu);
 }
 
@@ -187,9 +288,8 @@ call_start (rpc_server_t *s, rpc_slot_t *slot)
   if (c->path == NULL)
     c->path = strdup ("?");
 
-  pthread_mutex_lock (&s->mu);
-  s->inflight++;
-  pthread_mutex_unlock (&s->mu);
+  if (!admit (s, c))
+    return;
 
   pthread_attr_t attr;
   pthread_attr_init (&attr);
@@ -219,7 +319,8 @@ poller_thread (void *arg)
   rpc_server_t *s = arg;
   for (;;)
     {
-      grpc_event ev = grpc_completion_queue_next (s->cq, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+      grpc_event ev = grpc_completion_queue_next (s->cq, rpc_deadline_in_ms (250), NULL);
+      sweep_waiting (s);
       if (ev.type == GRPC_QUEUE_SHUTDOWN)
         break;
       if (ev.type != GRPC_OP_COMPLETE)
@@ -263,6 +364,9 @@ rpc_server_new (const rpc_opts_t *opts, rpc_server_t **out, err_t *err)
   pthread_cond_init (&s->cv, &ca);
   pthread_condattr_destroy (&ca);
   atomic_init (&s->shutting_down, false);
+  s->max_calls = s->opts.max_calls > 0 ? s->opts.max_calls : RPC_DEFAULT_MAX_CALLS;
+  s->max_open_calls = s->opts.max_open_calls > 0 ? s->opts.max_open_calls : RPC_DEFAULT_MAX_OPEN_CALLS;
+  s->first_message_ms = s->opts.first_message_ms > 0 ? s->opts.first_message_ms : RPC_DEFAULT_FIRST_MESSAGE_MS;
 
   rpc_channel_args_t args;
   rpc_channel_args_init (&args, &s->opts, true);
@@ -277,6 +381,13 @@ rpc_server_new (const rpc_opts_t *opts, rpc_server_t **out, err_t *err)
 int
 rpc_server_add_method (rpc_server_t *s, const char *path, rpc_handler_fn fn, void *user, err_t *err)
 {
+  return rpc_server_add_admitted_method (s, path, NULL, fn, user, err);
+}
+
+int
+rpc_server_add_admitted_method (rpc_server_t *s, const char *path, rpc_admit_fn admit_fn, rpc_handler_fn fn,
+                                void *user, err_t *err)
+{
   if (s->started)
     return err_make (err, EBUSY, "register `%s`: the server has already started", path);
   rpc_method_t *m = realloc (s->methods, (s->n_methods + 1) * sizeof *m);
@@ -286,6 +397,7 @@ rpc_server_add_method (rpc_server_t *s, const char *path, rpc_handler_fn fn, voi
   rpc_method_t *nm = &s->methods[s->n_methods];
   nm->path = strdup (path);
   nm->fn = fn;
+  nm->admit = admit_fn;
   nm->user = user;
   nm->handle = grpc_server_register_method (s->server, path, NULL, GRPC_SRM_PAYLOAD_NONE, 0);
   if (nm->path == NULL || nm->handle == NULL)

@@ -9,7 +9,7 @@
 #include "common/log.h"
 #include "gateway/api/internal.h"
 
-/* A method of the service; `fn` runs only after authentication. */
+/* A method of the service; `fn` runs only after admission (authentication). */
 typedef struct api_method_s
 {
   const char *path;
@@ -65,24 +65,33 @@ api_undo_if_gone (rpc_call_t *call, sbx_runtime_t *rt, const char *id, err_t *er
   return err_make (err, ETIMEDOUT, "the call ended (deadline or cancellation) before `%s` was ready: undone", id);
 }
 
-static int
-guarded (rpc_call_t *call, void *user, err_t *err)
+/* Admission, before the call gets a thread: the bearer secret, failing
+ * closed when none is configured. */
+static grpc_status_code
+admit (rpc_call_t *call, void *user, const char **message)
 {
   const api_binding_t *b = user;
   const char *secret = b->ctx->secret;
   if (secret == NULL || secret[0] == '\0')
     {
-      rpc_call_finish (call, GRPC_STATUS_UNAVAILABLE, "gateway secret not configured");
-      return 0;
+      *message = "gateway secret not configured";
+      return GRPC_STATUS_UNAVAILABLE;
     }
   cleanup_free char *auth = rpc_call_metadata (call, "authorization");
   if (!bearer_matches (auth, secret))
     {
       log_fields (SEV_WARNING, json_pack ("{s:s}", "method", rpc_call_method (call)),
                   "rejected a call with a missing or wrong bearer token");
-      rpc_call_finish (call, GRPC_STATUS_UNAUTHENTICATED, "invalid or missing bearer token");
-      return 0;
+      *message = "invalid or missing bearer token";
+      return GRPC_STATUS_UNAUTHENTICATED;
     }
+  return GRPC_STATUS_OK;
+}
+
+static int
+dispatch (rpc_call_t *call, void *user, err_t *err)
+{
+  const api_binding_t *b = user;
   return b->method->fn (call, b->ctx, err);
 }
 
@@ -97,7 +106,7 @@ api_register (rpc_server_t *server, const api_ctx_t *ctx, api_t **out, err_t *er
   for (size_t i = 0; i < N_METHODS; i++)
     {
       api->bindings[i] = (api_binding_t){.ctx = &api->ctx, .method = &api_methods[i]};
-      if (rpc_server_add_method (server, api_methods[i].path, guarded, &api->bindings[i], err) < 0)
+      if (rpc_server_add_admitted_method (server, api_methods[i].path, admit, dispatch, &api->bindings[i], err) < 0)
         return -1;
     }
   return 0;

@@ -216,7 +216,9 @@ setup (void **state)
 {
   fixture_t *f = calloc (1, sizeof *f);
   int port = 0;
-  f->server = start_echo_server (NULL, &port);
+  /* The echo methods are open (no admission): room for the 100-call test. */
+  rpc_opts_t opts = {.max_open_calls = 256};
+  f->server = start_echo_server (&opts, &port);
   snprintf (f->target, sizeof f->target, "127.0.0.1:%d", port);
   err_t err = ERR_INIT;
   assert_int_equal (rpc_channel_new (f->target, NULL, &f->channel, &err), 0);
@@ -626,6 +628,114 @@ wait_client (void *p)
   return NULL;
 }
 
+/* ---- admission: refusals and caps before a call gets a thread ---------------- */
+
+static atomic_int guarded_runs;
+
+static grpc_status_code
+refuse_all (rpc_call_t *call, void *user, const char **message)
+{
+  *message = "not you";
+  return GRPC_STATUS_UNAUTHENTICATED;
+}
+
+static int
+guarded_handler (rpc_call_t *call, void *user, err_t *err)
+{
+  atomic_fetch_add (&guarded_runs, 1);
+  return echo_unary (call, user, err);
+}
+
+static void
+test_admission_refuses_before_the_handler_runs (void **state)
+{
+  err_t err = ERR_INIT;
+  rpc_server_t *s = NULL;
+  assert_int_equal (rpc_server_new (NULL, &s, &err), 0);
+  assert_int_equal (
+      rpc_server_add_admitted_method (s, "/echo.v1.Echo/Unary", refuse_all, guarded_handler, NULL, &err), 0);
+  int port = 0;
+  assert_int_equal (rpc_server_start (s, "127.0.0.1:0", &port, &err), 0);
+  char target[64];
+  snprintf (target, sizeof target, "127.0.0.1:%d", port);
+  rpc_channel_t *ch = NULL;
+  assert_int_equal (rpc_channel_new (target, NULL, &ch, &err), 0);
+  Echo__V1__EchoReply *reply = NULL;
+  rpc_status_t st = RPC_STATUS_INIT;
+  assert_int_equal (unary_echo (ch, (const uint8_t *) "x", 1, 5000, &reply, &st), -1);
+  assert_int_equal (st.code, GRPC_STATUS_UNAUTHENTICATED);
+  assert_string_equal (st.details, "not you");
+  assert_true (st.from_handler); /* the server said so, not the transport */
+  assert_int_equal (atomic_load (&guarded_runs), 0);
+  rpc_status_release (&st);
+  rpc_channel_destroy (ch);
+  rpc_server_destroy (s);
+}
+
+static void
+test_open_calls_beyond_their_cap_are_refused_without_a_thread (void **state)
+{
+  err_t err = ERR_INIT;
+  rpc_opts_t opts = {.max_open_calls = 4};
+  int port = 0;
+  rpc_server_t *s = start_echo_server (&opts, &port);
+  char target[64];
+  snprintf (target, sizeof target, "127.0.0.1:%d", port);
+  rpc_channel_t *ch = NULL;
+  assert_int_equal (rpc_channel_new (target, NULL, &ch, &err), 0);
+  atomic_store (&handlers_started, 0);
+  pthread_t th[4];
+  wait_arg_t args[4];
+  for (int i = 0; i < 4; i++)
+    {
+      args[i] = (wait_arg_t){.ch = ch, .delay_ms = 2000};
+      assert_int_equal (pthread_create (&th[i], NULL, wait_client, &args[i]), 0);
+    }
+  assert_true (eventually (&handlers_started, 4));
+  Echo__V1__EchoReply *reply = NULL;
+  rpc_status_t st = RPC_STATUS_INIT;
+  assert_int_equal (unary_echo (ch, (const uint8_t *) "x", 1, 5000, &reply, &st), -1);
+  assert_int_equal (st.code, GRPC_STATUS_RESOURCE_EXHAUSTED);
+  rpc_status_release (&st);
+  for (int i = 0; i < 4; i++)
+    {
+      pthread_join (th[i], NULL);
+      assert_int_equal (args[i].code, GRPC_STATUS_OK);
+    }
+  /* Slots are given back: a call fits again. */
+  assert_int_equal (unary_echo (ch, (const uint8_t *) "x", 1, 5000, &reply, &st), 0);
+  protobuf_c_message_free_unpacked (&reply->base, NULL);
+  rpc_status_release (&st);
+  rpc_channel_destroy (ch);
+  rpc_server_destroy (s);
+}
+
+static void
+test_a_call_whose_request_never_comes_is_cancelled (void **state)
+{
+  err_t err = ERR_INIT;
+  rpc_opts_t opts = {.first_message_ms = 300};
+  int port = 0;
+  rpc_server_t *s = start_echo_server (&opts, &port);
+  char target[64];
+  snprintf (target, sizeof target, "127.0.0.1:%d", port);
+  rpc_channel_t *ch = NULL;
+  assert_int_equal (rpc_channel_new (target, NULL, &ch, &err), 0);
+  rpc_client_call_t *c = NULL;
+  assert_int_equal (rpc_client_start (ch, "/echo.v1.Echo/Sum", 30000, NULL, 0, &c, &err), 0);
+  /* Waiting for the answer opens the call (metadata only, no message). */
+  ProtobufCMessage *m = NULL;
+  assert_true (rpc_client_recv (c, &echo__v1__sum_reply__descriptor, &m, &err) <= 0);
+  err_release (&err);
+  rpc_status_t st = RPC_STATUS_INIT;
+  assert_int_equal (rpc_client_finish (c, &st), GRPC_STATUS_DEADLINE_EXCEEDED); /* long before the 30 s */
+  assert_non_null (strstr (st.details, "no request message"));
+  rpc_status_release (&st);
+  rpc_client_destroy (c);
+  rpc_channel_destroy (ch);
+  rpc_server_destroy (s);
+}
+
 static void
 test_graceful_shutdown_lets_a_call_in_flight_finish (void **state)
 {
@@ -724,6 +834,9 @@ main (void)
       cmocka_unit_test_setup_teardown (test_client_cancellation_reaches_the_handler, setup, teardown),
       cmocka_unit_test_setup_teardown (test_client_that_stops_reading_makes_server_sends_fail, setup, teardown),
       cmocka_unit_test_setup_teardown (test_hundred_concurrent_calls_are_all_in_the_server_at_once, setup, teardown),
+      cmocka_unit_test (test_admission_refuses_before_the_handler_runs),
+      cmocka_unit_test (test_open_calls_beyond_their_cap_are_refused_without_a_thread),
+      cmocka_unit_test (test_a_call_whose_request_never_comes_is_cancelled),
       cmocka_unit_test_setup_teardown (test_graceful_shutdown_lets_a_call_in_flight_finish, setup, teardown),
       cmocka_unit_test_setup_teardown (test_shutdown_cancels_calls_that_outlive_the_grace_period, setup, teardown),
       cmocka_unit_test (test_tls_round_trip_and_plaintext_client_refused),
