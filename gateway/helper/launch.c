@@ -62,6 +62,11 @@ make_layer (const helper_opts_t *o, sbx_cg_layout_t *cg, err_t *err)
   if (sbx_cg_detect (o->cgroup_mount, o->cgroup_group, o->limits.cpu_millis > 0, cg, err) < 0
       || sbx_cg_prepare (cg, err) < 0 || sbx_cg_create (cg, o->id, &o->limits, err) < 0)
     return -1;
+  /* From here on, what the helper does is the sandbox's: the unpacker it
+   * runs (memory, CPU, processes) and the restored bytes it writes into the
+   * disk are charged to the sandbox's limits, not the gateway's. */
+  if (sbx_cg_join (cg, o->id, NULL, err) < 0)
+    return -1;
   char disk[PATH_MAX], path[PATH_MAX * 2], mopts[128];
   snprintf (disk, sizeof disk, "%s/disk", o->state);
   snprintf (path, sizeof path, "%s/root", o->state);

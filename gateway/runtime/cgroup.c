@@ -139,6 +139,18 @@ sbx_cg_prepare (const sbx_cg_layout_t *l, err_t *err)
   return 0;
 }
 
+/* Writes a knob the kernel may not offer: a missing one is fine, any
+ * other failure is not. */
+static int
+write_knob (const char *root, const char *id, const char *knob, const char *val, err_t *err)
+{
+  char path[300];
+  path_of (path, sizeof path, root, id, NULL, knob);
+  if (access (path, F_OK) < 0)
+    return 0;
+  return write_file (path, val, err);
+}
+
 int
 sbx_cg_create (const sbx_cg_layout_t *l, const char *id, const sbx_cg_limits_t *lim, err_t *err)
 {
@@ -163,6 +175,10 @@ sbx_cg_create (const sbx_cg_layout_t *l, const char *id, const sbx_cg_limits_t *
       snprintf (val, sizeof val, "%lld", bytes);
       path_of (path, sizeof path, l->roots[l->memory], id, NULL, l->v2 ? "memory.max" : "memory.limit_in_bytes");
       if (write_file (path, val, err) < 0)
+        return -1;
+      /* cgroup v1 does not charge socket buffers to the memory limit
+       * unless its TCP kernel-memory limit is set (v2 always does). */
+      if (!l->v2 && write_knob (l->roots[l->memory], id, "memory.kmem.tcp.limit_in_bytes", val, err) < 0)
         return -1;
       /* No swap beyond the limit, where the kernel offers the knob. */
       path_of (path, sizeof path, l->roots[l->memory], id, NULL,
@@ -228,6 +244,20 @@ sbx_cg_open_track (const sbx_cg_layout_t *l, const char *id, const char *sub, in
   *fd = open (path, O_WRONLY | O_CLOEXEC);
   if (*fd < 0)
     return err_make_sys (err, errno, "open `%s`", path);
+  return 0;
+}
+
+int
+sbx_cg_attach (const sbx_cg_layout_t *l, const char *id, pid_t pid, err_t *err)
+{
+  char path[300], val[24];
+  snprintf (val, sizeof val, "%d", (int) pid);
+  for (size_t i = 0; i < l->n; i++)
+    {
+      path_of (path, sizeof path, l->roots[i], id, NULL, "cgroup.procs");
+      if (write_file (path, val, err) < 0)
+        return -1;
+    }
   return 0;
 }
 

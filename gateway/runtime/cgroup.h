@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "common/err.h"
 
@@ -73,6 +74,9 @@ int sbx_cg_create_sub (const sbx_cg_layout_t *l, const char *id, const char *sub
  * the other hierarchies (under the sandbox's limits), and one move is all a
  * command start costs (moves are slow on cgroup v1). */
 int sbx_cg_open_track (const sbx_cg_layout_t *l, const char *id, const char *sub, int *fd, err_t *err);
+
+/* Moves process `pid` (and its threads) into sandbox `id`'s groups. */
+int sbx_cg_attach (const sbx_cg_layout_t *l, const char *id, pid_t pid, err_t *err);
 
 /* Moves the calling process into <id>/<sub> in every hierarchy. */
 int sbx_cg_join (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t *err);

@@ -13,10 +13,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common/cleanup.h"
 #include "gateway/runtime/internal.h"
+
+/* Open files of one sandbox's slirp4netns: each connection the sandbox
+ * opens out costs it one. */
+#define SLIRP_MAX_FILES 1024
 
 int
 sbx_net_scan_host (sbx_runtime_t *rt, err_t *err)
@@ -96,6 +101,14 @@ sbx_net_start (sbx_runtime_t *rt, sbx_t *s, err_t *err)
     }
   close (take_fd (&ready_w));
   s->slirp_exit_fd = take_fd (&ex_w);
+  /* What the sandbox makes slirp4netns hold (connections, buffers) is the
+   * sandbox's: it runs in the sandbox's cgroups, with a bounded number of
+   * open files. */
+  struct rlimit nofile = {.rlim_cur = SLIRP_MAX_FILES, .rlim_max = SLIRP_MAX_FILES};
+  if (prlimit (s->slirp, RLIMIT_NOFILE, &nofile, NULL) < 0)
+    return err_make_sys (err, errno, "limit slirp4netns' open files");
+  if (sbx_cg_attach (&rt->cg, s->id, s->slirp, err) < 0)
+    return err_wrap (err, "move slirp4netns into the sandbox's cgroups");
   struct pollfd p = {.fd = ready_r, .events = POLLIN};
   char c = 0;
   if (TEMP_FAILURE_RETRY (poll (&p, 1, 10000)) != 1 || read (ready_r, &c, 1) != 1)

@@ -3,6 +3,7 @@ a SandboxClient, and checking that the sandbox survived it."""
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 from tests.lib.client import ExecResult, SandboxClient
@@ -21,6 +22,20 @@ def assert_works(sbx: SandboxClient, sid: str) -> None:
     """The sandbox still runs commands normally."""
     res = sh(sbx, sid, "echo ok; cat /etc/hostname >/dev/null; ls / >/dev/null", timeout=30)
     assert res.code == 0 and res.out == "ok\n", res.describe()
+
+
+def assert_works_again(sbx: SandboxClient, sid: str, timeout: float = 10.0) -> None:
+    """The sandbox runs commands normally again once what an attack left
+    behind has been killed and reaped (its pid 1 reaps them as they die)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            assert_works(sbx, sid)
+            return
+        except AssertionError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 def host_shadow_secret() -> Optional[bytes]:
