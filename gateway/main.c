@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 
 #include "common/err.h"
 #include "common/log.h"
@@ -66,6 +67,14 @@ set_up_process (sigset_t *sigs)
    * after the first free and keep them in per-thread arenas), so resident
    * memory stays flat however much data flows. */
   mallopt (M_MMAP_THRESHOLD, 256 * 1024);
+  /* Descriptors are what a busy gateway runs out of first (every call,
+   * pipe, snapshot stream): take the whole hard limit. */
+  struct rlimit nofile;
+  if (getrlimit (RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max)
+    {
+      nofile.rlim_cur = nofile.rlim_max;
+      setrlimit (RLIMIT_NOFILE, &nofile);
+    }
   /* Every sandbox command leads a session of its own, and with it (where
    * the scheduler groups by session) a CPU share of its own: the gateway,
    * which serves all of them, weighs as much as a few. Best effort. */

@@ -324,7 +324,12 @@ mount_overlay (const helper_opts_t *o, const char *root, err_t *err)
   /* Upper and work are named relative to the disk, so the mount options
    * (visible in the sandbox's mountinfo) do not show where it lives. Device
    * files of the image are dead inside (nodev); /dev is a tmpfs of its own. */
-  snprintf (opts, sizeof opts, "lowerdir=%s,upperdir=upper,workdir=work", o->lower);
+  /* Options pinned, whatever the kernel's defaults: a renamed image
+   * directory, a chmod-ed or chown-ed image file is real data in the upper
+   * layer, never an overlay redirect or metadata-only copy that a snapshot
+   * (which carries no trusted.overlay.* xattrs) would lose. */
+  snprintf (opts, sizeof opts, "lowerdir=%s,upperdir=upper,workdir=work,redirect_dir=off,metacopy=off,index=off",
+            o->lower);
   if (chdir (disk) < 0)
     return err_make_sys (err, errno, "chdir `%s`", disk);
   if (mount ("overlay", root, "overlay", MS_NOSUID | MS_NODEV, opts) < 0)

@@ -235,3 +235,23 @@ def test_restore_keeps_directory_mtimes(source, snap):
     wrong = {p: (before[p]["mtime_ns"], after[p]["mtime_ns"]) for p in dirs
              if after[p]["mtime_ns"] != before[p]["mtime_ns"]}
     assert not wrong, f"directory mtimes not restored (exported, restored): {wrong}"
+
+
+def test_renamed_image_directories_and_chmodded_image_files_survive_a_round_trip(snap):
+    """What a sandbox does to the image (rename a directory of it, chmod or
+    chown one of its files) is real data in its layer, so a snapshot, which
+    carries no overlay metadata, brings it back."""
+    sid = new_id("img")
+    snap.launch(sid)
+    snap.ok(sid, "mv /etc/apt /etc/apt-moved && chmod 600 /etc/hostname && chown 1000:1000 /etc/hosts"
+                 " && sha256sum /etc/apt-moved/sources.list* /etc/hostname > /root/sums 2>/dev/null; true")
+    before = snap.sh_out(sid, "ls -R /etc/apt-moved | sha256sum; stat -c '%a %u:%g' /etc/hostname /etc/hosts;"
+                              " test -e /etc/apt && echo still-there || echo gone")
+    data = snap.export(sid).data
+    copy = new_id("img-copy")
+    snap.restore(copy, chunks_of(data))
+    after = snap.sh_out(copy, "ls -R /etc/apt-moved | sha256sum; stat -c '%a %u:%g' /etc/hostname /etc/hosts;"
+                              " test -e /etc/apt && echo still-there || echo gone")
+    assert after == before
+    assert after.rstrip().endswith("gone"), after
+    assert snap.sh_out(copy, "sha256sum -c /root/sums >/dev/null 2>&1 && echo same || echo differ") == "same\n"
