@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
@@ -48,7 +49,8 @@ typedef struct export_s
   size_t n_links, cap_links;
   uint64_t entries;
   uint8_t *io;
-  char *path; /* the entry being written (PATH_MAX + 1 bytes) */
+  char *path;           /* the entry being written (PATH_MAX + 1 bytes) */
+  const uint8_t *holes; /* EXPORT_HOLE_CHUNK bytes, never touched */
 } export_t;
 
 static int
@@ -214,6 +216,123 @@ write_whiteout (export_t *x, const char *dir, const char *name, const struct sta
   return rc;
 }
 
+/* A file's data regions, found with SEEK_DATA/SEEK_HOLE. */
+typedef struct extent_s
+{
+  off_t off, len;
+} extent_t;
+
+/* Data regions of one file at most: each costs a few dozen bytes in the
+ * archive's sparse map and in memory. A file with more fails the export
+ * (only an attack makes one: the disk quota bounds the data). */
+#define EXPORT_MAX_EXTENTS 262144
+/* Holes are handed to the archive from one untouched anonymous mapping:
+ * the pax writer skips hole bytes without reading them. */
+#define EXPORT_HOLE_CHUNK ((size_t) 64 << 20)
+
+/* Lists the data regions of `fd` (size `size`) into *out. A file without
+ * holes gives one region; a filesystem that cannot tell gives one too. */
+static int
+data_extents (export_t *x, int fd, off_t size, const char *path, extent_t **out, size_t *n)
+{
+  *out = NULL;
+  *n = 0;
+  size_t cap = 0;
+  off_t pos = 0;
+  while (pos < size)
+    {
+      off_t d = lseek (fd, pos, SEEK_DATA);
+      if (d < 0 && errno == ENXIO)
+        break; /* a hole to the end */
+      if (d < 0 && (errno == EINVAL || errno == EOPNOTSUPP))
+        d = pos, errno = 0;
+      if (d < 0)
+        return err_make_sys (x->err, errno, "find the data of `%s`", path);
+      off_t h = lseek (fd, d, SEEK_HOLE);
+      if (h < 0 || h > size)
+        h = size;
+      if (*n == EXPORT_MAX_EXTENTS)
+        return err_make (x->err, E2BIG, "`%s` has more than %d separate data regions", path, EXPORT_MAX_EXTENTS);
+      if (*n == cap)
+        {
+          cap = cap ? cap * 2 : 8;
+          extent_t *g = realloc (*out, cap * sizeof *g);
+          if (g == NULL)
+            return err_make (x->err, ENOMEM, "export: out of memory");
+          *out = g;
+        }
+      (*out)[(*n)++] = (extent_t){d, h - d};
+      pos = h;
+    }
+  return 0;
+}
+
+/* Hands `len` bytes of hole to the archive (not read: see EXPORT_HOLE_CHUNK). */
+static int
+write_hole (export_t *x, off_t len)
+{
+  while (len > 0)
+    {
+      size_t n = (size_t) len < EXPORT_HOLE_CHUNK ? (size_t) len : EXPORT_HOLE_CHUNK;
+      if (archive_write_data (x->a, x->holes, n) < 0)
+        return archive_fail (x, "write file data");
+      len -= (off_t) n;
+    }
+  return 0;
+}
+
+/* Copies `len` bytes of `fd` from `off` into the archive. */
+static int
+write_data (export_t *x, int fd, off_t off, off_t len, const char *path)
+{
+  while (len > 0)
+    {
+      size_t want = len < 1 << 20 ? (size_t) len : 1 << 20;
+      ssize_t r = TEMP_FAILURE_RETRY (pread (fd, x->io, want, off));
+      if (r < 0)
+        return err_make_sys (x->err, errno, "read `%s`", path);
+      if (r == 0)
+        {
+          /* Shrunk meanwhile: pad, so the archive stays well formed. */
+          memset (x->io, 0, want);
+          r = (ssize_t) want;
+        }
+      if (archive_write_data (x->a, x->io, (size_t) r) < 0)
+        return archive_fail (x, "write file data");
+      off += r;
+      len -= r;
+    }
+  return 0;
+}
+
+/* Writes the contents of a regular file: sparse files as pax sparse
+ * entries, so the archive holds only the data the file holds. */
+static int
+write_contents (export_t *x, struct archive_entry *e, int fd, off_t size, const char *path)
+{
+  cleanup_free extent_t *ext = NULL;
+  size_t n = 0;
+  if (data_extents (x, fd, size, path, &ext, &n) < 0)
+    return -1;
+  bool sparse = !(n == 1 && ext[0].off == 0 && ext[0].len == size) && size > 0;
+  for (size_t i = 0; sparse && i < n; i++)
+    archive_entry_sparse_add_entry (e, ext[i].off, ext[i].len);
+  if (sparse && n == 0)
+    archive_entry_sparse_add_entry (e, size, 0); /* all hole: the map still says so */
+  if (add_xattrs (x, e, fd, path) < 0 || write_entry (x, e, path) < 0)
+    return -1;
+  if (!sparse)
+    return write_data (x, fd, 0, size, path);
+  off_t pos = 0;
+  for (size_t i = 0; i < n; i++)
+    {
+      if (write_hole (x, ext[i].off - pos) < 0 || write_data (x, fd, ext[i].off, ext[i].len, path) < 0)
+        return -1;
+      pos = ext[i].off + ext[i].len;
+    }
+  return write_hole (x, size - pos);
+}
+
 static int
 write_file (export_t *x, int dirfd, const char *name, const char *path, const struct stat *st)
 {
@@ -252,29 +371,9 @@ write_file (export_t *x, int dirfd, const char *name, const char *path, const st
       return -1;
     }
   archive_entry_set_size (e, now.st_size);
-  rc = add_xattrs (x, e, fd, path);
-  if (rc == 0)
-    rc = write_entry (x, e, path);
+  rc = write_contents (x, e, fd, now.st_size, path);
   archive_entry_free (e);
-  if (rc < 0)
-    return -1;
-  off_t left = now.st_size;
-  while (left > 0)
-    {
-      ssize_t r = TEMP_FAILURE_RETRY (read (fd, x->io, (size_t) (left < 1 << 20 ? left : 1 << 20)));
-      if (r < 0)
-        return err_make_sys (x->err, errno, "read `%s`", path);
-      if (r == 0)
-        {
-          /* Shrunk meanwhile: pad, so the archive stays well formed. */
-          memset (x->io, 0, 1 << 20);
-          r = left < 1 << 20 ? left : 1 << 20;
-        }
-      if (archive_write_data (x->a, x->io, (size_t) r) < 0)
-        return archive_fail (x, "write file data");
-      left -= r;
-    }
-  return 0;
+  return rc;
 }
 
 /* One directory on the walk's stack: its entries, sorted, and where the
@@ -519,10 +618,12 @@ snap_export (const char *upper, snap_compression_t compression, size_t chunk, sn
   x.buf = malloc (chunk);
   x.io = malloc (1 << 20);
   x.path = malloc (PATH_MAX + 1);
+  void *holes = mmap (NULL, EXPORT_HOLE_CHUNK, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  x.holes = holes != MAP_FAILED ? holes : NULL;
   x.sha = EVP_MD_CTX_new ();
   x.a = archive_write_new ();
   int rc = -1;
-  if (x.buf == NULL || x.io == NULL || x.path == NULL || x.sha == NULL || x.a == NULL)
+  if (x.buf == NULL || x.io == NULL || x.path == NULL || x.holes == NULL || x.sha == NULL || x.a == NULL)
     {
       err_make (err, ENOMEM, "export: out of memory");
       goto out;
@@ -569,6 +670,8 @@ out:
   free (x.buf);
   free (x.io);
   free (x.path);
+  if (x.holes != NULL)
+    munmap ((void *) x.holes, EXPORT_HOLE_CHUNK);
   for (size_t i = 0; i < x.n_links; i++)
     free (x.links[i].path);
   free (x.links);
