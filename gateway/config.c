@@ -16,7 +16,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 33
+#define N_VARS 34
 
 /* The table of variables, with targets in *c. */
 static void
@@ -91,6 +91,9 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        false},
       {"SANDBOX_GCS_RETRY_SECONDS", CFG_INT, "60", "GCS: how long one step is retried before it fails", 1, 3600,
        &c->gcs_retry_seconds, NULL, false},
+      {"SANDBOX_EXPORT_FREEZE_SECONDS", CFG_INT, "300",
+       "longest an export may keep a sandbox frozen (a stalled reader); past it the export fails and it thaws", 1,
+       86400, &c->freeze_max_seconds, NULL, false},
       {"SANDBOX_SNAPSHOT_MAX_ENTRIES", CFG_INT, "1000000", "most entries a restored snapshot may have", 1, 100000000,
        &c->snapshot_max_entries, NULL, false},
       {"SANDBOX_SLIRP4NETNS", CFG_STRING, "slirp4netns", "user-mode networking program for egress sandboxes", 0, 0,
@@ -258,6 +261,7 @@ gw_config_runtime (const gw_config_t *c, sbx_config_t *out)
       .memory_mb = c->memory_mb,
       .cpu_millis = c->cpu_millis,
       .idle_ttl_seconds = c->idle_ttl,
+      .freeze_max_seconds = c->freeze_max_seconds,
       .allow_egress = c->allow_egress,
       .volumes = (const char *const *) c->volumes,
       .snapshot_max_entries = c->snapshot_max_entries,

@@ -58,6 +58,7 @@ typedef struct gw_config_s
   long gcs_retry_seconds;
   char *snapshot_prefix;
   long snapshot_max_entries;
+  long freeze_max_seconds;
 
   /* Derived by gw_config_load. */
   long cpu_millis;                     /* 0: unlimited */

@@ -207,3 +207,9 @@ rpc_call_deadline_ms_left (const rpc_call_t *c)
   gpr_timespec left = gpr_time_sub (d, gpr_now (GPR_CLOCK_MONOTONIC));
   return gpr_time_to_millis (left);
 }
+
+void
+rpc_call_cancel (rpc_call_t *c, grpc_status_code code, const char *why)
+{
+  grpc_call_cancel_with_status (c->call, code, why, NULL);
+}

@@ -212,6 +212,10 @@ bool rpc_call_cancelled (rpc_call_t *call);
 /* The full method path of the call. Owned by the call. */
 const char *rpc_call_method (const rpc_call_t *call);
 
+/* Ends the call now with `code` and `why`, from any thread: what the
+ * handler sends or receives afterwards fails. */
+void rpc_call_cancel (rpc_call_t *call, grpc_status_code code, const char *why);
+
 /* A copy of the first value of request metadata `key` (lower case), or NULL.
  * The caller frees it. */
 char *rpc_call_metadata (const rpc_call_t *call, const char *key);

@@ -70,6 +70,13 @@ export_sink (void *ctx, const uint8_t *data, size_t len, err_t *err)
   return rpc_call_send ((rpc_call_t *) ctx, &chunk.base, err);
 }
 
+/* Stops an export or persist streaming to `call` (sbx_with_layer). */
+static void
+cancel_call (void *ctx, int status, const char *why)
+{
+  rpc_call_cancel ((rpc_call_t *) ctx, rpc_status_from_errno (status), why);
+}
+
 int
 api_export (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
 {
@@ -80,7 +87,9 @@ api_export (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   snap_compression_t compression;
   snap_export_result_t res;
   if (api_compression_from_proto (req->compression, &compression, err) < 0
-      || snap_export_sandbox (ctx->rt, req->sandbox_id, compression, export_sink, call, &res, err) < 0)
+      || snap_export_stoppable (ctx->rt, req->sandbox_id, compression, export_sink, call,
+                                &(snap_canceller_t){cancel_call, call}, &res, err)
+             < 0)
     return -1;
   Sandbox__V1__SnapshotChunk last = SANDBOX__V1__SNAPSHOT_CHUNK__INIT;
   last.last = true;
@@ -107,7 +116,8 @@ api_persist (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     return -1;
   Sandbox__V1__PersistSnapshotRequest *req = (Sandbox__V1__PersistSnapshotRequest *) m;
   snap_persisted_t done;
-  if (snap_persist (ctx->rt, ctx->store, req->sandbox_id, persist_progress, call, &done, err) < 0)
+  snap_canceller_t stop = {cancel_call, call};
+  if (snap_persist (ctx->rt, ctx->store, req->sandbox_id, persist_progress, call, &stop, &done, err) < 0)
     return -1;
   cleanup_free char *object = done.object;
   Sandbox__V1__PersistProgress ev = SANDBOX__V1__PERSIST_PROGRESS__INIT;

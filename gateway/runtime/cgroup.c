@@ -274,6 +274,9 @@ sbx_cg_join (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t *e
   return 0;
 }
 
+/* How long a freeze may take to settle, in 5 ms steps. */
+#define FREEZE_WAIT_STEPS 400
+
 static int
 freeze_group (const sbx_cg_layout_t *l, const char *id, const char *sub, bool frozen, err_t *err)
 {
@@ -284,18 +287,23 @@ freeze_group (const sbx_cg_layout_t *l, const char *id, const char *sub, bool fr
   const char *val = l->v2 ? (frozen ? "1" : "0") : (frozen ? "FROZEN" : "THAWED");
   if (write_file (path, val, err) < 0)
     return -1;
-  if (!frozen || l->v2)
+  if (!frozen)
     return 0;
-  /* v1 freezing is asynchronous: wait (bounded) until it has settled. */
-  char state[64];
-  for (int i = 0; i < 200; i++)
+  /* Freezing is asynchronous: wait (bounded) until every task is frozen —
+   * v1 says FROZEN, v2 says "frozen 1" in cgroup.events. Never report a
+   * freeze that has not happened: a snapshot read meanwhile would tear. */
+  if (l->v2)
+    path_of (path, sizeof path, l->roots[l->freezer], id, sub, "cgroup.events");
+  char state[512];
+  for (int i = 0; i < FREEZE_WAIT_STEPS; i++)
     {
-      if (read_file (path, state, sizeof state) > 0 && strncmp (state, "FROZEN", 6) == 0)
+      if (read_file (path, state, sizeof state) > 0
+          && (l->v2 ? strstr (state, "frozen 1") != NULL : strncmp (state, "FROZEN", 6) == 0))
         return 0;
       struct timespec ts = {0, 5000000};
       nanosleep (&ts, NULL);
     }
-  return 0; /* killing works frozen or not */
+  return err_make (err, EBUSY, "the sandbox did not freeze within %d ms", FREEZE_WAIT_STEPS * 5);
 }
 
 int

@@ -28,6 +28,16 @@
 #include "gateway/runtime/runtime.h"
 #include "gateway/runtime/wire.h"
 
+/* A user of a sandbox's layer (sbx_with_layer), while it runs. */
+typedef struct sbx_layer_user_s
+{
+  sbx_cancel_fn cancel;
+  void *ctx;
+  int64_t freeze_deadline_ms; /* monotonic; 0: not frozen */
+  bool cancelled;
+  struct sbx_layer_user_s *next;
+} sbx_layer_user_t;
+
 typedef struct sbx_s
 {
   char id[SBX_ID_MAX + 1];
@@ -46,6 +56,9 @@ typedef struct sbx_s
   pid_t slirp;       /* slirp4netns, when egress is on */
   int slirp_exit_fd; /* closing it tells slirp4netns to exit */
   unsigned exec_seq;
+  sbx_layer_user_t *layer_users; /* under rt->mu */
+  pthread_mutex_t freeze_mu;     /* orders freezes and thaws (held across their I/O) */
+  int freezers;                  /* under freeze_mu: users holding the freeze */
   struct sbx_s *next;
 } sbx_t;
 
@@ -108,6 +121,11 @@ int sbx_net_scan_host (sbx_runtime_t *rt, err_t *err);
 int sbx_net_start (sbx_runtime_t *rt, sbx_t *s, err_t *err);
 /* Stops slirp4netns (tolerates one never started). */
 void sbx_net_stop (pid_t slirp, int exit_fd);
+
+/* registry.c: tells every layer user of `s` to stop (rt->mu held). */
+void sbx_cancel_layer_users_locked (sbx_t *s, int status, const char *why);
+/* Cancels the layer users past their freeze deadline. */
+void sbx_enforce_freeze_deadlines (sbx_runtime_t *rt);
 
 /* reaper.c */
 /* Kills, unmounts and removes what a previous run left behind. */

@@ -37,6 +37,7 @@ reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_t **out, err_
   s->holder_pidfd = -1;
   s->slirp_exit_fd = -1;
   s->ctl_fd = -1;
+  pthread_mutex_init (&s->freeze_mu, NULL);
   s->allow_egress = allow_egress && rt->cfg.allow_egress;
   s->created_ms = sbx_wall_ms ();
   s->created_mono_ms = s->last_used_ms = sbx_mono_ms ();
@@ -250,6 +251,7 @@ abandon (sbx_runtime_t *rt, sbx_t *s, bool restore, err_t *err)
   sbx_unlink_locked (rt, s);
   pthread_cond_broadcast (&rt->cv);
   pthread_mutex_unlock (&rt->mu);
+  pthread_mutex_destroy (&s->freeze_mu);
   free (s);
   bool callers = restore && (err->status == EINVAL || err->status == ENOSPC || err->status == ECANCELED);
   if (!callers && (err->status == EINVAL || err->status == ENOENT || err->status == EEXIST))

@@ -1,7 +1,9 @@
 /* runtime/reaper: removing what a previous run of the gateway left behind
- * (processes, mounts, cgroups, state directories), and the idle reaper
- * thread that deletes sandboxes unused for SANDBOX_IDLE_TTL seconds
- * (measured on the monotonic clock: a wall-clock step deletes nothing). */
+ * (processes, mounts, cgroups, state directories), and the reaper thread:
+ * once a second it cancels exports that have kept a sandbox frozen past
+ * SANDBOX_EXPORT_FREEZE_SECONDS and deletes sandboxes unused for
+ * SANDBOX_IDLE_TTL seconds (measured on the monotonic clock: a wall-clock
+ * step deletes nothing). */
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -118,8 +120,11 @@ sbx_reaper_main (void *arg)
       clock_gettime (CLOCK_MONOTONIC, &until);
       until.tv_sec += 1;
       pthread_cond_timedwait (&rt->cv, &rt->mu, &until);
+      pthread_mutex_unlock (&rt->mu);
+      sbx_enforce_freeze_deadlines (rt);
+      pthread_mutex_lock (&rt->mu);
       char id[SBX_ID_MAX + 1];
-      if (rt->stopping || !find_idle_locked (rt, ttl_ms, id))
+      if (rt->stopping || ttl_ms <= 0 || !find_idle_locked (rt, ttl_ms, id))
         continue;
       pthread_mutex_unlock (&rt->mu);
       log_fields (SEV_INFO, json_pack ("{s:s, s:i}", "sandbox_id", id, "idle_ttl", (int) rt->cfg.idle_ttl_seconds),

@@ -161,29 +161,117 @@ sbx_teardown (sbx_runtime_t *rt, const char *id, const char *state, int pidfd)
     err_warn_release (&err, "delete `%s`", id);
 }
 
+void
+sbx_cancel_layer_users_locked (sbx_t *s, int status, const char *why)
+{
+  for (sbx_layer_user_t *u = s->layer_users; u != NULL; u = u->next)
+    if (!u->cancelled && u->cancel != NULL)
+      {
+        u->cancelled = true;
+        u->cancel (u->ctx, status, why);
+      }
+}
+
+void
+sbx_enforce_freeze_deadlines (sbx_runtime_t *rt)
+{
+  int64_t now = sbx_mono_ms ();
+  pthread_mutex_lock (&rt->mu);
+  for (sbx_t *s = rt->list; s != NULL; s = s->next)
+    for (sbx_layer_user_t *u = s->layer_users; u != NULL; u = u->next)
+      if (!u->cancelled && u->freeze_deadline_ms > 0 && now >= u->freeze_deadline_ms && u->cancel != NULL)
+        {
+          u->cancelled = true;
+          log_fields (SEV_WARNING,
+                      json_pack ("{s:s, s:i}", "sandbox_id", s->id, "seconds", (int) rt->cfg.freeze_max_seconds),
+                      "an export kept the sandbox frozen too long: cancelled");
+          u->cancel (u->ctx, ETIMEDOUT,
+                     "the export kept the sandbox frozen too long (SANDBOX_EXPORT_FREEZE_SECONDS)");
+        }
+  pthread_mutex_unlock (&rt->mu);
+}
+
+/* Takes (or shares) the sandbox's freeze. */
+static int
+freeze_hold (sbx_runtime_t *rt, sbx_t *s, err_t *err)
+{
+  pthread_mutex_lock (&s->freeze_mu);
+  int rc = 0;
+  if (s->freezers == 0 && sbx_cg_freeze (&rt->cg, s->id, true, err) < 0)
+    {
+      rc = err_wrap (err, "freeze `%s`", s->id);
+      err_t terr = ERR_INIT;
+      sbx_cg_freeze (&rt->cg, s->id, false, &terr); /* a half-made freeze */
+      err_release (&terr);
+    }
+  if (rc == 0)
+    s->freezers++;
+  pthread_mutex_unlock (&s->freeze_mu);
+  return rc;
+}
+
+/* Lets go of the freeze; the last user thaws the sandbox. */
+static void
+freeze_release (sbx_runtime_t *rt, sbx_t *s)
+{
+  pthread_mutex_lock (&s->freeze_mu);
+  if (--s->freezers == 0)
+    {
+      err_t terr = ERR_INIT;
+      if (sbx_cg_freeze (&rt->cg, s->id, false, &terr) < 0 && !s->deleting)
+        err_warn_release (&terr, "thaw `%s`", s->id);
+      err_release (&terr);
+    }
+  pthread_mutex_unlock (&s->freeze_mu);
+}
+
+static void
+unlink_user_locked (sbx_t *s, sbx_layer_user_t *u)
+{
+  for (sbx_layer_user_t **p = &s->layer_users; *p != NULL; p = &(*p)->next)
+    if (*p == u)
+      {
+        *p = u->next;
+        return;
+      }
+}
+
 int
-sbx_with_layer (sbx_runtime_t *rt, const char *id, bool freeze, sbx_layer_fn fn, void *ctx, err_t *err)
+sbx_with_layer (sbx_runtime_t *rt, const char *id, bool freeze, sbx_layer_fn fn, void *ctx, sbx_cancel_fn cancel,
+                void *cancel_ctx, err_t *err)
 {
   if (!sbx_id_valid (id))
     return err_make (err, EINVAL, "invalid sandbox id");
   sbx_t *s = sbx_acquire (rt, id);
   if (s == NULL)
     return err_make (err, ENOENT, "sandbox `%s` not found", id);
+  sbx_layer_user_t user = {.cancel = cancel, .ctx = cancel_ctx};
+  pthread_mutex_lock (&rt->mu);
+  user.next = s->layer_users;
+  s->layer_users = &user;
+  pthread_mutex_unlock (&rt->mu);
   char upper[sizeof s->state + 16];
   snprintf (upper, sizeof upper, "%s/disk/upper", s->state);
-  int rc = 0;
-  if (freeze && sbx_cg_freeze (&rt->cg, id, true, err) < 0)
-    rc = err_wrap (err, "freeze `%s`", id);
-  if (rc == 0)
-    rc = fn (upper, ctx, err);
-  if (freeze)
+  int rc = freeze ? freeze_hold (rt, s, err) : 0;
+  if (rc == 0 && freeze)
     {
-      /* Thaw whatever happened, including a consumer that went away. */
-      err_t terr = ERR_INIT;
-      if (sbx_cg_freeze (&rt->cg, id, false, &terr) < 0)
-        err_warn_release (&terr, "thaw `%s`", id);
+      pthread_mutex_lock (&rt->mu);
+      user.freeze_deadline_ms = sbx_mono_ms () + rt->cfg.freeze_max_seconds * 1000;
+      pthread_mutex_unlock (&rt->mu);
     }
+  if (rc == 0)
+    {
+      rc = fn (upper, ctx, err);
+      if (freeze)
+        freeze_release (rt, s); /* whatever happened, including a consumer that went away */
+    }
+  pthread_mutex_lock (&rt->mu);
+  unlink_user_locked (s, &user);
+  bool deleted = s->deleting;
+  pthread_mutex_unlock (&rt->mu);
   sbx_release (rt, s);
+  if (rc < 0 && deleted)
+    err->status = ENOENT; /* what it was reading is gone */
   return rc;
 }
 
@@ -213,6 +301,9 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
   if (s == NULL)
     return -1;
   s->deleting = true;
+  /* Exports in flight stop now rather than hold the delete up, and the
+   * sandbox thaws: frozen tasks do not die (cgroup v1). */
+  sbx_cancel_layer_users_locked (s, ENOENT, "the sandbox was deleted");
   int pidfd = take_fd (&s->holder_pidfd);
   pid_t slirp = s->slirp;
   int slirp_exit_fd = take_fd (&s->slirp_exit_fd);
@@ -220,6 +311,13 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
   char state[sizeof s->state];
   snprintf (state, sizeof state, "%s", s->state);
   pthread_mutex_unlock (&rt->mu);
+
+  pthread_mutex_lock (&s->freeze_mu);
+  err_t terr = ERR_INIT;
+  if (s->freezers > 0)
+    sbx_cg_freeze (&rt->cg, id, false, &terr);
+  err_release (&terr);
+  pthread_mutex_unlock (&s->freeze_mu);
 
   /* Kill first: execs in flight see their command die and let go. */
   sbx_net_stop (slirp, slirp_exit_fd);
@@ -233,6 +331,7 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
   pthread_mutex_unlock (&rt->mu);
   if (s->ctl_fd >= 0)
     close (s->ctl_fd);
+  pthread_mutex_destroy (&s->freeze_mu);
   free (s);
   log_fields (SEV_INFO, json_pack ("{s:s}", "sandbox_id", id), "sandbox deleted");
   return 0;

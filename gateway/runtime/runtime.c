@@ -35,13 +35,10 @@ runtime_init (sbx_runtime_t *rt, const sbx_config_t *cfg, err_t *err)
   sbx_clean_leftovers (rt);
   if (sbx_net_scan_host (rt, err) < 0)
     return -1;
-  if (cfg->idle_ttl_seconds > 0)
-    {
-      int rc = pthread_create (&rt->reaper, NULL, sbx_reaper_main, rt);
-      if (rc != 0)
-        return err_make_sys (err, rc, "start the idle reaper");
-      rt->reaper_running = true;
-    }
+  int rc = pthread_create (&rt->reaper, NULL, sbx_reaper_main, rt);
+  if (rc != 0)
+    return err_make_sys (err, rc, "start the reaper");
+  rt->reaper_running = true;
   return 0;
 }
 

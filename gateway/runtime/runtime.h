@@ -41,6 +41,7 @@ typedef struct sbx_config_s
   long memory_mb;
   long cpu_millis;            /* 0: unlimited */
   long idle_ttl_seconds;      /* 0: never */
+  long freeze_max_seconds;    /* longest a layer user may keep a sandbox frozen */
   long snapshot_max_entries;  /* most entries a restored tar may have */
   bool allow_egress;          /* ALLOW_EGRESS: the gateway permits egress */
   const char *const *volumes; /* "host:sandbox[:ro]", NULL-terminated, already checked */
@@ -92,9 +93,17 @@ int sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_sourc
                  err_t *err);
 
 /* Runs fn(upper directory path) while holding the sandbox, with its
- * processes frozen when `freeze` (thawed afterwards whatever happens). */
+ * processes frozen when `freeze` (thawed afterwards whatever happens).
+ * Freezes are counted: concurrent users share one, and the sandbox thaws
+ * when the last one ends. A user that keeps the sandbox frozen longer than
+ * SANDBOX_EXPORT_FREEZE_SECONDS, or whose sandbox is deleted, is told to
+ * stop through `cancel` (called from another thread; it must make `fn`
+ * return soon, e.g. by cancelling the call `fn` streams to); `fn` then
+ * fails and the sandbox thaws. */
 typedef int (*sbx_layer_fn) (const char *upper, void *ctx, err_t *err);
-int sbx_with_layer (sbx_runtime_t *rt, const char *id, bool freeze, sbx_layer_fn fn, void *ctx, err_t *err);
+typedef void (*sbx_cancel_fn) (void *ctx, int status, const char *why);
+int sbx_with_layer (sbx_runtime_t *rt, const char *id, bool freeze, sbx_layer_fn fn, void *ctx, sbx_cancel_fn cancel,
+                    void *cancel_ctx, err_t *err);
 
 /* Kills everything in the sandbox and releases all it holds. ENOENT unknown. */
 int sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err);

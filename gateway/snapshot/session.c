@@ -27,11 +27,19 @@ export_layer (const char *upper, void *ctx, err_t *err)
 }
 
 int
+snap_export_stoppable (sbx_runtime_t *rt, const char *id, snap_compression_t compression, snap_sink_fn sink,
+                       void *ctx, const snap_canceller_t *stop, snap_export_result_t *res, err_t *err)
+{
+  export_job_t j = {.compression = compression, .sink = sink, .ctx = ctx, .res = res};
+  return sbx_with_layer (rt, id, true, export_layer, &j, stop != NULL ? stop->fn : NULL,
+                         stop != NULL ? stop->ctx : NULL, err);
+}
+
+int
 snap_export_sandbox (sbx_runtime_t *rt, const char *id, snap_compression_t compression, snap_sink_fn sink, void *ctx,
                      snap_export_result_t *res, err_t *err)
 {
-  export_job_t j = {.compression = compression, .sink = sink, .ctx = ctx, .res = res};
-  return sbx_with_layer (rt, id, true, export_layer, &j, err);
+  return snap_export_stoppable (rt, id, compression, sink, ctx, NULL, res, err);
 }
 
 typedef struct persist_job_s
@@ -59,7 +67,7 @@ persist_sink (void *ctx, const uint8_t *data, size_t len, err_t *err)
 
 int
 snap_persist (sbx_runtime_t *rt, snap_store_t *store, const char *id, snap_progress_fn progress, void *ctx,
-              snap_persisted_t *out, err_t *err)
+              const snap_canceller_t *stop, snap_persisted_t *out, err_t *err)
 {
   *out = (snap_persisted_t){0};
   if (!sbx_id_valid (id))
@@ -70,7 +78,7 @@ snap_persist (sbx_runtime_t *rt, snap_store_t *store, const char *id, snap_progr
   persist_job_t p = {.store = store, .progress = progress, .ctx = ctx};
   if (store->ops->writer_open (store, object, &p.w, err) < 0)
     return -1;
-  if (snap_export_sandbox (rt, id, SNAP_COMPRESSION_NONE, persist_sink, &p, &out->export, err) < 0)
+  if (snap_export_stoppable (rt, id, SNAP_COMPRESSION_NONE, persist_sink, &p, stop, &out->export, err) < 0)
     {
       store->ops->writer_abort (p.w);
       return -1;

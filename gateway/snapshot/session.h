@@ -26,6 +26,18 @@
 int snap_export_sandbox (sbx_runtime_t *rt, const char *id, snap_compression_t compression, snap_sink_fn sink,
                          void *ctx, snap_export_result_t *res, err_t *err);
 
+/* How the caller of an export or persist is told to stop (see
+ * sbx_with_layer): a deleted sandbox, a freeze held too long. */
+typedef struct snap_canceller_s
+{
+  sbx_cancel_fn fn;
+  void *ctx;
+} snap_canceller_t;
+
+/* As snap_export_sandbox, stoppable through `stop`. */
+int snap_export_stoppable (sbx_runtime_t *rt, const char *id, snap_compression_t compression, snap_sink_fn sink,
+                           void *ctx, const snap_canceller_t *stop, snap_export_result_t *res, err_t *err);
+
 /* Told of the bytes stored so far, every SNAP_PROGRESS_EVERY bytes; -1
  * (the listener is gone) abandons the persist. */
 typedef int (*snap_progress_fn) (void *ctx, uint64_t written, err_t *err);
@@ -40,7 +52,7 @@ typedef struct snap_persisted_s
 /* Writes sandbox `id`'s layer to the store under its object name; the
  * object appears only once complete. */
 int snap_persist (sbx_runtime_t *rt, snap_store_t *store, const char *id, snap_progress_fn progress, void *ctx,
-                  snap_persisted_t *out, err_t *err);
+                  const snap_canceller_t *stop, snap_persisted_t *out, err_t *err);
 
 typedef enum snap_outcome_e
 {

@@ -1,0 +1,102 @@
+"""The freeze of an export is counted and bounded: concurrent exports of a
+sandbox share one freeze (it thaws when the last ends, so none reads a
+running sandbox); a stalled reader cannot keep a sandbox frozen beyond
+SANDBOX_EXPORT_FREEZE_SECONDS; Delete stops the exports in flight, thaws
+and answers promptly."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+
+from tests.lib.client import new_id, sandbox_client
+from tests.lib.gateway import running_gateway
+from tests.lib.snapshots import open_tar
+
+FREEZE_S = 3
+BIG = "head -c 64M /dev/urandom > /root/big"
+
+
+@pytest.fixture(scope="module")
+def fgw(gateway_secret):
+    with running_gateway({"SANDBOX_EXPORT_FREEZE_SECONDS": str(FREEZE_S)}, secret=gateway_secret, check=True) as gw:
+        yield gw
+
+
+@pytest.fixture
+def client(fgw):
+    with sandbox_client(fgw) as c:
+        yield c
+
+
+def stalled_export(client, sid):
+    """An export whose reader takes one chunk and then stops reading."""
+    stream = client.export_stream(sid, timeout=120)
+    next(stream)
+    return stream
+
+
+def test_a_stalled_reader_cannot_keep_the_sandbox_frozen(client):
+    sid = new_id("stall")
+    client.launch(sid)
+    client.ok(sid, BIG)
+    stream = stalled_export(client, sid)
+    start = time.monotonic()
+    # Frozen, an exec cannot start; after the bound it runs again.
+    assert client.sh_out(sid, "echo thawed", timeout_seconds=60) == "thawed\n"
+    assert time.monotonic() - start < FREEZE_S + 20
+    with pytest.raises(grpc.RpcError) as e:
+        for _ in stream:
+            pass
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e.value
+    stream.cancel()
+
+
+def test_delete_stops_a_stalled_export_and_frees_the_id(client):
+    sid = new_id("stall-del")
+    client.launch(sid)
+    client.ok(sid, BIG)
+    stream = stalled_export(client, sid)
+    start = time.monotonic()
+    client.delete(sid, timeout=30)
+    assert time.monotonic() - start < 10
+    client.launch(sid)  # the id is free again
+    stream.cancel()
+
+
+def test_overlapping_exports_share_one_freeze(client):
+    """A writer rewrites a 32 MiB file in place, front to back, with the
+    next letter whenever it runs. One export reads slowly to the end;
+    another starts meanwhile and is abandoned: the complete one holds a
+    state that existed — a newer letter followed by the one before it, never
+    an older letter before a newer one (which only a read racing the writer
+    produces) — because the abandoned export's end did not thaw the sandbox
+    under the other."""
+    sid = new_id("overlap")
+    client.launch(sid)
+    client.ok(sid, "head -c 32M /dev/zero | tr '\\0' A > /root/f")
+    client.ok(sid, "nohup sh -c 'for v in B C D E F G H I J K L M N O P Q R S T U V W X Y Z; do "
+                   "head -c 32M /dev/zero | tr \"\\\\0\" $v | dd of=/root/f bs=1M conv=notrunc 2>/dev/null; "
+                   "done' >/dev/null 2>&1 &")
+    time.sleep(0.3)
+    complete = client.export_stream(sid, timeout=120)
+    pieces = [next(complete).data]
+    abandoned = client.export_stream(sid, timeout=120)
+    next(abandoned)
+    abandoned.cancel()
+    time.sleep(1.0)  # were the sandbox thawed now, the writer would run
+    for chunk in complete:
+        pieces.append(chunk.data)
+        time.sleep(0.005)
+    tar = open_tar(b"".join(pieces))
+    member = next(m for m in tar.getmembers() if m.name.endswith("root/f"))
+    data = tar.extractfile(member).read()
+    assert len(data) == 32 << 20
+    runs = [data[0]]
+    for i in range(0, len(data), 4096):
+        if data[i] != runs[-1]:
+            runs.append(data[i])
+    assert len(runs) <= 2 and runs == sorted(runs, reverse=True), [chr(r) for r in runs]
