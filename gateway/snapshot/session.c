@@ -65,6 +65,15 @@ persist_sink (void *ctx, const uint8_t *data, size_t len, err_t *err)
   return p->progress (p->ctx, p->written, err); /* -1: do not finish its upload */
 }
 
+/* Commits the persist's object (the writer is freed either way). */
+static int
+commit_in_layer (const char *upper, void *ctx, err_t *err)
+{
+  persist_job_t *p = ctx;
+  snap_writer_t *w = take_ptr (&p->w);
+  return p->store->ops->writer_commit (w, err);
+}
+
 int
 snap_persist (sbx_runtime_t *rt, snap_store_t *store, const char *id, snap_progress_fn progress, void *ctx,
               const snap_canceller_t *stop, snap_persisted_t *out, err_t *err)
@@ -83,8 +92,15 @@ snap_persist (sbx_runtime_t *rt, snap_store_t *store, const char *id, snap_progr
       store->ops->writer_abort (p.w);
       return -1;
     }
-  if (store->ops->writer_commit (p.w, err) < 0)
-    return -1;
+  /* The object appears only while the sandbox is still there: a Delete
+   * that began meanwhile waits for this commit (and then removes the
+   * object), or this finds the sandbox gone and drops what it wrote. */
+  if (sbx_with_layer (rt, id, false, commit_in_layer, &p, NULL, NULL, err) < 0)
+    {
+      if (p.w != NULL)
+        store->ops->writer_abort (p.w);
+      return -1;
+    }
   log_fields (SEV_INFO,
               json_pack ("{s:s, s:s, s:s, s:I}", "sandbox_id", id, "store", store->kind, "object", object, "bytes",
                          (json_int_t) p.written),

@@ -100,3 +100,27 @@ def test_overlapping_exports_share_one_freeze(client):
         if data[i] != runs[-1]:
             runs.append(data[i])
     assert len(runs) <= 2 and runs == sorted(runs, reverse=True), [chr(r) for r in runs]
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.2, 0.6])
+def test_a_persist_racing_delete_with_its_snapshot_leaves_no_snapshot(client, delay):
+    from tests.lib.client import pb
+    sid = new_id("race")
+    client.launch(sid)
+    client.ok(sid, BIG)
+    outcome = {}
+
+    def persist():
+        try:
+            outcome["events"] = client.persist(sid, timeout=120)
+        except grpc.RpcError as e:
+            outcome["error"] = e.code()
+
+    t = threading.Thread(target=persist)
+    t.start()
+    time.sleep(delay)
+    client.delete(sid, delete_snapshot=True, timeout=60)
+    t.join(120)
+    # Whatever the persist did, no snapshot survives the delete.
+    r = client.connect(sid)
+    assert r.outcome == pb.ConnectResponse.OUTCOME_CREATED, (r.outcome, outcome)
