@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <sys/socket.h>
 #include <seccomp.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -24,12 +25,26 @@ static const int kept_caps[] = {
     CAP_SETFCAP, CAP_SETPCAP,      CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT, CAP_KILL,
 };
 
-static int
-set_caps (err_t *err)
+/* What sandbox-unpack keeps: making any owner, mode, xattr and whiteout a
+ * tar names in the new layer. CAP_SYS_ADMIN only for overlay's opaque
+ * marker (a trusted.* xattr); the mount family and every namespace call
+ * stay denied by the filter. */
+static const int unpacker_caps[] = {
+    CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_FSETID, CAP_MKNOD, CAP_SETFCAP, CAP_SYS_ADMIN,
+};
+
+static uint64_t
+cap_mask (const int *caps, size_t n)
 {
   uint64_t keep = 0;
-  for (size_t i = 0; i < sizeof kept_caps / sizeof kept_caps[0]; i++)
-    keep |= 1ULL << kept_caps[i];
+  for (size_t i = 0; i < n; i++)
+    keep |= 1ULL << caps[i];
+  return keep;
+}
+
+static int
+set_caps (uint64_t keep, err_t *err)
+{
   for (int cap = 0; cap <= 63; cap++)
     {
       if (keep & (1ULL << cap))
@@ -76,13 +91,31 @@ static const char *const denied_syscalls[] = {
 };
 /* clang-format on */
 
-int
-sbx_confine_prepare (sbx_confine_t *out, err_t *err)
+/* The unpacker's extra denials: it needs no new sockets and runs nothing. */
+static int
+add_unpacker_rules (scmp_filter_ctx ctx)
 {
+  static const char *const denied[] = {"socket",  "socketpair", "connect",  "bind",   "listen", "accept",
+                                       "accept4", "execve",     "execveat", "chroot", "fork",   "vfork"};
+  int rc = 0;
+  for (size_t i = 0; i < sizeof denied / sizeof denied[0] && rc == 0; i++)
+    {
+      int nr = seccomp_syscall_resolve_name (denied[i]);
+      if (nr != __NR_SCMP_ERROR && nr >= 0)
+        rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), nr, 0);
+    }
+  return rc;
+}
+
+static int
+prepare (sbx_confine_t *out, bool unpacker, err_t *err)
+{
+  out->keep_caps = unpacker ? cap_mask (unpacker_caps, sizeof unpacker_caps / sizeof unpacker_caps[0])
+                            : cap_mask (kept_caps, sizeof kept_caps / sizeof kept_caps[0]);
   scmp_filter_ctx ctx = seccomp_init (SCMP_ACT_ALLOW);
   if (ctx == NULL)
     return err_make (err, ENOMEM, "seccomp_init");
-  int rc = 0;
+  int rc = unpacker ? add_unpacker_rules (ctx) : 0;
   for (size_t i = 0; i < sizeof denied_syscalls / sizeof denied_syscalls[0] && rc == 0; i++)
     {
       int nr = seccomp_syscall_resolve_name (denied_syscalls[i]);
@@ -150,9 +183,21 @@ sbx_confine_prepare (sbx_confine_t *out, err_t *err)
 }
 
 int
+sbx_confine_prepare (sbx_confine_t *out, err_t *err)
+{
+  return prepare (out, false, err);
+}
+
+int
+sbx_confine_prepare_unpacker (sbx_confine_t *out, err_t *err)
+{
+  return prepare (out, true, err);
+}
+
+int
 sbx_confine_apply (const sbx_confine_t *c, err_t *err)
 {
-  if (set_caps (err) < 0)
+  if (set_caps (c->keep_caps, err) < 0)
     return -1;
   if (prctl (PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
     return err_make_sys (err, errno, "PR_SET_NO_NEW_PRIVS");

@@ -14,16 +14,22 @@
 #include "common/err.h"
 
 #include <linux/filter.h>
+#include <stdint.h>
 
 /* The seccomp filter, compiled once (by the sandbox's pid 1) and loaded by
  * every command it starts without compiling again. */
 typedef struct sbx_confine_s
 {
   struct sock_fprog prog; /* owned */
+  uint64_t keep_caps;     /* capabilities kept, as a bit mask */
 } sbx_confine_t;
 
-/* Compiles the filter. */
+/* Compiles the filter of sandboxed commands. */
 int sbx_confine_prepare (sbx_confine_t *out, err_t *err);
+
+/* Compiles sandbox-unpack's: the sandbox's denials, plus no new sockets and
+ * no exec; it keeps only what making files of any owner needs. */
+int sbx_confine_prepare_unpacker (sbx_confine_t *out, err_t *err);
 
 /* Applies capabilities, no_new_privs and the filter to the calling process
  * (a child about to exec; async-signal-safe system calls only). */

@@ -96,9 +96,9 @@ def test_socket_buffers_count_against_the_memory_limit(egress_client):
         pytest.skip("cgroup v2 charges socket memory to memory.max by itself")
 
 
-def test_the_unpacker_runs_in_the_new_sandboxs_cgroups(egress_client):
+def test_the_unpacker_runs_confined_in_the_new_sandboxs_cgroups(egress_client):
     """During a slow restore, sandbox-unpack is a process of the sandbox's
-    own cgroups, not of the gateway's."""
+    own cgroups, not of the gateway's, and it is confined."""
     sid = f"unpack-{secrets.token_hex(4)}"
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
@@ -126,6 +126,15 @@ def test_the_unpacker_runs_in_the_new_sandboxs_cgroups(egress_client):
         assert seen, "no unpacker seen"
         assert any(in_sandbox_groups(p, egress_client.gw.cgroup_group, sid) for p in seen), \
             [cgroup_lines(p) for p in seen]
+        # Confined before it reads the tar: no_new_privs, a seccomp filter,
+        # and none of the capabilities it does not need.
+        status = dict(line.split(":\t", 1) for line in Path(f"/proc/{seen[0]}/status").read_text().splitlines()
+                      if ":\t" in line)
+        assert status["NoNewPrivs"].strip() == "1", status
+        assert status["Seccomp"].strip() == "2", status
+        caps = int(status["CapEff"], 16)
+        for cap in (2, 12, 13, 16, 17, 19):  # DAC_READ_SEARCH, NET_ADMIN, NET_RAW, SYS_MODULE, SYS_RAWIO, SYS_PTRACE
+            assert not caps & (1 << cap), (cap, hex(caps))
     finally:
         release.set()
         t.join(60)
