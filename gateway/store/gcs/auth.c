@@ -210,6 +210,11 @@ service_account_from_json (json_t *root, const char *key_file, const gcs_net_t *
   if (strncmp (uri, "https://", 8) != 0 && strncmp (uri, "http://", 7) != 0)
     return err_make (err, EINVAL, "service-account key file `%s`: token_uri `%.200s` is not an http(s) URL", key_file,
                      uri);
+  if (strncmp (uri, "http://", 7) == 0 && !net->plain_http_ok)
+    return err_make (err, EINVAL,
+                     "service-account key file `%s`: token_uri `%.200s` is plain HTTP: refused (the signed "
+                     "assertion and the token would travel unencrypted)",
+                     key_file, uri);
   cleanup_auth gcs_auth_t *a = auth_alloc (AUTH_SERVICE_ACCOUNT, net);
   if (a == NULL)
     return err_make (err, ENOMEM, "service-account key file `%s`: out of memory", key_file);

@@ -180,6 +180,7 @@ gcs_store_new (const gcs_config_t *cfg, snap_store_t **out, err_t *err)
   s->endpoint = endpoint_url (endpoint);
   s->chunk_size = chunk;
   net_settings (&s->net, cfg);
+  s->net.plain_http_ok = s->endpoint != NULL && strncmp (s->endpoint, "http://", 7) == 0;
   if (s->base.prefix == NULL || s->bucket == NULL || s->bucket_esc == NULL || s->endpoint == NULL)
     return err_make (err, ENOMEM, "GCS store: out of memory");
   if (gcs_net_init (&s->net, err) < 0)

@@ -33,6 +33,11 @@ typedef struct gcs_net_s
   unsigned retry_budget_ms; /* time allowed for retries after a failure */
   unsigned backoff_initial_ms;
   unsigned backoff_max_ms;
+  /* The storage endpoint itself is plain http (an emulator or a test server
+   * the operator chose): only then may an upload session or a token
+   * endpoint be plain http too. Otherwise a bearer token never leaves over
+   * plain HTTP. */
+  bool plain_http_ok;
 } gcs_net_t;
 
 /* Initialises `net` (fields other than share and locks set by the caller

@@ -121,6 +121,11 @@ writer_start (gcs_writer_t *w, err_t *err)
     rc = gcs_fail_status (&resp, "start upload", w->what, err);
   if (rc == 0 && !is_http_url (resp.location))
     rc = err_make (err, EIO, "start upload `%s`: HTTP %ld without a usable Location header", w->what, resp.status);
+  if (rc == 0 && strncmp (resp.location, "http://", 7) == 0 && !s->net.plain_http_ok)
+    rc = err_make (err, EPROTO,
+                   "start upload `%s`: the upload session `%.200s` is plain HTTP: refused (the token "
+                   "would travel unencrypted)",
+                   w->what, resp.location);
   if (rc == 0)
     w->session = take_ptr (&resp.location);
   gcs_resp_clear (&resp);

@@ -817,6 +817,23 @@ write_key_json (const char *pem_path, char *out, size_t cap)
   free (pem);
 }
 
+/* A key whose token_uri is plain HTTP is refused when the storage endpoint
+ * is https: the signed assertion and the token would travel unencrypted.
+ * (Against a plain-http endpoint, as in these tests, it is accepted.) */
+static void
+test_plain_http_token_uri_is_refused_for_an_https_endpoint (void **state)
+{
+  char key[600];
+  write_key_json (SA_KEY, key, sizeof key);
+  gcs_config_t cfg = {.bucket = BUCKET, .endpoint = "https://storage.example.invalid", .credentials_file = key};
+  snap_store_t *st = NULL;
+  err_t err = ERR_INIT;
+  assert_int_equal (gcs_store_new (&cfg, &st, &err), -1);
+  assert_int_equal (err.status, EINVAL);
+  assert_non_null (strstr (err_msg (&err), "plain HTTP"));
+  err_release (&err);
+}
+
 static void
 test_service_account_jwt_is_accepted_and_token_cached (void **state)
 {
@@ -961,6 +978,7 @@ main (void)
       cmocka_unit_test_setup (test_download_cut_short_is_an_error, test_setup),
       cmocka_unit_test_setup (test_download_retries_its_start, test_setup),
       cmocka_unit_test_setup (test_remove_and_exists, test_setup),
+      cmocka_unit_test_setup (test_plain_http_token_uri_is_refused_for_an_https_endpoint, test_setup),
       cmocka_unit_test_setup (test_service_account_jwt_is_accepted_and_token_cached, test_setup),
       cmocka_unit_test_setup (test_threads_share_one_token_fetch, test_setup),
       cmocka_unit_test_setup (test_jwt_signed_by_another_key_is_refused, test_setup),
