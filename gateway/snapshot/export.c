@@ -23,6 +23,12 @@
 
 #define OCI_WHITEOUT ".wh."
 #define OCI_OPAQUE ".wh..wh..opq"
+/* A name of the sandbox's own that begins with the whiteout prefix is
+ * stored with this before it, so it is never taken for a whiteout or the
+ * opaque marker (".wh.x" -> ".wh..wh.u.wh.x"; the ".wh..wh." space is
+ * reserved by the OCI layer format). Restore strips it (unpack.c). */
+#define ESCAPE_PREFIX ".wh..wh.u"
+#define ESCAPE_LEN (sizeof ESCAPE_PREFIX - 1)
 #define OVERLAY_OPAQUE_XATTR "trusted.overlay.opaque"
 
 typedef struct link_s
@@ -205,7 +211,8 @@ static int
 write_whiteout (export_t *x, const char *dir, const char *name, const struct stat *st)
 {
   char path[PATH_MAX * 3];
-  snprintf (path, sizeof path, "%s%s" OCI_WHITEOUT "%s", dir, dir[0] ? "/" : "", name);
+  bool escape = strncmp (name, OCI_WHITEOUT, 4) == 0;
+  snprintf (path, sizeof path, "%s%s" OCI_WHITEOUT "%s%s", dir, dir[0] ? "/" : "", escape ? ESCAPE_PREFIX : "", name);
   struct archive_entry *e = archive_entry_new ();
   struct stat w = *st;
   w.st_mode = S_IFREG | 0644;
@@ -523,13 +530,19 @@ export_entry (export_t *x, const frame_t *f, const char *name, int *child)
 {
   *child = -1;
   size_t nlen = strlen (name);
-  size_t len = f->len + (f->len > 0 ? 1 : 0) + nlen;
+  bool escape = strncmp (name, OCI_WHITEOUT, 4) == 0; /* a user name that looks like a whiteout */
+  size_t len = f->len + (f->len > 0 ? 1 : 0) + (escape ? ESCAPE_LEN : 0) + nlen;
   if (len >= PATH_MAX)
     return err_make (x->err, ENAMETOOLONG, "a path under `%.200s` is longer than the tar format allows here",
                      x->path);
   char *p = x->path + f->len;
   if (f->len > 0)
     *p++ = '/';
+  if (escape)
+    {
+      memcpy (p, ESCAPE_PREFIX, ESCAPE_LEN);
+      p += ESCAPE_LEN;
+    }
   memcpy (p, name, nlen + 1);
   struct stat st;
   if (fstatat (f->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)

@@ -99,6 +99,44 @@ ensure_parent (const char *path, err_t *err)
 
 /* OCI whiteouts become overlay whiteouts: ".wh..wh..opq" marks its
  * directory opaque, ".wh.NAME" becomes a 0:0 character device NAME. */
+/* Names a sandbox gave to its own files that begin with the whiteout
+ * prefix travel escaped (see export.c): ".wh.x" is stored as
+ * ".wh..wh.u.wh.x". Real whiteouts and the opaque marker are never
+ * escaped, so every name round-trips. */
+#define ESCAPE_PREFIX ".wh..wh.u"
+#define ESCAPE_LEN (sizeof ESCAPE_PREFIX - 1)
+
+/* Copies `in` to `out` (cap bytes), unescaping every component. -1 when
+ * it does not fit. */
+static int
+unescape_path (const char *in, char *out, size_t cap)
+{
+  size_t o = 0;
+  for (const char *c = in; *c != '\0';)
+    {
+      const char *end = strchr (c, '/');
+      size_t len = end != NULL ? (size_t) (end - c) : strlen (c);
+      if (len > ESCAPE_LEN + 4 && strncmp (c, ESCAPE_PREFIX ".wh.", ESCAPE_LEN + 4) == 0)
+        {
+          c += ESCAPE_LEN;
+          len -= ESCAPE_LEN;
+        }
+      if (o + len + 2 > cap)
+        return -1;
+      memcpy (out + o, c, len);
+      o += len;
+      c += len;
+      if (*c == '/')
+        {
+          out[o++] = '/';
+          while (*c == '/')
+            c++;
+        }
+    }
+  out[o] = '\0';
+  return 0;
+}
+
 static int
 apply_whiteout (const char *path, err_t *err)
 {
@@ -117,6 +155,8 @@ apply_whiteout (const char *path, err_t *err)
       return 0;
     }
   const char *name = base + 4;
+  if (strncmp (name, ESCAPE_PREFIX ".wh.", ESCAPE_LEN + 4) == 0)
+    name += ESCAPE_LEN; /* the whiteout of a name that began with the prefix */
   if (name[0] == '\0' || strcmp (name, ".") == 0 || strcmp (name, "..") == 0)
     return err_make (err, EINVAL, "bad whiteout `%s`", path);
   char target[PATH_MAX * 2];
@@ -218,7 +258,7 @@ typedef struct unpack_s
 /* Checks an entry's path, hard link and type, normalising "./" prefixes.
  * 1 skip it (the root itself), 0 extract it, -1 refuse the tar. */
 static int
-check_entry (struct archive_entry *e, const char **path_out, const char **link_out, err_t *err)
+check_entry (struct archive_entry *e, const char **path_out, const char **link_out, bool *literal, err_t *err)
 {
   const char *path = archive_entry_pathname (e);
   while (path != NULL && path[0] == '.' && path[1] == '/')
@@ -227,12 +267,24 @@ check_entry (struct archive_entry *e, const char **path_out, const char **link_o
     return 1; /* the root itself ("./" of `tar -C dir -cf - .`) */
   if (!safe_path (path))
     return err_make (err, EINVAL, "unsafe path in the snapshot: `%.200s` (absolute or with ..)", path ? path : "");
-  archive_entry_set_pathname (e, path);
+  /* Escaped names become the sandbox's names again; a last component that
+   * is a whiteout keeps its prefix (unpack_entry reads it). */
+  const char *last = strrchr (path, '/');
+  last = last != NULL ? last + 1 : path;
+  *literal = strncmp (last, ESCAPE_PREFIX ".wh.", ESCAPE_LEN + 4) == 0 && strlen (last) > ESCAPE_LEN + 4;
+  char plain[PATH_MAX];
+  if (unescape_path (path, plain, sizeof plain) < 0)
+    return err_make (err, ENAMETOOLONG, "path too long in the snapshot: `%.200s`", path);
+  archive_entry_set_pathname (e, plain);
   const char *link = archive_entry_hardlink (e);
+  char plain_link[PATH_MAX];
   if (link != NULL)
     {
       while (link[0] == '.' && link[1] == '/')
         link += 2;
+      if (unescape_path (link, plain_link, sizeof plain_link) < 0)
+        return err_make (err, ENAMETOOLONG, "link too long in the snapshot: `%.200s`", link);
+      link = plain_link;
       struct stat lst;
       if (!safe_path (link) || lstat (link, &lst) < 0 || !S_ISREG (lst.st_mode))
         return err_make (err, EINVAL, "hard link `%.200s` points outside the snapshot's files: `%.200s`", path, link);
@@ -240,7 +292,7 @@ check_entry (struct archive_entry *e, const char **path_out, const char **link_o
     }
   mode_t type = archive_entry_filetype (e);
   if (link == NULL && type != AE_IFREG && type != AE_IFDIR && type != AE_IFLNK)
-    return err_make (err, EINVAL, "device nodes, fifos and sockets are not allowed in a snapshot: `%.200s`", path);
+    return err_make (err, EINVAL, "device nodes, fifos and sockets are not allowed in a snapshot: `%.200s`", plain);
   *path_out = archive_entry_pathname (e);
   *link_out = link != NULL ? archive_entry_hardlink (e) : NULL;
   return 0;
@@ -289,12 +341,15 @@ static int
 unpack_entry (unpack_t *u, struct archive_entry *e, err_t *err)
 {
   const char *path = NULL, *link = NULL;
-  int c = check_entry (e, &path, &link, err);
+  bool literal = false;
+  int c = check_entry (e, &path, &link, &literal, err);
   if (c != 0)
     return c > 0 ? 0 : -1;
+  /* A user name that began with the prefix was unescaped by check_entry:
+   * what still begins with it is a whiteout or the opaque marker. */
   const char *base = strrchr (path, '/');
   base = base != NULL ? base + 1 : path;
-  if (strncmp (base, ".wh.", 4) != 0)
+  if (strncmp (base, ".wh.", 4) != 0 || literal)
     return write_entry (u, e, path, link, err);
   if (archive_entry_filetype (e) != AE_IFREG || link != NULL)
     return err_make (err, EINVAL, "whiteout `%.200s` is not a plain file", path);
