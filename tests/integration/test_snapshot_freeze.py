@@ -124,3 +124,33 @@ def test_a_persist_racing_delete_with_its_snapshot_leaves_no_snapshot(client, de
     # Whatever the persist did, no snapshot survives the delete.
     r = client.connect(sid)
     assert r.outcome == pb.ConnectResponse.OUTCOME_CREATED, (r.outcome, outcome)
+
+
+def test_an_export_that_runs_out_of_files_fails_and_keeps_the_stored_snapshot(fgw, client):
+    """EMFILE in the middle of a persist fails it clearly; the snapshot
+    stored before stays intact and restorable (never replaced by a partial
+    one)."""
+    import os
+    import subprocess
+    from tests.lib.client import pb
+    sid = new_id("emfile")
+    client.launch(sid)
+    client.ok(sid, "echo first > /root/state")
+    assert client.persist(sid)[-1].done
+    client.ok(sid, "echo second > /root/state && mkdir -p /root/" + "/".join(["d"] * 100))
+    open_now = len(os.listdir(f"/proc/{fgw.pid}/fd"))
+    soft, hard = (int(v) for v in subprocess.run(
+        ["prlimit", f"--pid={fgw.pid}", "--nofile", "--raw", "--noheadings", "--output=SOFT,HARD"],
+        check=True, capture_output=True, text=True).stdout.split())
+    # Lower the soft limit only (raising a hard limit back needs a privilege).
+    subprocess.run(["prlimit", f"--pid={fgw.pid}", f"--nofile={open_now + 60}:{hard}"], check=True)
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            client.persist(sid)
+        assert e.value.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL), e.value
+    finally:
+        subprocess.run(["prlimit", f"--pid={fgw.pid}", f"--nofile={soft}:{hard}"], check=True)
+    client.delete(sid)
+    r = client.connect(sid)
+    assert r.outcome == pb.ConnectResponse.OUTCOME_RESTORED
+    assert client.sh_out(sid, "cat /root/state") == "first\n"
