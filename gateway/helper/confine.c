@@ -79,6 +79,9 @@ static const char *const denied_syscalls[] = {
     "name_to_handle_at", "userfaultfd", "fanotify_init",
     /* keyring */
     "keyctl", "add_key", "request_key",
+    /* POSIX message queues: their limits are per host user, shared with
+     * every other sandbox and the host's root (uid 0 everywhere) */
+    "mq_open",
     /* io_uring: a large, fast-moving surface that bypasses seccomp checks on
      * the operations it performs */
     "io_uring_setup", "io_uring_enter", "io_uring_register",

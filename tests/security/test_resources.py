@@ -207,3 +207,24 @@ def test_output_never_read_keeps_the_gateway_bounded_and_cancel_kills(limited, v
         time.sleep(0.2)
     assert limited.get(victim).process_count == 1
     assert_works(limited, victim)
+
+
+def test_message_queues_are_not_a_shared_limit_to_exhaust(limited, victim, bystander):
+    # Technique: open POSIX message queues until the per-user limit (shared
+    # by every uid-0 process on the host) is gone. mq_open is refused.
+    code = r"""
+import ctypes, ctypes.util
+rt = ctypes.CDLL(ctypes.util.find_library("rt") or "librt.so.1", use_errno=True)
+rt.mq_open.restype = ctypes.c_int
+opened = 0
+for i in range(64):
+    fd = rt.mq_open(f"/sgw-q{i}".encode(), 0o100 | 0o2, 0o600, None)
+    if fd < 0:
+        break
+    opened += 1
+print(opened, ctypes.get_errno())
+"""
+    res = py(limited, victim, code)
+    opened, errno_ = (int(v) for v in res.out.split())
+    assert opened == 0 and errno_ == 1, res.describe()  # EPERM
+    assert_works(limited, bystander)
