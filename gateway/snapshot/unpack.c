@@ -231,6 +231,15 @@ remember_dir_time (dir_time_t **v, size_t *n, size_t *cap, const char *path, str
 {
   if (!archive_entry_mtime_is_set (e))
     return;
+  /* The same directory again (a tar may repeat an entry any number of
+   * times): one record, the last time wins — memory follows the
+   * directories, not the entries. */
+  for (size_t i = *n; i-- > 0 && i + 8 >= *n;)
+    if (strcmp ((*v)[i].path, path) == 0)
+      {
+        (*v)[i].mtime = (struct timespec){archive_entry_mtime (e), archive_entry_mtime_nsec (e)};
+        return;
+      }
   if (*n == *cap)
     {
       size_t c = *cap ? *cap * 2 : 64;

@@ -154,3 +154,38 @@ def test_the_unpacker_refuses_compressions_snapshots_do_not_use(egress_client):
     ok = f"gz-{secrets.token_hex(4)}"
     egress_client.restore(ok, [gzip.compress(buf.getvalue())])
     assert egress_client.sh_out(ok, "cat /root/x") == "x"
+
+
+def directory_bomb(n: int = 250_000) -> bytes:
+    """One long directory path repeated n times, gzip'd (~hundreds of KB)."""
+    import gzip as gz
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        info = tarfile.TarInfo("root/" + "/".join(["deep"] * 19))
+        info.type = tarfile.DIRTYPE
+        info.mtime = 1700000000
+        for _ in range(n):
+            tf.addfile(info)
+    return gz.compress(raw.getvalue(), 9)
+
+
+def test_a_directory_bomb_restores_within_the_sandboxs_limits(gateway_secret):
+    from tests.lib.procs import RssSampler
+    bomb = directory_bomb()
+    assert len(bomb) < 2 << 20, len(bomb)
+    env = {"SANDBOX_MEMORY_MB": str(MEMORY_MB), "SANDBOX_SNAPSHOT_MAX_ENTRIES": "1000000"}
+    with gateway_client(env, secret=gateway_secret) as client:
+        bystander = client.launch().sandbox_id
+        sid = f"bomb-{secrets.token_hex(4)}"
+        with RssSampler(client.gw) as rss:
+            try:
+                client.restore(sid, [bomb[i:i + 65536] for i in range(0, len(bomb), 65536)], timeout=300)
+                restored = True
+            except grpc.RpcError as e:
+                restored = False
+                assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                    grpc.StatusCode.INTERNAL), e
+        assert rss.peak_kib - rss.start_kib < 64 * 1024, (rss.start_kib, rss.peak_kib)
+        if restored:
+            assert client.sh_out(sid, "ls -d /root/deep && echo ok").endswith("ok\n")
+        assert client.sh_out(bystander, "echo fine") == "fine\n"
