@@ -1,6 +1,7 @@
-/* snap_export: upper directory → pax tar stream (see snap_export.h).
- * State: per export only (the walker context below). */
-#include "gateway/snapshot/export.h"
+/* snapshot/export: a sandbox's upper directory as a pax tar stream (see
+ * export.h) — the stream and the walk; single entries are written by
+ * entries.c. State: per export only. */
+#include "gateway/snapshot/export_internal.h"
 
 #include <archive.h>
 #include <archive_entry.h>
@@ -20,44 +21,6 @@
 
 #include "common/cleanup.h"
 #include "common/log.h"
-
-#define OCI_WHITEOUT ".wh."
-#define OCI_OPAQUE ".wh..wh..opq"
-/* A name of the sandbox's own that begins with the whiteout prefix is
- * stored with this before it, so it is never taken for a whiteout or the
- * opaque marker (".wh.x" -> ".wh..wh.u.wh.x"; the ".wh..wh." space is
- * reserved by the OCI layer format). Restore strips it (unpack.c). */
-#define ESCAPE_PREFIX ".wh..wh.u"
-#define ESCAPE_LEN (sizeof ESCAPE_PREFIX - 1)
-#define OVERLAY_OPAQUE_XATTR "trusted.overlay.opaque"
-
-typedef struct link_s
-{
-  dev_t dev;
-  ino_t ino;
-  char *path;
-} link_t;
-
-typedef struct export_s
-{
-  struct archive *a;
-  /* stream side */
-  snap_sink_fn sink;
-  void *sink_ctx;
-  uint8_t *buf;
-  size_t used, chunk;
-  EVP_MD_CTX *sha;
-  uint64_t total;
-  err_t *err;
-  bool failed;
-  /* tree side */
-  link_t *links;
-  size_t n_links, cap_links;
-  uint64_t entries;
-  uint8_t *io;
-  char *path;           /* the entry being written (PATH_MAX + 1 bytes) */
-  const uint8_t *holes; /* EXPORT_HOLE_CHUNK bytes, never touched */
-} export_t;
 
 static int
 flush (export_t *x)
@@ -107,280 +70,6 @@ close_cb (struct archive *a, void *ctx)
       return ARCHIVE_FATAL;
     }
   return ARCHIVE_OK;
-}
-
-static int
-archive_fail (export_t *x, const char *what)
-{
-  if (x->failed && x->err->msg != NULL)
-    return -1; /* the sink's own error says it best */
-  int e = archive_errno (x->a);
-  return err_make (x->err, e > 0 ? e : EIO, "%s: %s", what, archive_error_string (x->a));
-}
-
-static const char *
-find_link (export_t *x, const struct stat *st)
-{
-  for (size_t i = 0; i < x->n_links; i++)
-    if (x->links[i].ino == st->st_ino && x->links[i].dev == st->st_dev)
-      return x->links[i].path;
-  return NULL;
-}
-
-static int
-remember_link (export_t *x, const struct stat *st, const char *path)
-{
-  if (x->n_links == x->cap_links)
-    {
-      size_t cap = x->cap_links ? x->cap_links * 2 : 16;
-      link_t *l = realloc (x->links, cap * sizeof *l);
-      if (l == NULL)
-        return err_make (x->err, ENOMEM, "export: out of memory");
-      x->links = l;
-      x->cap_links = cap;
-    }
-  char *p = strdup (path);
-  if (p == NULL)
-    return err_make (x->err, ENOMEM, "export: out of memory");
-  x->links[x->n_links++] = (link_t){st->st_dev, st->st_ino, p};
-  return 0;
-}
-
-static void
-set_meta (struct archive_entry *e, const char *path, const struct stat *st)
-{
-  archive_entry_set_pathname (e, path);
-  archive_entry_set_mode (e, st->st_mode);
-  archive_entry_set_uid (e, st->st_uid);
-  archive_entry_set_gid (e, st->st_gid);
-  archive_entry_set_mtime (e, st->st_mtim.tv_sec, st->st_mtim.tv_nsec);
-}
-
-/* Copies the extended attributes of `fd`, except overlay's own, whatever
- * their size. Failing to read one fails the export (never a silent drop). */
-static int
-add_xattrs (export_t *x, struct archive_entry *e, int fd, const char *path)
-{
-  ssize_t n = flistxattr (fd, NULL, 0);
-  if (n < 0 && (errno == ENOTSUP || errno == ENODATA))
-    return 0;
-  if (n < 0)
-    return err_make_sys (x->err, errno, "list the xattrs of `%s`", path);
-  if (n == 0)
-    return 0;
-  cleanup_free char *names = malloc ((size_t) n);
-  if (names == NULL)
-    return err_make (x->err, ENOMEM, "export: out of memory");
-  n = flistxattr (fd, names, (size_t) n);
-  if (n < 0)
-    return err_make_sys (x->err, errno, "list the xattrs of `%s`", path);
-  for (ssize_t off = 0; off < n; off += (ssize_t) strlen (names + off) + 1)
-    {
-      const char *name = names + off;
-      if (strncmp (name, "trusted.overlay.", 16) == 0)
-        continue;
-      ssize_t vlen = fgetxattr (fd, name, NULL, 0);
-      cleanup_free char *value = vlen > 0 ? malloc ((size_t) vlen) : NULL;
-      if (vlen > 0 && value == NULL)
-        return err_make (x->err, ENOMEM, "export: out of memory");
-      if (vlen > 0)
-        vlen = fgetxattr (fd, name, value, (size_t) vlen);
-      if (vlen < 0 && errno == ENODATA)
-        continue; /* removed meanwhile */
-      if (vlen < 0)
-        return err_make_sys (x->err, errno, "read xattr `%s` of `%s`", name, path);
-      archive_entry_xattr_add_entry (e, name, value, (size_t) vlen);
-    }
-  return 0;
-}
-
-static int
-write_entry (export_t *x, struct archive_entry *e, const char *path)
-{
-  if (archive_write_header (x->a, e) < ARCHIVE_WARN)
-    {
-      char what[PATH_MAX + 32];
-      snprintf (what, sizeof what, "write the header of `%.4000s`", path);
-      return archive_fail (x, what);
-    }
-  x->entries++;
-  return 0;
-}
-
-static int
-write_whiteout (export_t *x, const char *dir, const char *name, const struct stat *st)
-{
-  char path[PATH_MAX * 3];
-  bool escape = strncmp (name, OCI_WHITEOUT, 4) == 0;
-  snprintf (path, sizeof path, "%s%s" OCI_WHITEOUT "%s%s", dir, dir[0] ? "/" : "", escape ? ESCAPE_PREFIX : "", name);
-  struct archive_entry *e = archive_entry_new ();
-  struct stat w = *st;
-  w.st_mode = S_IFREG | 0644;
-  set_meta (e, path, &w);
-  archive_entry_set_size (e, 0);
-  int rc = write_entry (x, e, path);
-  archive_entry_free (e);
-  return rc;
-}
-
-/* A file's data regions, found with SEEK_DATA/SEEK_HOLE. */
-typedef struct extent_s
-{
-  off_t off, len;
-} extent_t;
-
-/* Data regions of one file at most: each costs a few dozen bytes in the
- * archive's sparse map and in memory. A file with more fails the export
- * (only an attack makes one: the disk quota bounds the data). */
-#define EXPORT_MAX_EXTENTS 262144
-/* Holes are handed to the archive from one untouched anonymous mapping:
- * the pax writer skips hole bytes without reading them. */
-#define EXPORT_HOLE_CHUNK ((size_t) 64 << 20)
-
-/* Lists the data regions of `fd` (size `size`) into *out. A file without
- * holes gives one region; a filesystem that cannot tell gives one too. */
-static int
-data_extents (export_t *x, int fd, off_t size, const char *path, extent_t **out, size_t *n)
-{
-  *out = NULL;
-  *n = 0;
-  size_t cap = 0;
-  off_t pos = 0;
-  while (pos < size)
-    {
-      off_t d = lseek (fd, pos, SEEK_DATA);
-      if (d < 0 && errno == ENXIO)
-        break; /* a hole to the end */
-      if (d < 0 && (errno == EINVAL || errno == EOPNOTSUPP))
-        d = pos, errno = 0;
-      if (d < 0)
-        return err_make_sys (x->err, errno, "find the data of `%s`", path);
-      off_t h = lseek (fd, d, SEEK_HOLE);
-      if (h < 0 || h > size)
-        h = size;
-      if (*n == EXPORT_MAX_EXTENTS)
-        return err_make (x->err, E2BIG, "`%s` has more than %d separate data regions", path, EXPORT_MAX_EXTENTS);
-      if (*n == cap)
-        {
-          cap = cap ? cap * 2 : 8;
-          extent_t *g = realloc (*out, cap * sizeof *g);
-          if (g == NULL)
-            return err_make (x->err, ENOMEM, "export: out of memory");
-          *out = g;
-        }
-      (*out)[(*n)++] = (extent_t){d, h - d};
-      pos = h;
-    }
-  return 0;
-}
-
-/* Hands `len` bytes of hole to the archive (not read: see EXPORT_HOLE_CHUNK). */
-static int
-write_hole (export_t *x, off_t len)
-{
-  while (len > 0)
-    {
-      size_t n = (size_t) len < EXPORT_HOLE_CHUNK ? (size_t) len : EXPORT_HOLE_CHUNK;
-      if (archive_write_data (x->a, x->holes, n) < 0)
-        return archive_fail (x, "write file data");
-      len -= (off_t) n;
-    }
-  return 0;
-}
-
-/* Copies `len` bytes of `fd` from `off` into the archive. */
-static int
-write_data (export_t *x, int fd, off_t off, off_t len, const char *path)
-{
-  while (len > 0)
-    {
-      size_t want = len < 1 << 20 ? (size_t) len : 1 << 20;
-      ssize_t r = TEMP_FAILURE_RETRY (pread (fd, x->io, want, off));
-      if (r < 0)
-        return err_make_sys (x->err, errno, "read `%s`", path);
-      if (r == 0)
-        {
-          /* Shrunk meanwhile: pad, so the archive stays well formed. */
-          memset (x->io, 0, want);
-          r = (ssize_t) want;
-        }
-      if (archive_write_data (x->a, x->io, (size_t) r) < 0)
-        return archive_fail (x, "write file data");
-      off += r;
-      len -= r;
-    }
-  return 0;
-}
-
-/* Writes the contents of a regular file: sparse files as pax sparse
- * entries, so the archive holds only the data the file holds. */
-static int
-write_contents (export_t *x, struct archive_entry *e, int fd, off_t size, const char *path)
-{
-  cleanup_free extent_t *ext = NULL;
-  size_t n = 0;
-  if (data_extents (x, fd, size, path, &ext, &n) < 0)
-    return -1;
-  bool sparse = !(n == 1 && ext[0].off == 0 && ext[0].len == size) && size > 0;
-  for (size_t i = 0; sparse && i < n; i++)
-    archive_entry_sparse_add_entry (e, ext[i].off, ext[i].len);
-  if (sparse && n == 0)
-    archive_entry_sparse_add_entry (e, size, 0); /* all hole: the map still says so */
-  if (add_xattrs (x, e, fd, path) < 0 || write_entry (x, e, path) < 0)
-    return -1;
-  if (!sparse)
-    return write_data (x, fd, 0, size, path);
-  off_t pos = 0;
-  for (size_t i = 0; i < n; i++)
-    {
-      if (write_hole (x, ext[i].off - pos) < 0 || write_data (x, fd, ext[i].off, ext[i].len, path) < 0)
-        return -1;
-      pos = ext[i].off + ext[i].len;
-    }
-  return write_hole (x, size - pos);
-}
-
-static int
-write_file (export_t *x, int dirfd, const char *name, const char *path, const struct stat *st)
-{
-  struct archive_entry *e = archive_entry_new ();
-  set_meta (e, path, st);
-  int rc = 0;
-  if (st->st_nlink > 1)
-    {
-      const char *first = find_link (x, st);
-      if (first != NULL)
-        {
-          archive_entry_set_hardlink (e, first);
-          archive_entry_set_size (e, 0);
-          rc = write_entry (x, e, path);
-          archive_entry_free (e);
-          return rc;
-        }
-    }
-  cleanup_close int fd = openat (dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0 && errno != ENOENT && errno != ELOOP)
-    {
-      archive_entry_free (e);
-      return err_make_sys (x->err, errno, "open `%s`", path);
-    }
-  struct stat now;
-  if (fd < 0 || fstat (fd, &now) < 0 || now.st_ino != st->st_ino || !S_ISREG (now.st_mode))
-    {
-      /* Changed under us (it cannot while frozen): skip, never follow. */
-      log_fields (SEV_WARNING, json_pack ("{s:s}", "path", path), "snapshot: a file changed during export");
-      archive_entry_free (e);
-      return 0;
-    }
-  if (st->st_nlink > 1 && remember_link (x, st, path) < 0)
-    {
-      archive_entry_free (e);
-      return -1;
-    }
-  archive_entry_set_size (e, now.st_size);
-  rc = write_contents (x, e, fd, now.st_size, path);
-  archive_entry_free (e);
-  return rc;
 }
 
 /* One directory on the walk's stack: its entries, sorted, and where the
@@ -474,10 +163,10 @@ write_dir (export_t *x, int dirfd, const char *name, const char *path, const str
       return 0;
     }
   struct archive_entry *e = archive_entry_new ();
-  set_meta (e, path, &now);
-  int rc = add_xattrs (x, e, fd, path);
+  export_set_meta (e, path, &now);
+  int rc = export_add_xattrs (x, e, fd, path);
   if (rc == 0)
-    rc = write_entry (x, e, path);
+    rc = export_write_entry (x, e, path);
   archive_entry_free (e);
   if (rc < 0)
     return -1;
@@ -494,9 +183,9 @@ write_dir (export_t *x, int dirfd, const char *name, const char *path, const str
       struct archive_entry *w = archive_entry_new ();
       struct stat ws = now;
       ws.st_mode = S_IFREG | 0644;
-      set_meta (w, wpath, &ws);
+      export_set_meta (w, wpath, &ws);
       archive_entry_set_size (w, 0);
-      rc = write_entry (x, w, wpath);
+      rc = export_write_entry (x, w, wpath);
       archive_entry_free (w);
       free (wpath);
       if (rc < 0)
@@ -517,9 +206,9 @@ write_symlink (export_t *x, int dirfd, const char *name, const char *path, const
     return err_make_sys (x->err, errno, "read link `%s`", path);
   target[tl] = '\0';
   struct archive_entry *e = archive_entry_new ();
-  set_meta (e, path, st);
+  export_set_meta (e, path, st);
   archive_entry_set_symlink (e, target);
-  int rc = write_entry (x, e, path);
+  int rc = export_write_entry (x, e, path);
   archive_entry_free (e);
   return rc;
 }
@@ -551,14 +240,14 @@ export_entry (export_t *x, const frame_t *f, const char *name, int *child)
     {
       char saved = x->path[f->len];
       x->path[f->len] = '\0'; /* the directory's path */
-      int rc = write_whiteout (x, x->path, name, &st);
+      int rc = export_write_whiteout (x, x->path, name, &st);
       x->path[f->len] = saved;
       return rc;
     }
   if (S_ISDIR (st.st_mode))
     return write_dir (x, f->fd, name, x->path, &st, child);
   if (S_ISREG (st.st_mode))
-    return write_file (x, f->fd, name, x->path, &st);
+    return export_write_file (x, f->fd, name, x->path, &st);
   if (S_ISLNK (st.st_mode))
     return write_symlink (x, f->fd, name, x->path, &st);
   log_fields (SEV_DEBUG, json_pack ("{s:s}", "path", x->path), "snapshot: skipped a fifo, socket or device");
@@ -653,19 +342,19 @@ snap_export (const char *upper, snap_compression_t compression, size_t chunk, sn
     frc = archive_write_add_filter_zstd (x.a);
   if (frc != ARCHIVE_OK)
     {
-      archive_fail (&x, "set up compression");
+      export_fail (&x, "set up compression");
       goto out;
     }
   if (archive_write_open2 (x.a, &x, NULL, write_cb, close_cb, NULL) != ARCHIVE_OK)
     {
-      archive_fail (&x, "start the archive");
+      export_fail (&x, "start the archive");
       goto out;
     }
   if (walk (&x, root) < 0)
     goto out;
   if (archive_write_close (x.a) != ARCHIVE_OK)
     {
-      archive_fail (&x, "finish the archive");
+      export_fail (&x, "finish the archive");
       goto out;
     }
   unsigned char md[32];

@@ -1,0 +1,72 @@
+/* snapshot/export_internal: what the export's two files share — the
+ * export's state (export_t), the names of the OCI layer format, and the
+ * writers of single entries (entries.c) the walk (export.c) calls.
+ * State: per export; one export per thread. */
+#ifndef SBX_GATEWAY_SNAPSHOT_EXPORT_INTERNAL_H
+#define SBX_GATEWAY_SNAPSHOT_EXPORT_INTERNAL_H
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <openssl/evp.h>
+#include <stdbool.h>
+#include <sys/stat.h>
+
+#include "gateway/snapshot/export.h"
+
+#define OCI_WHITEOUT ".wh."
+#define OCI_OPAQUE ".wh..wh..opq"
+/* A name of the sandbox's own that begins with the whiteout prefix is
+ * stored with this before it, so it is never taken for a whiteout or the
+ * opaque marker (".wh.x" -> ".wh..wh.u.wh.x"; the ".wh..wh." space is
+ * reserved by the OCI layer format). Restore strips it (unpack.c). */
+#define ESCAPE_PREFIX ".wh..wh.u"
+#define ESCAPE_LEN (sizeof ESCAPE_PREFIX - 1)
+#define OVERLAY_OPAQUE_XATTR "trusted.overlay.opaque"
+
+typedef struct link_s
+{
+  dev_t dev;
+  ino_t ino;
+  char *path;
+} link_t;
+
+typedef struct export_s
+{
+  struct archive *a;
+  /* stream side */
+  snap_sink_fn sink;
+  void *sink_ctx;
+  uint8_t *buf;
+  size_t used, chunk;
+  EVP_MD_CTX *sha;
+  uint64_t total;
+  err_t *err;
+  bool failed;
+  /* tree side */
+  link_t *links;
+  size_t n_links, cap_links;
+  uint64_t entries;
+  uint8_t *io;
+  char *path;           /* the entry being written (PATH_MAX + 1 bytes) */
+  const uint8_t *holes; /* EXPORT_HOLE_CHUNK bytes, never touched */
+} export_t;
+
+/* Holes are handed to the archive from one untouched anonymous mapping:
+ * the pax writer skips hole bytes without reading them. */
+#define EXPORT_HOLE_CHUNK ((size_t) 64 << 20)
+
+/* entries.c */
+int export_fail (export_t *x, const char *what);
+const char *export_find_link (export_t *x, const struct stat *st);
+int export_remember_link (export_t *x, const struct stat *st, const char *path);
+void export_set_meta (struct archive_entry *e, const char *path, const struct stat *st);
+/* Copies the extended attributes of `fd`, except overlay's own. */
+int export_add_xattrs (export_t *x, struct archive_entry *e, int fd, const char *path);
+int export_write_entry (export_t *x, struct archive_entry *e, const char *path);
+/* The whiteout of `name` in directory `dir`. */
+int export_write_whiteout (export_t *x, const char *dir, const char *name, const struct stat *st);
+/* A regular file: its entry and its contents (sparse files as pax sparse
+ * entries). A file that changed identity meanwhile is skipped and logged. */
+int export_write_file (export_t *x, int dirfd, const char *name, const char *path, const struct stat *st);
+
+#endif
