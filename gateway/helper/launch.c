@@ -126,7 +126,7 @@ holder_main (const helper_opts_t *o, const sbx_cg_layout_t *cg, const sbx_confin
 /* Waits for the holder's word and hands its control socket to the gateway.
  * 0 ok; 1 the holder failed and that was reported; -1 with *err. */
 static int
-hand_over (pid_t pid, int sync, int ctl, err_t *err)
+hand_over (pid_t *pid, int sync, int ctl, err_t *err)
 {
   sbx_report_t r;
   memset (&r, 0, sizeof r);
@@ -134,25 +134,21 @@ hand_over (pid_t pid, int sync, int ctl, err_t *err)
   if (n != (ssize_t) sizeof r)
     {
       int status = 0;
-      waitpid (pid, &status, 0);
+      waitpid (take_pid (pid), &status, 0);
       return err_make (err, ECHILD, "the sandbox's pid 1 died during set-up (status %d)", status);
     }
   if (r.type != SBX_REPORT_READY)
     {
-      kill (pid, SIGKILL);
-      waitpid (pid, NULL, 0);
       helper_report (helper_report_fd, SBX_REPORT_ERROR, r.status, 0, 0, r.text);
-      return 1;
+      return 1; /* *pid is killed and reaped by the caller's scope */
     }
   sbx_report_t ready;
   memset (&ready, 0, sizeof ready);
   ready.type = SBX_REPORT_READY;
-  ready.a = pid;
+  ready.a = *pid;
   if (sbx_send_fds (helper_report_fd, &ready, sizeof ready, &ctl, 1) < 0)
-    {
-      kill (pid, SIGKILL);
-      return err_make_sys (err, errno, "hand the control socket over");
-    }
+    return err_make_sys (err, errno, "hand the control socket over");
+  take_pid (pid); /* the sandbox lives on: the gateway adopts it */
   return 0;
 }
 
@@ -170,7 +166,8 @@ start_holder (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
     return -1;
   if (unshare (CLONE_NEWPID) < 0)
     return err_make_sys (err, errno, "unshare the pid namespace");
-  pid_t pid = fork ();
+  /* Killed and reaped when this scope ends, unless handed over. */
+  cleanup_pid pid_t pid = fork ();
   if (pid < 0)
     return err_make_sys (err, errno, "fork the holder");
   if (pid == 0)
@@ -181,7 +178,7 @@ start_holder (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
     }
   close (take_fd (&sync[1]));
   close (take_fd (&ctl[1]));
-  return hand_over (pid, sync[0], ctl[0], err);
+  return hand_over (&pid, sync[0], ctl[0], err);
 }
 
 int
