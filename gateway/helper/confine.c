@@ -43,8 +43,19 @@ cap_mask (const int *caps, size_t n)
 }
 
 static int
-set_caps (uint64_t keep, err_t *err)
+set_caps (uint64_t keep, bool only_held, err_t *err)
 {
+  if (only_held)
+    {
+      /* Keep what is wanted among what is held (a container may not give
+       * CAP_MKNOD, which recent kernels do not need for whiteouts). */
+      struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+      struct __user_cap_data_struct d[2];
+      memset (d, 0, sizeof d);
+      if (syscall (SYS_capget, &h, d) < 0)
+        return err_make_sys (err, errno, "capget");
+      keep &= (uint64_t) d[0].permitted | ((uint64_t) d[1].permitted << 32);
+    }
   for (int cap = 0; cap <= 63; cap++)
     {
       if (keep & (1ULL << cap))
@@ -113,6 +124,7 @@ add_unpacker_rules (scmp_filter_ctx ctx)
 static int
 prepare (sbx_confine_t *out, bool unpacker, err_t *err)
 {
+  out->only_held = unpacker;
   out->keep_caps = unpacker ? cap_mask (unpacker_caps, sizeof unpacker_caps / sizeof unpacker_caps[0])
                             : cap_mask (kept_caps, sizeof kept_caps / sizeof kept_caps[0]);
   scmp_filter_ctx ctx = seccomp_init (SCMP_ACT_ALLOW);
@@ -200,7 +212,7 @@ sbx_confine_prepare_unpacker (sbx_confine_t *out, err_t *err)
 int
 sbx_confine_apply (const sbx_confine_t *c, err_t *err)
 {
-  if (set_caps (c->keep_caps, err) < 0)
+  if (set_caps (c->keep_caps, c->only_held, err) < 0)
     return -1;
   if (prctl (PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
     return err_make_sys (err, errno, "PR_SET_NO_NEW_PRIVS");

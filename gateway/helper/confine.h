@@ -14,6 +14,7 @@
 #include "common/err.h"
 
 #include <linux/filter.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 /* The seccomp filter, compiled once (by the sandbox's pid 1) and loaded by
@@ -22,6 +23,7 @@ typedef struct sbx_confine_s
 {
   struct sock_fprog prog; /* owned */
   uint64_t keep_caps;     /* capabilities kept, as a bit mask */
+  bool only_held;         /* keep those of keep_caps the process holds (else: all, or fail) */
 } sbx_confine_t;
 
 /* Compiles the filter of sandboxed commands. */

@@ -52,7 +52,7 @@ IMAGE_DIR = Path(os.environ.get("SANDBOX_IMAGE_DIR", ROOT / "bazel-out" / "k8-fa
 IMAGE_TAG = os.environ.get("SANDBOX_IMAGE_TAG", "latest")
 
 # The capabilities the container gets, found by removing each in turn from
-# Docker's default set plus CAP_SYS_ADMIN and CAP_NET_ADMIN: without any one
+# Docker's default set without CAP_NET_RAW, plus CAP_SYS_ADMIN and CAP_NET_ADMIN: without any one
 # of these a step of this test fails (see docs/deploy.md for why). Not
 # needed: CAP_MKNOD (overlay whiteouts are 0/0 character devices, which
 # Linux >= 5.8 lets anyone create) and CAP_AUDIT_WRITE.
@@ -64,7 +64,6 @@ MINIMAL_CAPS = [
     "CAP_KILL",
     "CAP_NET_ADMIN",
     "CAP_NET_BIND_SERVICE",
-    "CAP_NET_RAW",
     "CAP_SETFCAP",
     "CAP_SETGID",
     "CAP_SETPCAP",
