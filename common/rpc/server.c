@@ -169,18 +169,26 @@ call_done (rpc_server_t *s, rpc_call_t *c)
   call_free (c);
 }
 
-/* Answers a call on the accepting thread, without giving it a thread of
- * its own, and frees it. */
+/* Waits, on the calling thread, until a call that got no thread of its
+ * own has ended on the server's side. */
 static void
-refuse (rpc_call_t *c, grpc_status_code code, const char *message)
+await_close (rpc_call_t *c)
 {
-  rpc_call_finish (c, code, message);
   grpc_op op;
   memset (&op, 0, sizeof op);
   op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
   op.data.recv_close_on_server.cancelled = &c->cancelled;
   if (rpc_call_start_batch (c, &op, 1, &c->close_tag) == GRPC_CALL_OK)
     grpc_completion_queue_pluck (c->cq, &c->close_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+}
+
+/* Answers a call on the accepting thread, without giving it a thread of
+ * its own, and frees it. */
+static void
+refuse (rpc_call_t *c, grpc_status_code code, const char *message)
+{
+  rpc_call_finish (c, code, message);
+  await_close (c);
   call_free (c);
 }
 
@@ -303,12 +311,7 @@ call_start (rpc_server_t *s, rpc_slot_t *slot)
       log_msg (SEV_ERROR, "rpc: cannot start a handler thread for %s: %s", c->path, strerror (rc));
       grpc_call_cancel_with_status (c->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "server out of threads", NULL);
       c->finished = true;
-      grpc_op op;
-      memset (&op, 0, sizeof op);
-      op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-      op.data.recv_close_on_server.cancelled = &c->cancelled;
-      if (rpc_call_start_batch (c, &op, 1, &c->close_tag) == GRPC_CALL_OK)
-        grpc_completion_queue_pluck (c->cq, &c->close_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+      await_close (c);
       call_done (s, c);
     }
 }
