@@ -1,4 +1,4 @@
-/* watch: the hang-up watcher (see watch.h). State: one epoll set and a
+/* hangup: the hang-up watcher (see hangup.h). State: one epoll set and a
  * table of slots, both guarded by `watch_mu`. Events name a slot and its
  * generation, so an event that races with watch_remove finds a freed or
  * reused slot and is ignored: the watcher never touches a call that is no

@@ -1,4 +1,4 @@
-/* rpc_internal: helpers shared by rpc_server.c and rpc_client.c only. */
+/* rpc/internal: what server.c, call.c, client.c and common.c share, and nothing outside rpc/ sees. */
 #ifndef SBX_COMMON_RPC_INTERNAL_H
 #define SBX_COMMON_RPC_INTERNAL_H
 

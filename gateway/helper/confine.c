@@ -1,4 +1,4 @@
-/* sbx_confine: capabilities, no_new_privs and seccomp for sandboxed
+/* helper/confine: capabilities, no_new_privs and seccomp for sandboxed
  * commands (see sbx_confine.h). No state. */
 #include "gateway/helper/confine.h"
 

@@ -1,4 +1,4 @@
-/* sbx_confine: the last steps before a sandboxed command runs.
+/* helper/confine: the last steps before a sandboxed command runs.
  *
  * In bubblewrap's order: capabilities are cut to a small set (a root that
  * can own files, install packages and bind low ports inside its sandbox, but

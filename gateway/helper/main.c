@@ -2,7 +2,7 @@
  *
  * The gateway is multi-threaded, so it never forks to do namespace, mount
  * or cgroup work itself: it spawns this helper (posix_spawn) with a report
- * socket as fd 3 and reads typed reports (sbx_report.h). The helper creates
+ * socket as fd 3 and reads typed reports (runtime/wire.h). The helper creates
  * the sandbox's cgroups and its disk (a size-limited tmpfs holding the
  * overlay's upper and work directories, in the host's mount namespace so
  * snapshots can read it), unpacks a snapshot into it when restoring (with

@@ -1,4 +1,4 @@
-/* sbx_cgroup: sandbox cgroups on v2 or v1 (see sbx_cgroup.h).
+/* runtime/cgroup: sandbox cgroups on v2 or v1 (see cgroup.h).
  * Only file operations on cgroupfs; no state. */
 #include "gateway/runtime/cgroup.h"
 

@@ -1,4 +1,4 @@
-/* sbx_cgroup: the cgroups of sandboxes, on cgroup v2 or v1.
+/* runtime/cgroup: the cgroups of sandboxes, on cgroup v2 or v1.
  *
  * Layout, below every hierarchy we use (v2: the unified one; v1: pids,
  * memory, cpu and freezer):

@@ -1,5 +1,5 @@
-/* sbx_report: descriptor passing and exec request encoding (see
- * sbx_report.h). No state. */
+/* runtime/wire: descriptor passing and exec request encoding (see
+ * wire.h). No state. */
 #include "gateway/runtime/wire.h"
 
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* sbx_report: the messages between the gateway, sandbox-helper and a
+/* runtime/wire: the messages between the gateway, sandbox-helper and a
  * sandbox's pid 1 (the holder).
  *
  *  - Reports: the helper (launch) and the holder (per exec) answer on a

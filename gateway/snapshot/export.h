@@ -1,4 +1,4 @@
-/* snap_export: a sandbox's writable layer as a tar stream (an OCI layer).
+/* snapshot/export: a sandbox's writable layer as a tar stream (an OCI layer).
  *
  * Walks the overlay's upper directory with openat(2) and O_NOFOLLOW only —
  * never following a link, never leaving the tree, so what a sandbox plants

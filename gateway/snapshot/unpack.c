@@ -1,5 +1,5 @@
-/* snap_unpack: extracts a snapshot tar into the current directory (see
- * snap_unpack.h). libarchive's secure flags on top of its own checks:
+/* snapshot/unpack: extracts a snapshot tar into the current directory (see
+ * unpack.h). libarchive's secure flags on top of its own checks:
  * relative paths without "..", no writing through symlinks, hard links
  * only to files already unpacked, no device nodes, fifos or sockets, at
  * most max_entries entries, overlay's own xattrs dropped. OCI whiteouts

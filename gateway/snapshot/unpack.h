@@ -1,4 +1,4 @@
-/* snap_unpack: the snapshot tar importer of sandbox-unpack, as a library
+/* snapshot/unpack: the snapshot tar importer of sandbox-unpack, as a library
  * (for the binary and the fuzzer).
  *
  * Reads a tar (any compression libarchive reads) from `fd` and extracts it

@@ -1,4 +1,4 @@
-/* snap_store: where persisted snapshots live — a local directory or Google
+/* store: where persisted snapshots live — a local directory or Google
  * Cloud Storage — behind one streaming interface.
  *
  * Objects are named "<prefix><sandbox id>.tar" (prefix default

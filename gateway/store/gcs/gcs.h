@@ -14,7 +14,7 @@
  * service-account key of GOOGLE_APPLICATION_CREDENTIALS, or else the GCE
  * metadata server (GCE_METADATA_HOST overrides its host).
  *
- * Threading: as snap_store.h says — the store is shared by all threads (its
+ * Threading: as store.h says — the store is shared by all threads (its
  * token cache and curl share handle are locked), a writer or reader belongs
  * to the thread that opened it. Call gcs_store_new before starting threads
  * that use curl elsewhere, or after curl_global_init (it calls it once).
