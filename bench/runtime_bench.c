@@ -3,7 +3,8 @@
  * operation; baselines are spawned with posix_spawn and reaped with waitpid):
  *
  *   1. launch latency: the Launch RPC until its SandboxInfo reply (the Delete
- *      that follows is not timed), against `unshare ... /bin/true`,
+ *      that follows is not timed), against `unshare ... /bin/true` (with and
+ *      without a user namespace),
  *      `bwrap ... /bin/true` and `crun run` of a trivial bundle;
  *   2. exec round trip: an Exec of /bin/true on one long-lived sandbox, from
  *      the start of the call to its final status, against fork+exec+wait of
@@ -337,6 +338,10 @@ bench_launch (void)
       {.name = "unshare",
        .tool = "unshare",
        .words = {"unshare", "-m", "-p", "-n", "-u", "-i", "-f", "--mount-proc", "/bin/true"}},
+      /* The same with a user namespace: what one costs on this machine. */
+      {.name = "unshare -U",
+       .tool = "unshare",
+       .words = {"unshare", "-U", "-r", "-m", "-p", "-n", "-u", "-i", "-f", "--mount-proc", "/bin/true"}},
       {.name = "bwrap",
        .tool = "bwrap",
        .words = {"bwrap", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "/bin/true"}},
@@ -346,7 +351,7 @@ bench_launch (void)
   };
   const int nb = sizeof bl / sizeof bl[0];
   if (O.crun_bundle == NULL)
-    bc_series_na (&bl[2].s, "no crun bundle given");
+    bc_series_na (&bl[3].s, "no crun bundle given");
   for (int b = 0; b < nb; b++)
     baseline_check_tool (&bl[b]);
 
