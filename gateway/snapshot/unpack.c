@@ -226,35 +226,6 @@ typedef struct dir_time_s
   struct timespec mtime;
 } dir_time_t;
 
-static void
-remember_dir_time (dir_time_t **v, size_t *n, size_t *cap, const char *path, struct archive_entry *e)
-{
-  if (!archive_entry_mtime_is_set (e))
-    return;
-  /* The same directory again (a tar may repeat an entry any number of
-   * times): one record, the last time wins — memory follows the
-   * directories, not the entries. */
-  for (size_t i = *n; i-- > 0 && i + 8 >= *n;)
-    if (strcmp ((*v)[i].path, path) == 0)
-      {
-        (*v)[i].mtime = (struct timespec){archive_entry_mtime (e), archive_entry_mtime_nsec (e)};
-        return;
-      }
-  if (*n == *cap)
-    {
-      size_t c = *cap ? *cap * 2 : 64;
-      dir_time_t *g = realloc (*v, c * sizeof *g);
-      if (g == NULL)
-        return;
-      *v = g;
-      *cap = c;
-    }
-  char *p = strdup (path);
-  if (p == NULL)
-    return;
-  (*v)[(*n)++] = (dir_time_t){p, {archive_entry_mtime (e), archive_entry_mtime_nsec (e)}};
-}
-
 /* One extraction in progress. */
 typedef struct unpack_s
 {
@@ -262,7 +233,83 @@ typedef struct unpack_s
   struct archive *w; /* the disk being written */
   dir_time_t *dirs;
   size_t n_dirs, cap_dirs;
+  /* dirs by path: open addressing, slot = index + 1, 0 empty; a power of
+   * two at least twice n_dirs. */
+  size_t *index;
+  size_t index_cap;
 } unpack_t;
+
+static size_t
+path_hash (const char *p)
+{
+  size_t h = 14695981039346656037u; /* FNV-1a */
+  for (; *p != '\0'; p++)
+    h = (h ^ (unsigned char) *p) * 1099511628211u;
+  return h;
+}
+
+/* The slot of `path` in the index: its record, or the empty slot to fill. */
+static size_t *
+index_slot (unpack_t *u, const char *path)
+{
+  size_t mask = u->index_cap - 1;
+  for (size_t k = path_hash (path) & mask;; k = (k + 1) & mask)
+    if (u->index[k] == 0 || strcmp (u->dirs[u->index[k] - 1].path, path) == 0)
+      return &u->index[k];
+}
+
+/* Doubles the index (and rehashes). false when out of memory. */
+static bool
+index_grow (unpack_t *u)
+{
+  size_t cap = u->index_cap ? u->index_cap * 2 : 128;
+  size_t *old = u->index, old_cap = u->index_cap;
+  u->index = calloc (cap, sizeof *u->index);
+  if (u->index == NULL)
+    {
+      u->index = old;
+      return false;
+    }
+  u->index_cap = cap;
+  for (size_t k = 0; k < old_cap; k++)
+    if (old[k] != 0)
+      *index_slot (u, u->dirs[old[k] - 1].path) = old[k];
+  free (old);
+  return true;
+}
+
+/* Records a directory's time, once per directory however often the tar
+ * repeats it (the last time wins): memory follows the directories, never
+ * the entries. Best effort: out of memory, the time is left as extracted. */
+static void
+remember_dir_time (unpack_t *u, const char *path, struct archive_entry *e)
+{
+  if (!archive_entry_mtime_is_set (e))
+    return;
+  struct timespec t = {archive_entry_mtime (e), archive_entry_mtime_nsec (e)};
+  if ((u->n_dirs + 1) * 2 > u->index_cap && !index_grow (u))
+    return;
+  size_t *slot = index_slot (u, path);
+  if (*slot != 0)
+    {
+      u->dirs[*slot - 1].mtime = t;
+      return;
+    }
+  if (u->n_dirs == u->cap_dirs)
+    {
+      size_t c = u->cap_dirs ? u->cap_dirs * 2 : 64;
+      dir_time_t *g = realloc (u->dirs, c * sizeof *g);
+      if (g == NULL)
+        return;
+      u->dirs = g;
+      u->cap_dirs = c;
+    }
+  char *p = strdup (path);
+  if (p == NULL)
+    return;
+  u->dirs[u->n_dirs++] = (dir_time_t){p, t};
+  *slot = u->n_dirs;
+}
 
 /* Checks an entry's path, hard link and type, normalising "./" prefixes.
  * 1 skip it (the root itself), 0 extract it, -1 refuse the tar. */
@@ -332,7 +379,7 @@ write_entry (unpack_t *u, struct archive_entry *e, const char *path, const char 
     return err_make (err, EINVAL, "`%.200s` is in the snapshot and also has a whiteout", path);
   filter_xattrs (e);
   if (archive_entry_filetype (e) == AE_IFDIR && link == NULL)
-    remember_dir_time (&u->dirs, &u->n_dirs, &u->cap_dirs, path, e);
+    remember_dir_time (u, path, e);
   if (archive_write_header (u->w, e) < ARCHIVE_WARN)
     return extract_fail (u->w, path, err);
   if (archive_entry_size (e) > 0 && link == NULL && copy_data (u, path, err) < 0)
@@ -419,6 +466,7 @@ snap_unpack (int fd, long max_entries, err_t *err)
   for (size_t i = 0; i < u.n_dirs; i++)
     free (u.dirs[i].path);
   free (u.dirs);
+  free (u.index);
   archive_read_free (u.a);
   archive_write_free (u.w);
   return rc;

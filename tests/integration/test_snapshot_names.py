@@ -92,3 +92,23 @@ def test_a_snapshot_of_the_previous_release_still_restores(snap):
                            " readlink /root/proj/run; stat -c %h /root/proj/hard; ls /etc/apt;"
                            " test -e /etc/hostname && echo hostname || echo no-hostname")
     assert out == "print(1)\n755 0:0\n755 1000:1000\nsrc/main.py\n2\nonly\nno-hostname\n", out
+
+
+def test_directories_repeated_in_a_tar_keep_their_last_time(snap):
+    """A tar may name a directory any number of times, interleaved with
+    others: each keeps the time of its last entry (one record per directory
+    in the unpacker, whatever the order)."""
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for rnd in range(3):
+            for d in range(300):
+                info = tarfile.TarInfo(f"root/d{d}")
+                info.type = tarfile.DIRTYPE
+                info.mtime = 1_600_000_000 + rnd * 1000 + d
+                tf.addfile(info)
+    sid = new_id("dirs")
+    snap.restore(sid, chunks_of(buf.getvalue()))
+    out = snap.sh_out(sid, "for d in 0 1 150 299; do stat -c %Y /root/d$d; done")
+    assert out.split() == [str(1_600_002_000 + d) for d in (0, 1, 150, 299)], out

@@ -630,6 +630,18 @@ wait_client (void *p)
 
 /* ---- admission: refusals and caps before a call gets a thread ---------------- */
 
+/* A plaintext channel to the server on 127.0.0.1:port. */
+static rpc_channel_t *
+channel_to (int port)
+{
+  char target[64];
+  snprintf (target, sizeof target, "127.0.0.1:%d", port);
+  err_t err = ERR_INIT;
+  rpc_channel_t *ch = NULL;
+  assert_int_equal (rpc_channel_new (target, NULL, &ch, &err), 0);
+  return ch;
+}
+
 static atomic_int guarded_runs;
 
 static grpc_status_code
@@ -656,10 +668,7 @@ test_admission_refuses_before_the_handler_runs (void **state)
       rpc_server_add_admitted_method (s, "/echo.v1.Echo/Unary", refuse_all, guarded_handler, NULL, &err), 0);
   int port = 0;
   assert_int_equal (rpc_server_start (s, "127.0.0.1:0", &port, &err), 0);
-  char target[64];
-  snprintf (target, sizeof target, "127.0.0.1:%d", port);
-  rpc_channel_t *ch = NULL;
-  assert_int_equal (rpc_channel_new (target, NULL, &ch, &err), 0);
+  rpc_channel_t *ch = channel_to (port);
   Echo__V1__EchoReply *reply = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
   assert_int_equal (unary_echo (ch, (const uint8_t *) "x", 1, 5000, &reply, &st), -1);
@@ -675,14 +684,10 @@ test_admission_refuses_before_the_handler_runs (void **state)
 static void
 test_open_calls_beyond_their_cap_are_refused_without_a_thread (void **state)
 {
-  err_t err = ERR_INIT;
   rpc_opts_t opts = {.max_open_calls = 4};
   int port = 0;
   rpc_server_t *s = start_echo_server (&opts, &port);
-  char target[64];
-  snprintf (target, sizeof target, "127.0.0.1:%d", port);
-  rpc_channel_t *ch = NULL;
-  assert_int_equal (rpc_channel_new (target, NULL, &ch, &err), 0);
+  rpc_channel_t *ch = channel_to (port);
   atomic_store (&handlers_started, 0);
   pthread_t th[4];
   wait_arg_t args[4];
@@ -717,10 +722,7 @@ test_a_call_whose_request_never_comes_is_cancelled (void **state)
   rpc_opts_t opts = {.first_message_ms = 300};
   int port = 0;
   rpc_server_t *s = start_echo_server (&opts, &port);
-  char target[64];
-  snprintf (target, sizeof target, "127.0.0.1:%d", port);
-  rpc_channel_t *ch = NULL;
-  assert_int_equal (rpc_channel_new (target, NULL, &ch, &err), 0);
+  rpc_channel_t *ch = channel_to (port);
   rpc_client_call_t *c = NULL;
   assert_int_equal (rpc_client_start (ch, "/echo.v1.Echo/Sum", 30000, NULL, 0, &c, &err), 0);
   /* Waiting for the answer opens the call (metadata only, no message). */
