@@ -16,7 +16,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 34
+#define N_VARS 37
 
 /* The table of variables, with targets in *c. */
 static void
@@ -98,6 +98,14 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        &c->snapshot_max_entries, NULL, false},
       {"SANDBOX_SLIRP4NETNS", CFG_STRING, "slirp4netns", "user-mode networking program for egress sandboxes", 0, 0,
        &c->slirp4netns, NULL, false},
+      {"SANDBOX_USERNS", CFG_BOOL, "true",
+       "each sandbox in its own user namespace (root inside is an unprivileged host uid); false: round-1 "
+       "behaviour, sandbox root is host root",
+       0, 0, &c->userns, NULL, false},
+      {"SANDBOX_UID_BASE", CFG_INT, "1000000", "first host uid (and gid) of the sandboxes' pool", 1, 4294967294L,
+       &c->uid_base, NULL, false},
+      {"SANDBOX_UID_RANGE", CFG_INT, "65536", "host uids per sandbox: its ids 0..RANGE-1 map onto its own range",
+       65536, 16777216, &c->uid_range, NULL, false},
       {"SANDBOX_HELPER", CFG_STRING, NULL, "path of sandbox-helper; unset: next to this program", 0, 0, &c->helper,
        NULL, false},
   };
@@ -197,6 +205,14 @@ gw_config_load (gw_config_t *c, err_t *err)
     }
   if (c->state_dir[0] != '/' || c->rootfs[0] != '/')
     return err_make (err, EINVAL, "SANDBOX_STATE_DIR and SANDBOX_ROOTFS must be absolute paths");
+  /* Every live sandbox needs a uid range of its own: the pool must hold
+   * SANDBOX_MAX of them below the invalid uid (uid_t)-1. */
+  long slots = (4294967295L - c->uid_base) / c->uid_range;
+  if (c->userns && slots < c->max_sandboxes)
+    return err_make (err, EINVAL,
+                     "SANDBOX_UID_BASE %ld + SANDBOX_MAX %ld ranges of SANDBOX_UID_RANGE %ld go past the last uid; "
+                     "lower one of them",
+                     c->uid_base, c->max_sandboxes, c->uid_range);
   if (c->helper == NULL)
     {
       char self[4096];
@@ -266,5 +282,8 @@ gw_config_runtime (const gw_config_t *c, sbx_config_t *out)
       .volumes = (const char *const *) c->volumes,
       .snapshot_max_entries = c->snapshot_max_entries,
       .masks = c->masks,
+      .userns = c->userns,
+      .uid_base = c->uid_base,
+      .uid_range = c->uid_range,
   };
 }

@@ -59,6 +59,9 @@ typedef struct gw_config_s
   char *snapshot_prefix;
   long snapshot_max_entries;
   long freeze_max_seconds;
+  bool userns;
+  long uid_base;
+  long uid_range;
 
   /* Derived by gw_config_load. */
   long cpu_millis;                     /* 0: unlimited */

@@ -184,5 +184,13 @@ api_status (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   resp.sandboxes = (uint32_t) sbx_count (ctx->rt);
   resp.max_sandboxes = (uint32_t) cfg->max_sandboxes;
   resp.store = (char *) (ctx->store != NULL ? ctx->store->kind : "");
+  resp.user_namespaces = cfg->userns;
+  static char *const no_userns[] = {(char *) "SANDBOX_USERNS is off: sandbox root is host root, and an escape from "
+                                             "a sandbox is an escape to host root"};
+  if (!cfg->userns)
+    {
+      resp.n_warnings = 1;
+      resp.warnings = (char **) no_userns;
+    }
   return rpc_call_reply (call, &resp.base, err);
 }

@@ -7,6 +7,7 @@
  *   rootfs.c  the holder's namespaces and root (overlay, /proc, /dev, volumes)
  *   netns.c   loopback and egress routes
  *   holder.c  the sandbox's pid 1: commands and orphans
+ *   userns.c  the sandbox's user namespace, idmapped mounts, the start-up probe
  *
  * Single-threaded throughout.
  */
@@ -44,6 +45,9 @@ typedef struct helper_opts_s
   size_t n_masks;
   const char **blocked; /* host IPv4 addresses unreachable with egress */
   size_t n_blocked;
+  /* The sandbox's own user namespace: its ids 0..uid_range-1 are host ids
+   * uid_base.. (uids and gids alike). uid_range 0: none (SANDBOX_USERNS off). */
+  unsigned long uid_base, uid_range;
 } helper_opts_t;
 
 /* The report socket to the gateway (fd 3). */
@@ -62,6 +66,16 @@ int helper_launch (const helper_opts_t *o);
 
 /* rootfs.c */
 int helper_mkdir_p (const char *path, mode_t mode, err_t *err);
+/* Splits "host:sandbox[:ro]" (validated by the gateway) in place. */
+void helper_split_volume (char *spec, char **host, char **dst, bool *ro);
+/* The overlay of a sandbox with a user namespace, from its disk (upper and
+ * work there) over the idmapped image at `lower`. `userxattr`: overlay's
+ * marks are user.overlay.* xattrs, which root inside a user namespace can
+ * make (restore) and overlay hides from the sandbox; it also means no
+ * redirects and no metacopy, so renamed and chmod-ed image files are real
+ * data in the upper layer, as a snapshot needs. */
+#define HELPER_USERNS_OVERLAY_OPTS(lower)                                                                            \
+  "lowerdir=" lower ",upperdir=upper,workdir=work,userxattr,redirect_dir=nofollow,metacopy=off,index=off"
 /* Runs as pid 1 of the new pid namespace, still in the helper's mount
  * namespace until it unshares its own; ends in the sandbox's root. */
 int helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err);
@@ -69,6 +83,22 @@ int helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_
 /* netns.c */
 int helper_loopback_up (err_t *err);
 int helper_block_egress_routes (const helper_opts_t *o, err_t *err);
+
+/* userns.c. The sandbox's user namespace, made once per launch (-1 until
+ * then, and without one). */
+extern int helper_userns_fd;
+/* Makes it: ids 0..uid_range-1 map onto uid_base.. */
+int helper_userns_make (const helper_opts_t *o, err_t *err);
+/* Moves the calling (single-threaded) process into it as its root: uid and
+ * gid 0 inside, no supplementary groups; the host sees uid_base. */
+int helper_userns_enter (err_t *err);
+/* A detached copy of the mount at `path` (recursive or not) showing its
+ * files' owners through the sandbox's user namespace: host uid 0 appears as
+ * uid_base, so as root inside. `attr_set` adds MOUNT_ATTR_* flags. */
+int helper_idmapped_clone (const char *path, bool recursive, unsigned long attr_set, int *out, err_t *err);
+/* `sandbox-helper probe`: can sandboxes have user namespaces here? READY
+ * or ERROR with why. Exit status. */
+int helper_probe (const helper_opts_t *o);
 
 /* holder.c: serves exec requests on `ctl` until the sandbox is deleted. */
 void helper_holder_loop (int ctl, const sbx_confine_t *confine) __attribute__ ((noreturn));

@@ -24,22 +24,35 @@
 #include "gateway/helper/helper.h"
 
 /* Unpacks stdin into <disk>/upper with sandbox-unpack, which chroots there
- * first. 0 ok; 1 it failed and reported why; -1 with *err. */
+ * first; with a user namespace, it runs inside it as the sandbox's root.
+ * 0 ok; 1 it failed and reported why; -1 with *err. */
 static int
 restore_layer (const helper_opts_t *o, const char *upper, err_t *err)
 {
   char max[24];
   snprintf (max, sizeof max, "%ld", o->max_entries);
+  /* Opened here, as the host's root: the sandbox's root may not be able
+   * to reach either through the host's directories. */
+  cleanup_close int dir = open (upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  cleanup_close int exe = open (o->unpacker, O_RDONLY | O_CLOEXEC);
+  if (dir < 0 || exe < 0)
+    return err_make_sys (err, errno, "open `%s`", dir < 0 ? upper : o->unpacker);
   pid_t pid = fork ();
   if (pid < 0)
     return err_make_sys (err, errno, "fork the unpacker");
   if (pid == 0)
     {
-      char *const argv[] = {(char *) "sandbox-unpack", (char *) upper, max, NULL};
-      fcntl (helper_report_fd, F_SETFD, 0); /* the unpacker reports on fd 3 too */
-      execv (o->unpacker, argv);
+      char *const argv[] = {(char *) "sandbox-unpack", (char *) ".", max,
+                            o->uid_range > 0 ? (char *) "userxattr" : NULL, NULL};
       err_t cerr = ERR_INIT;
-      err_make_sys (&cerr, errno, "exec `%s`", o->unpacker);
+      fcntl (helper_report_fd, F_SETFD, 0); /* the unpacker reports on fd 3 too */
+      if (fchdir (dir) < 0)
+        err_make_sys (&cerr, errno, "enter `%s`", upper);
+      else if (o->uid_range == 0 || helper_userns_enter (&cerr) == 0)
+        {
+          execveat (exe, "", argv, environ, AT_EMPTY_PATH);
+          err_make_sys (&cerr, errno, "exec `%s`", o->unpacker);
+        }
       helper_report_err (helper_report_fd, &cerr);
       _exit (1);
     }
@@ -72,6 +85,15 @@ make_layer (const helper_opts_t *o, sbx_cg_layout_t *cg, err_t *err)
   snprintf (path, sizeof path, "%s/root", o->state);
   if (helper_mkdir_p (disk, 0700, err) < 0 || helper_mkdir_p (path, 0755, err) < 0)
     return -1;
+  if (o->uid_range > 0)
+    {
+      /* Where the idmapped image is attached, in the holder's mounts only. */
+      snprintf (path, sizeof path, "%s/lower", o->state);
+      if (mkdir (path, 0700) < 0)
+        return err_make_sys (err, errno, "mkdir `%s`", path);
+      if (helper_userns_make (o, err) < 0)
+        return -1;
+    }
   snprintf (mopts, sizeof mopts, "size=%ldm,nr_inodes=%ld,mode=0755", o->disk_mb, o->disk_inodes);
   if (mount ("sandbox-disk", disk, "tmpfs", MS_NOSUID | MS_NODEV, mopts) < 0)
     return err_make_sys (err, errno, "mount the disk tmpfs on `%s`", disk);
@@ -81,6 +103,9 @@ make_layer (const helper_opts_t *o, sbx_cg_layout_t *cg, err_t *err)
   snprintf (path, sizeof path, "%s/upper", disk);
   if (mkdir (path, 0755) < 0)
     return err_make_sys (err, errno, "mkdir `%s`", path);
+  /* The overlay's root is the upper directory's inode: root's inside. */
+  if (o->uid_range > 0 && chown (path, (uid_t) o->uid_base, (gid_t) o->uid_base) < 0)
+    return err_make_sys (err, errno, "chown `%s`", path);
   return o->restore ? restore_layer (o, path, err) : 0;
 }
 

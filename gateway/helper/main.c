@@ -120,6 +120,8 @@ main (int argc, char **argv)
       {"unpacker", required_argument, NULL, 'U'},
       {"mask", required_argument, NULL, 'M'},
       {"block", required_argument, NULL, 'B'},
+      {"uid-base", required_argument, NULL, 'b'},
+      {"uid-range", required_argument, NULL, 'r'},
       {NULL, 0, NULL, 0},
   };
   optind = 2;
@@ -145,6 +147,8 @@ main (int argc, char **argv)
       case 'M': o.masks[o.n_masks++] = optarg; break;
       case 'B': o.blocked[o.n_blocked++] = optarg; break;
       case 'v': o.volumes[o.n_volumes++] = optarg; break;
+      case 'b': o.uid_base = strtoul (optarg, NULL, 10); break;
+      case 'r': o.uid_range = strtoul (optarg, NULL, 10); break;
       default: return 2;
       }
   if (o.max_entries <= 0)
@@ -158,6 +162,8 @@ main (int argc, char **argv)
     }
   if (strcmp (argv[1], "launch") == 0 && o.state != NULL)
     return helper_launch (&o);
+  if (strcmp (argv[1], "probe") == 0 && o.state != NULL && o.uid_range > 0)
+    return helper_probe (&o);
   helper_report (helper_report_fd, SBX_REPORT_ERROR, EINVAL, 0, 0, "sandbox-helper: bad arguments");
   return 2;
 }

@@ -80,13 +80,17 @@ bind_node (const char *root, const char *name, int src_fd, err_t *err)
 }
 
 static int
-setup_dev (const char *root, const host_refs_t *refs, err_t *err)
+setup_dev (const helper_opts_t *o, const char *root, const host_refs_t *refs, err_t *err)
 {
-  char path[PATH_MAX * 2];
+  char path[PATH_MAX * 2], opts[128], owner[64] = "";
+  /* With a user namespace, /dev and /dev/shm belong to root inside. */
+  if (o->uid_range > 0)
+    snprintf (owner, sizeof owner, ",uid=%lu,gid=%lu", o->uid_base, o->uid_base);
   snprintf (path, sizeof path, "%s/dev", root);
   if (helper_mkdir_p (path, 0755, err) < 0)
     return -1;
-  if (mount ("tmpfs", path, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=1m,nr_inodes=256") < 0)
+  snprintf (opts, sizeof opts, "mode=0755,size=1m,nr_inodes=256%s", owner);
+  if (mount ("tmpfs", path, "tmpfs", MS_NOSUID | MS_NOEXEC, opts) < 0)
     return err_make_sys (err, errno, "mount tmpfs on `%s`", path);
   for (size_t i = 0; i < N_DEV_NODES; i++)
     if (bind_node (root, dev_nodes[i], refs->dev_nodes[i], err) < 0)
@@ -99,7 +103,8 @@ setup_dev (const char *root, const host_refs_t *refs, err_t *err)
   snprintf (path, sizeof path, "%s/dev/shm", root);
   if (mkdir (path, 01777) < 0)
     return err_make_sys (err, errno, "mkdir `%s`", path);
-  if (mount ("shm", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=65536k") < 0)
+  snprintf (opts, sizeof opts, "mode=1777,size=65536k%s", owner);
+  if (mount ("shm", path, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
     return err_make_sys (err, errno, "mount tmpfs on `%s`", path);
   static const char *const links[][2] = {
       {"pts/ptmx", "ptmx"},          {"/proc/self/fd", "fd"},       {"/proc/self/fd/0", "stdin"},
@@ -158,10 +163,8 @@ setup_proc (const char *root, err_t *err)
   return 0;
 }
 
-/* Splits "host:sandbox[:ro]" (validated by the gateway) into its parts,
- * in `spec`'s own storage. */
-static void
-split_volume (char *spec, char **host, char **dst, bool *ro)
+void
+helper_split_volume (char *spec, char **host, char **dst, bool *ro)
 {
   *host = spec;
   *dst = strchr (spec, ':');
@@ -190,13 +193,21 @@ capture_volumes (const helper_opts_t *o, host_refs_t *refs, err_t *err)
       snprintf (spec, sizeof spec, "%s", o->volumes[i]);
       char *host, *dst;
       bool ro;
-      split_volume (spec, &host, &dst, &ro);
+      helper_split_volume (spec, &host, &dst, &ro);
       refs->volumes[i] = open_tree (AT_FDCWD, host, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
       if (refs->volumes[i] < 0)
         continue;
+      /* With a user namespace, idmapped too: host root's files appear owned
+       * by root inside, as in the image. */
       struct mount_attr attr = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (ro ? MOUNT_ATTR_RDONLY : 0)};
+      if (helper_userns_fd >= 0)
+        {
+          attr.attr_set |= MOUNT_ATTR_IDMAP;
+          attr.userns_fd = (uint64_t) helper_userns_fd;
+        }
       if (mount_setattr (refs->volumes[i], "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0)
-        return err_make_sys (err, errno, "volume `%s`: set nosuid, nodev%s", host, ro ? ", read-only" : "");
+        return err_make_sys (err, errno, "volume `%s`: set nosuid, nodev%s%s", host, ro ? ", read-only" : "",
+                             helper_userns_fd >= 0 ? ", idmapped" : "");
     }
   return 0;
 }
@@ -214,7 +225,7 @@ attach_volumes (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
       snprintf (spec, sizeof spec, "%s", o->volumes[i]);
       char *host, *dst;
       bool ro;
-      split_volume (spec, &host, &dst, &ro);
+      helper_split_volume (spec, &host, &dst, &ro);
       struct stat st;
       if (fstat (refs->volumes[i], &st) < 0)
         return err_make_sys (err, errno, "volume `%s`", host);
@@ -330,6 +341,19 @@ mount_overlay (const helper_opts_t *o, const char *root, err_t *err)
    * (which carries no trusted.overlay.* xattrs) would lose. */
   snprintf (opts, sizeof opts, "lowerdir=%s,upperdir=upper,workdir=work,redirect_dir=off,metacopy=off,index=off",
             o->lower);
+  if (o->uid_range > 0)
+    {
+      /* The image through the sandbox's user namespace, attached at
+       * <state>/lower in this (private) mount namespace only. */
+      char lower[PATH_MAX];
+      snprintf (lower, sizeof lower, "%s/lower", o->state);
+      cleanup_close int fd = -1;
+      if (helper_idmapped_clone (o->lower, false, 0, &fd, err) < 0)
+        return -1;
+      if (move_mount (fd, "", AT_FDCWD, lower, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+        return err_make_sys (err, errno, "attach the idmapped image on `%s`", lower);
+      snprintf (opts, sizeof opts, "%s", HELPER_USERNS_OVERLAY_OPTS ("../lower"));
+    }
   if (chdir (disk) < 0)
     return err_make_sys (err, errno, "chdir `%s`", disk);
   if (mount ("overlay", root, "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
@@ -344,9 +368,18 @@ mount_overlay (const helper_opts_t *o, const char *root, err_t *err)
 static int
 populate_root (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
 {
-  if (setup_dev ("", refs, err) < 0 || setup_proc ("", err) < 0 || mask_paths (o, "", err) < 0
-      || attach_volumes (o, refs, err) < 0)
-    return -1;
+  return setup_dev (o, "", refs, err) < 0 || setup_proc ("", err) < 0 || mask_paths (o, "", err) < 0
+                 || attach_volumes (o, refs, err) < 0
+             ? -1
+             : 0;
+}
+
+/* Last, as the sandbox's root (inside its user namespace when it has one,
+ * so what is made here is owned by root inside): the files a sandbox
+ * expects. */
+static void
+populate_files (const helper_opts_t *o)
+{
   if (o->egress)
     write_resolv_conf ();
   err_t ignored = ERR_INIT;
@@ -354,6 +387,18 @@ populate_root (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
   err_release (&ignored);
   helper_mkdir_p ("/tmp", 01777, &ignored);
   err_release (&ignored);
+}
+
+/* With a user namespace, root inside has no capability over the network
+ * namespace (the host's root owns it): let every uid bind low ports there,
+ * as root inside could before. Per network namespace; through the host's
+ * /proc, before pivot_root. */
+static int
+allow_low_ports (err_t *err)
+{
+  cleanup_close int fd = open ("/proc/sys/net/ipv4/ip_unprivileged_port_start", O_WRONLY | O_CLOEXEC);
+  if (fd < 0 || write (fd, "0", 1) != 1)
+    return err_make_sys (err, errno, "set ip_unprivileged_port_start in the sandbox's network namespace");
   return 0;
 }
 
@@ -368,6 +413,8 @@ helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *e
     return err_make_sys (err, errno, "unshare namespaces");
   if (mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     return err_make_sys (err, errno, "make mounts private");
+  if (o->uid_range > 0 && allow_low_ports (err) < 0)
+    return -1;
   char root[PATH_MAX];
   snprintf (root, sizeof root, "%s/root", o->state);
   host_refs_t refs = {0};
@@ -378,7 +425,13 @@ helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *e
   const char *hn = o->hostname != NULL ? o->hostname : "sandbox";
   if (sethostname (hn, strlen (hn)) < 0)
     return err_make_sys (err, errno, "sethostname");
-  if (helper_loopback_up (err) < 0)
+  if (helper_loopback_up (err) < 0 || (o->egress && helper_block_egress_routes (o, err) < 0))
     return -1;
-  return o->egress ? helper_block_egress_routes (o, err) : 0;
+  /* Everything that needs the host's root is done: from here on pid 1 is
+   * the sandbox's root, an unprivileged host uid (what it starts inherits
+   * that). */
+  if (o->uid_range > 0 && helper_userns_enter (err) < 0)
+    return -1;
+  populate_files (o);
+  return 0;
 }

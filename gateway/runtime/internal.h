@@ -56,6 +56,7 @@ typedef struct sbx_s
   pid_t slirp;       /* slirp4netns, when egress is on */
   int slirp_exit_fd; /* closing it tells slirp4netns to exit */
   unsigned exec_seq;
+  long uid_slot; /* its range in the uid pool; -1: none (SANDBOX_USERNS off) */
   sbx_layer_user_t *layer_users; /* under rt->mu */
   pthread_mutex_t freeze_mu;     /* orders freezes and thaws (held across their I/O) */
   int freezers;                  /* under freeze_mu: users holding the freeze */
@@ -78,6 +79,9 @@ struct sbx_runtime_s
   bool stopping;
   pthread_t reaper;
   bool reaper_running;
+  /* The uid pool (userns.c): one byte per range, under mu. */
+  uint8_t *uid_used;
+  size_t uid_slots, uid_cursor;
 };
 
 /* Clocks: wall time for what clients see, monotonic for every duration. */
@@ -126,6 +130,17 @@ void sbx_net_stop (pid_t slirp, int exit_fd);
 void sbx_cancel_layer_users_locked (sbx_t *s, int status, const char *why);
 /* Cancels the layer users past their freeze deadline. */
 void sbx_enforce_freeze_deadlines (sbx_runtime_t *rt);
+
+/* userns.c: the pool of host uid ranges, one per live sandbox. */
+int sbx_uid_pool_init (sbx_runtime_t *rt, err_t *err);
+/* A free range (the one after the last taken, so a range freed is reused
+ * as late as possible), or -1: every range is in use. */
+long sbx_uid_take_locked (sbx_runtime_t *rt);
+void sbx_uid_release_locked (sbx_runtime_t *rt, long slot);
+uint32_t sbx_uid_base (const sbx_runtime_t *rt, long slot);
+/* Checks, once at start, that sandboxes can have user namespaces here: an
+ * idmapped image and an overlay with `userxattr` over it. */
+int sbx_userns_probe (sbx_runtime_t *rt, err_t *err);
 
 /* reaper.c */
 /* Kills, unmounts and removes what a previous run left behind. */

@@ -37,6 +37,7 @@ reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_t **out, err_
   s->holder_pidfd = -1;
   s->slirp_exit_fd = -1;
   s->ctl_fd = -1;
+  s->uid_slot = -1;
   pthread_mutex_init (&s->freeze_mu, NULL);
   s->allow_egress = allow_egress && rt->cfg.allow_egress;
   s->created_ms = sbx_wall_ms ();
@@ -50,6 +51,8 @@ reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_t **out, err_
     rc = err_make (err, EEXIST, "sandbox `%s` already exists", id);
   else if ((long) rt->count >= rt->cfg.max_sandboxes)
     rc = err_make (err, EUSERS, "too many sandboxes: the limit is %ld (SANDBOX_MAX)", rt->cfg.max_sandboxes);
+  else if (rt->cfg.userns && (s->uid_slot = sbx_uid_take_locked (rt)) < 0)
+    rc = err_make (err, EUSERS, "no free uid range for another sandbox (SANDBOX_UID_BASE, SANDBOX_UID_RANGE)");
   else
     {
       s->next = rt->list;
@@ -101,7 +104,7 @@ argv_add_each (argv_t *a, const char *flag, const char *const *list)
 /* Numbers the helper's command line shows, as text. */
 typedef struct launch_numbers_s
 {
-  char disk_mb[24], pids[24], mem[24], cpu[24], max_entries[24];
+  char disk_mb[24], pids[24], mem[24], cpu[24], max_entries[24], uid_base[24], uid_range[24];
 } launch_numbers_t;
 
 /* The helper's command line for `s` (strings borrowed from rt, s and nums). */
@@ -123,6 +126,14 @@ helper_argv (sbx_runtime_t *rt, const sbx_t *s, bool restore, launch_numbers_t *
     argv_add (a, fixed[i]);
   argv_add_each (a, "--volume", c->volumes);
   argv_add_each (a, "--mask", c->masks);
+  if (s->uid_slot >= 0)
+    {
+      snprintf (nums->uid_base, sizeof nums->uid_base, "%lu", (unsigned long) sbx_uid_base (rt, s->uid_slot));
+      snprintf (nums->uid_range, sizeof nums->uid_range, "%ld", c->uid_range);
+      const char *ids[] = {"--uid-base", nums->uid_base, "--uid-range", nums->uid_range};
+      for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+        argv_add (a, ids[i]);
+    }
   if (s->allow_egress)
     {
       argv_add (a, "--egress");

@@ -84,6 +84,9 @@ sbx_unlink_locked (sbx_runtime_t *rt, sbx_t *s)
       {
         *p = s->next;
         rt->count--;
+        /* Its processes are gone: the range may serve a later sandbox. */
+        sbx_uid_release_locked (rt, s->uid_slot);
+        s->uid_slot = -1;
         return;
       }
 }
@@ -252,6 +255,13 @@ sbx_with_layer (sbx_runtime_t *rt, const char *id, bool freeze, sbx_layer_fn fn,
   pthread_mutex_unlock (&rt->mu);
   char upper[sizeof s->state + 16];
   snprintf (upper, sizeof upper, "%s/disk/upper", s->state);
+  sbx_layer_t layer = {.upper = upper};
+  if (s->uid_slot >= 0)
+    {
+      layer.uid_base = sbx_uid_base (rt, s->uid_slot);
+      layer.uid_range = (uint32_t) rt->cfg.uid_range;
+      layer.userxattr = true;
+    }
   int rc = freeze ? freeze_hold (rt, s, err) : 0;
   if (rc == 0 && freeze)
     {
@@ -261,7 +271,7 @@ sbx_with_layer (sbx_runtime_t *rt, const char *id, bool freeze, sbx_layer_fn fn,
     }
   if (rc == 0)
     {
-      rc = fn (upper, ctx, err);
+      rc = fn (&layer, ctx, err);
       if (freeze)
         freeze_release (rt, s); /* whatever happened, including a consumer that went away */
     }

@@ -16,6 +16,7 @@ runtime_free (sbx_runtime_t *rt)
   for (size_t i = 0; rt->host_addrs != NULL && rt->host_addrs[i] != NULL; i++)
     free (rt->host_addrs[i]);
   free (rt->host_addrs);
+  free (rt->uid_used);
   pthread_mutex_destroy (&rt->mu);
   pthread_cond_destroy (&rt->cv);
   free (rt);
@@ -33,6 +34,11 @@ runtime_init (sbx_runtime_t *rt, const sbx_config_t *cfg, err_t *err)
       || (mkdir (rt->sandboxes_dir, 0700) < 0 && errno != EEXIST))
     return err_make_sys (err, errno, "create the state directory `%s`", rt->sandboxes_dir);
   sbx_clean_leftovers (rt);
+  if (sbx_uid_pool_init (rt, err) < 0 || sbx_userns_probe (rt, err) < 0)
+    return -1;
+  if (!cfg->userns)
+    log_msg (SEV_WARNING, "SANDBOX_USERNS is off: sandbox root is host root (uid 0 of the host's user namespace); "
+                          "an escape from a sandbox is an escape to host root");
   if (sbx_net_scan_host (rt, err) < 0)
     return -1;
   int rc = pthread_create (&rt->reaper, NULL, sbx_reaper_main, rt);

@@ -46,6 +46,9 @@ typedef struct sbx_config_s
   bool allow_egress;          /* ALLOW_EGRESS: the gateway permits egress */
   const char *const *volumes; /* "host:sandbox[:ro]", NULL-terminated, already checked */
   const char *const *masks;   /* host paths hidden inside sandboxes, NULL-terminated */
+  bool userns;                /* SANDBOX_USERNS: each sandbox in its own user namespace */
+  long uid_base;              /* SANDBOX_UID_BASE: the pool's first host uid */
+  long uid_range;             /* SANDBOX_UID_RANGE: host uids per sandbox */
 } sbx_config_t;
 
 typedef struct sbx_runtime_s sbx_runtime_t;
@@ -92,7 +95,18 @@ typedef ssize_t (*sbx_source_fn) (void *ctx, const uint8_t **data, err_t *err);
 int sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn src, void *ctx, sbx_info_t *out,
                  err_t *err);
 
-/* Runs fn(upper directory path) while holding the sandbox, with its
+/* A sandbox's writable layer, as sbx_with_layer hands it over. */
+typedef struct sbx_layer_s
+{
+  const char *upper; /* the overlay's upper directory */
+  /* With a user namespace: the sandbox's host uid/gid range (its root is
+   * uid_base), and the overlay's marks are user.overlay.* (`userxattr`).
+   * uid_range 0: no user namespace, ids are host ids. */
+  uint32_t uid_base, uid_range;
+  bool userxattr;
+} sbx_layer_t;
+
+/* Runs fn(the layer) while holding the sandbox, with its
  * processes frozen when `freeze` (thawed afterwards whatever happens).
  * Freezes are counted: concurrent users share one, and the sandbox thaws
  * when the last one ends. A user that keeps the sandbox frozen longer than
@@ -100,7 +114,7 @@ int sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_sourc
  * stop through `cancel` (called from another thread; it must make `fn`
  * return soon, e.g. by cancelling the call `fn` streams to); `fn` then
  * fails and the sandbox thaws. */
-typedef int (*sbx_layer_fn) (const char *upper, void *ctx, err_t *err);
+typedef int (*sbx_layer_fn) (const sbx_layer_t *layer, void *ctx, err_t *err);
 typedef void (*sbx_cancel_fn) (void *ctx, int status, const char *why);
 int sbx_with_layer (sbx_runtime_t *rt, const char *id, bool freeze, sbx_layer_fn fn, void *ctx, sbx_cancel_fn cancel,
                     void *cancel_ctx, err_t *err);

@@ -51,13 +51,24 @@ export_remember_link (export_t *x, const struct stat *st, const char *path)
   return 0;
 }
 
+/* A host id as the sandbox sees it (see snap_layer_t). */
+static la_int64_t
+inside_id (const export_t *x, uint32_t id)
+{
+  if (x->id_range == 0 || id == 0)
+    return id;
+  if (id >= x->id_base && id - x->id_base < x->id_range)
+    return id - x->id_base;
+  return 65534;
+}
+
 void
-export_set_meta (struct archive_entry *e, const char *path, const struct stat *st)
+export_set_meta (const export_t *x, struct archive_entry *e, const char *path, const struct stat *st)
 {
   archive_entry_set_pathname (e, path);
   archive_entry_set_mode (e, st->st_mode);
-  archive_entry_set_uid (e, st->st_uid);
-  archive_entry_set_gid (e, st->st_gid);
+  archive_entry_set_uid (e, inside_id (x, st->st_uid));
+  archive_entry_set_gid (e, inside_id (x, st->st_gid));
   archive_entry_set_mtime (e, st->st_mtim.tv_sec, st->st_mtim.tv_nsec);
 }
 
@@ -82,7 +93,7 @@ export_add_xattrs (export_t *x, struct archive_entry *e, int fd, const char *pat
   for (ssize_t off = 0; off < n; off += (ssize_t) strlen (names + off) + 1)
     {
       const char *name = names + off;
-      if (strncmp (name, "trusted.overlay.", 16) == 0)
+      if (strncmp (name, x->overlay_xattrs, strlen (x->overlay_xattrs)) == 0)
         continue;
       ssize_t vlen = fgetxattr (fd, name, NULL, 0);
       cleanup_free char *value = vlen > 0 ? malloc ((size_t) vlen) : NULL;
@@ -121,7 +132,7 @@ export_write_whiteout (export_t *x, const char *dir, const char *name, const str
   struct archive_entry *e = archive_entry_new ();
   struct stat w = *st;
   w.st_mode = S_IFREG | 0644;
-  export_set_meta (e, path, &w);
+  export_set_meta (x, e, path, &w);
   archive_entry_set_size (e, 0);
   int rc = export_write_entry (x, e, path);
   archive_entry_free (e);
@@ -246,7 +257,7 @@ int
 export_write_file (export_t *x, int dirfd, const char *name, const char *path, const struct stat *st)
 {
   struct archive_entry *e = archive_entry_new ();
-  export_set_meta (e, path, st);
+  export_set_meta (x, e, path, st);
   int rc = 0;
   if (st->st_nlink > 1)
     {

@@ -163,7 +163,7 @@ write_dir (export_t *x, int dirfd, const char *name, const char *path, const str
       return 0;
     }
   struct archive_entry *e = archive_entry_new ();
-  export_set_meta (e, path, &now);
+  export_set_meta (x, e, path, &now);
   int rc = export_add_xattrs (x, e, fd, path);
   if (rc == 0)
     rc = export_write_entry (x, e, path);
@@ -171,7 +171,7 @@ write_dir (export_t *x, int dirfd, const char *name, const char *path, const str
   if (rc < 0)
     return -1;
   char opaque[4];
-  ssize_t olen = fgetxattr (fd, OVERLAY_OPAQUE_XATTR, opaque, sizeof opaque);
+  ssize_t olen = fgetxattr (fd, x->opaque_xattr, opaque, sizeof opaque);
   if (olen == 1 && opaque[0] == 'y')
     {
       size_t plen = strlen (path);
@@ -183,7 +183,7 @@ write_dir (export_t *x, int dirfd, const char *name, const char *path, const str
       struct archive_entry *w = archive_entry_new ();
       struct stat ws = now;
       ws.st_mode = S_IFREG | 0644;
-      export_set_meta (w, wpath, &ws);
+      export_set_meta (x, w, wpath, &ws);
       archive_entry_set_size (w, 0);
       rc = export_write_entry (x, w, wpath);
       archive_entry_free (w);
@@ -206,7 +206,7 @@ write_symlink (export_t *x, int dirfd, const char *name, const char *path, const
     return err_make_sys (x->err, errno, "read link `%s`", path);
   target[tl] = '\0';
   struct archive_entry *e = archive_entry_new ();
-  export_set_meta (e, path, st);
+  export_set_meta (x, e, path, st);
   archive_entry_set_symlink (e, target);
   int rc = export_write_entry (x, e, path);
   archive_entry_free (e);
@@ -309,14 +309,21 @@ walk (export_t *x, int root)
 }
 
 int
-snap_export (const char *upper, snap_compression_t compression, size_t chunk, snap_sink_fn sink, void *ctx,
+snap_export (const snap_layer_t *layer, snap_compression_t compression, size_t chunk, snap_sink_fn sink, void *ctx,
              snap_export_result_t *res, err_t *err)
 {
   memset (res, 0, sizeof *res);
-  export_t x = {.sink = sink, .sink_ctx = ctx, .chunk = chunk, .err = err};
-  cleanup_close int root = open (upper, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  export_t x = {.sink = sink,
+                .sink_ctx = ctx,
+                .chunk = chunk,
+                .err = err,
+                .id_base = layer->id_base,
+                .id_range = layer->id_range,
+                .overlay_xattrs = layer->userxattr ? "user.overlay." : "trusted.overlay.",
+                .opaque_xattr = layer->userxattr ? "user.overlay.opaque" : "trusted.overlay.opaque"};
+  cleanup_close int root = open (layer->upper, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (root < 0)
-    return err_make_sys (err, errno, "open the sandbox's layer `%s`", upper);
+    return err_make_sys (err, errno, "open the sandbox's layer `%s`", layer->upper);
   x.buf = malloc (chunk);
   x.io = malloc (1 << 20);
   x.path = malloc (PATH_MAX + 1);

@@ -19,6 +19,7 @@
 #ifndef SBX_GATEWAY_SNAP_EXPORT_H
 #define SBX_GATEWAY_SNAP_EXPORT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,8 +42,21 @@ typedef struct snap_export_result_s
   uint64_t entries;
 } snap_export_result_t;
 
-/* Streams the tree at `upper` (an overlay upper directory) to `sink`. */
-int snap_export (const char *upper, snap_compression_t compression, size_t chunk, snap_sink_fn sink, void *ctx,
-                 snap_export_result_t *res, err_t *err);
+/* A sandbox's layer as the export reads it. */
+typedef struct snap_layer_s
+{
+  const char *upper; /* the overlay's upper directory */
+  /* Owners as the sandbox sees them: a host uid or gid in [id_base,
+   * id_base + id_range) is written as its offset (the sandbox's root, host
+   * uid id_base, is 0 in the tar); 0 stays 0 (whiteouts overlay makes as
+   * the mounter); any other id, which no process of the sandbox can hold,
+   * becomes 65534 (nobody). id_range 0: ids are written as they are. */
+  uint32_t id_base, id_range;
+  bool userxattr; /* overlay mounted with `userxattr`: its marks are user.overlay.* */
+} snap_layer_t;
+
+/* Streams the layer's tree to `sink`. */
+int snap_export (const snap_layer_t *layer, snap_compression_t compression, size_t chunk, snap_sink_fn sink,
+                 void *ctx, snap_export_result_t *res, err_t *err);
 
 #endif

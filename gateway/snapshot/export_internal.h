@@ -21,7 +21,6 @@
  * reserved by the OCI layer format). Restore strips it (unpack.c). */
 #define ESCAPE_PREFIX ".wh..wh.u"
 #define ESCAPE_LEN (sizeof ESCAPE_PREFIX - 1)
-#define OVERLAY_OPAQUE_XATTR "trusted.overlay.opaque"
 
 typedef struct link_s
 {
@@ -49,6 +48,10 @@ typedef struct export_s
   uint8_t *io;
   char *path;           /* the entry being written (PATH_MAX + 1 bytes) */
   const uint8_t *holes; /* EXPORT_HOLE_CHUNK bytes, never touched */
+  /* the layer's own */
+  uint32_t id_base, id_range;  /* see snap_layer_t */
+  const char *overlay_xattrs;  /* overlay's private prefix: "trusted.overlay." or "user.overlay." */
+  const char *opaque_xattr;    /* its opaque mark */
 } export_t;
 
 /* Holes are handed to the archive from one untouched anonymous mapping:
@@ -59,7 +62,7 @@ typedef struct export_s
 int export_fail (export_t *x, const char *what);
 const char *export_find_link (export_t *x, const struct stat *st);
 int export_remember_link (export_t *x, const struct stat *st, const char *path);
-void export_set_meta (struct archive_entry *e, const char *path, const struct stat *st);
+void export_set_meta (const export_t *x, struct archive_entry *e, const char *path, const struct stat *st);
 /* Copies the extended attributes of `fd`, except overlay's own. */
 int export_add_xattrs (export_t *x, struct archive_entry *e, int fd, const char *path);
 int export_write_entry (export_t *x, struct archive_entry *e, const char *path);

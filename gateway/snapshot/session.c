@@ -20,10 +20,12 @@ typedef struct export_job_s
 } export_job_t;
 
 static int
-export_layer (const char *upper, void *ctx, err_t *err)
+export_layer (const sbx_layer_t *layer, void *ctx, err_t *err)
 {
   export_job_t *j = ctx;
-  return snap_export (upper, j->compression, SNAP_CHUNK, j->sink, j->ctx, j->res, err);
+  snap_layer_t l = {
+      .upper = layer->upper, .id_base = layer->uid_base, .id_range = layer->uid_range, .userxattr = layer->userxattr};
+  return snap_export (&l, j->compression, SNAP_CHUNK, j->sink, j->ctx, j->res, err);
 }
 
 int
@@ -67,7 +69,7 @@ persist_sink (void *ctx, const uint8_t *data, size_t len, err_t *err)
 
 /* Commits the persist's object (the writer is freed either way). */
 static int
-commit_in_layer (const char *upper, void *ctx, err_t *err)
+commit_in_layer (const sbx_layer_t *layer, void *ctx, err_t *err)
 {
   persist_job_t *p = ctx;
   snap_writer_t *w = take_ptr (&p->w);

@@ -138,7 +138,7 @@ unescape_path (const char *in, char *out, size_t cap)
 }
 
 static int
-apply_whiteout (const char *path, err_t *err)
+apply_whiteout (const char *path, const char *opaque_xattr, err_t *err)
 {
   const char *base = strrchr (path, '/');
   base = base != NULL ? base + 1 : path;
@@ -150,7 +150,7 @@ apply_whiteout (const char *path, err_t *err)
     return -1;
   if (strcmp (base, ".wh..wh..opq") == 0)
     {
-      if (setxattr (dir, "trusted.overlay.opaque", "y", 1, 0) < 0)
+      if (setxattr (dir, opaque_xattr, "y", 1, 0) < 0)
         return err_make_sys (err, errno, "mark `%s` opaque", dir);
       return 0;
     }
@@ -169,8 +169,9 @@ apply_whiteout (const char *path, err_t *err)
   return 0;
 }
 
-/* Copies the entry's extended attributes, dropping overlay's own (a
- * snapshot must not steer the overlay: redirects, origins, metacopy). */
+/* Copies the entry's extended attributes, dropping overlay's own in both
+ * namespaces it may use (a snapshot must not steer the overlay: redirects,
+ * origins, metacopy, opaque marks other than the OCI one). */
 static void
 filter_xattrs (struct archive_entry *e)
 {
@@ -188,7 +189,7 @@ filter_xattrs (struct archive_entry *e)
   } *keep = calloc (n, sizeof *keep);
   size_t k = 0;
   while (keep != NULL && archive_entry_xattr_next (e, &name, &value, &size) == ARCHIVE_OK)
-    if (strncmp (name, "trusted.overlay.", 16) != 0 && k < n)
+    if (strncmp (name, "trusted.overlay.", 16) != 0 && strncmp (name, "user.overlay.", 13) != 0 && k < n)
       {
         keep[k].name = strdup (name);
         keep[k].value = malloc (size ? size : 1);
@@ -237,6 +238,7 @@ typedef struct unpack_s
    * two at least twice n_dirs. */
   size_t *index;
   size_t index_cap;
+  const char *opaque_xattr; /* overlay's opaque mark for this layer */
 } unpack_t;
 
 static size_t
@@ -409,7 +411,7 @@ unpack_entry (unpack_t *u, struct archive_entry *e, err_t *err)
     return write_entry (u, e, path, link, err);
   if (archive_entry_filetype (e) != AE_IFREG || link != NULL)
     return err_make (err, EINVAL, "whiteout `%.200s` is not a plain file", path);
-  return apply_whiteout (path, err);
+  return apply_whiteout (path, u->opaque_xattr, err);
 }
 
 /* Reads every entry of the tar. */
@@ -434,9 +436,11 @@ unpack_all (unpack_t *u, long max_entries, err_t *err)
 }
 
 int
-snap_unpack (int fd, long max_entries, err_t *err)
+snap_unpack (int fd, long max_entries, bool userxattr, err_t *err)
 {
-  unpack_t u = {.a = archive_read_new (), .w = archive_write_disk_new ()};
+  unpack_t u = {.a = archive_read_new (),
+                .w = archive_write_disk_new (),
+                .opaque_xattr = userxattr ? "user.overlay.opaque" : "trusted.overlay.opaque"};
   /* Only the compressions snapshots use: every other decoder is attack
    * surface a hostile tar could reach. */
   archive_read_support_filter_gzip (u.a);

@@ -12,12 +12,18 @@
  * not fit the disk quota, another errno for a local failure. Entries
  * extracted before a failure are left in place (the caller removes the
  * layer). Not thread-safe: it works relative to the process's cwd.
+ *
+ * `userxattr`: the layer is for an overlay mounted with `userxattr` (a
+ * sandbox in its own user namespace), whose opaque mark is
+ * user.overlay.opaque rather than trusted.overlay.opaque.
  */
 #ifndef SBX_GATEWAY_SNAP_UNPACK_H
 #define SBX_GATEWAY_SNAP_UNPACK_H
 
+#include <stdbool.h>
+
 #include "common/err.h"
 
-int snap_unpack (int fd, long max_entries, err_t *err);
+int snap_unpack (int fd, long max_entries, bool userxattr, err_t *err);
 
 #endif

@@ -1,0 +1,170 @@
+/* helper/userns: the sandbox's own user namespace. Its ids 0..range-1 are
+ * host ids base.. that no other live sandbox has (the gateway's pool), so
+ * root inside is an unprivileged host uid, and an escape is that uid.
+ *
+ * The namespace owns nothing but itself: the sandbox's mount, network, ipc,
+ * uts, cgroup and pid namespaces are made by the holder as host root before
+ * it moves into the user namespace, so root inside has its capabilities
+ * over its own ids and files only, never over those namespaces (no mount,
+ * no network administration, whatever a capability set says). The image
+ * and the volumes are idmapped mounts through it: their host-root files
+ * appear owned by root inside. Single-threaded. */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/cleanup.h"
+#include "gateway/helper/helper.h"
+
+int helper_userns_fd = -1;
+
+/* Writes "0 base range" to /proc/<pid>/<file>. */
+static int
+write_map (pid_t pid, const char *file, const helper_opts_t *o, err_t *err)
+{
+  char path[64], map[64];
+  snprintf (path, sizeof path, "/proc/%d/%s", (int) pid, file);
+  int len = snprintf (map, sizeof map, "0 %lu %lu\n", o->uid_base, o->uid_range);
+  cleanup_close int fd = open (path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0 || write (fd, map, (size_t) len) != len)
+    return err_make_sys (err, errno, "write %s `%s`", file, map);
+  return 0;
+}
+
+int
+helper_userns_make (const helper_opts_t *o, err_t *err)
+{
+  /* A child makes the namespace and waits while this process, privileged
+   * in the parent namespace, writes its maps and keeps a handle on it. */
+  cleanup_pipe int sock[2] = {-1, -1};
+  if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sock) < 0)
+    return err_make_sys (err, errno, "socketpair");
+  pid_t pid = fork ();
+  if (pid < 0)
+    return err_make_sys (err, errno, "fork");
+  if (pid == 0)
+    {
+      close (sock[0]);
+      char ok = unshare (CLONE_NEWUSER) == 0 ? 0 : (char) errno;
+      char done;
+      if (write (sock[1], &ok, 1) == 1)
+        (void) !read (sock[1], &done, 1); /* until the parent lets go */
+      _exit (0);
+    }
+  char ok = 0;
+  int rc = 0;
+  if (read (sock[0], &ok, 1) != 1)
+    rc = err_make (err, EIO, "make the sandbox's user namespace: the child died");
+  else if (ok != 0)
+    rc = err_make_sys (err, ok, "make the sandbox's user namespace");
+  if (rc == 0 && (write_map (pid, "uid_map", o, err) < 0 || write_map (pid, "gid_map", o, err) < 0))
+    rc = -1;
+  if (rc == 0)
+    {
+      char path[64];
+      snprintf (path, sizeof path, "/proc/%d/ns/user", (int) pid);
+      helper_userns_fd = open (path, O_RDONLY | O_CLOEXEC);
+      if (helper_userns_fd < 0)
+        rc = err_make_sys (err, errno, "open `%s`", path);
+    }
+  close (take_fd (&sock[0])); /* the child reads EOF and exits */
+  while (waitpid (pid, NULL, 0) < 0 && errno == EINTR)
+    ;
+  return rc;
+}
+
+int
+helper_userns_enter (err_t *err)
+{
+  if (setns (helper_userns_fd, CLONE_NEWUSER) < 0)
+    return err_make_sys (err, errno, "enter the sandbox's user namespace");
+  if (setgroups (0, NULL) < 0 || setresgid (0, 0, 0) < 0 || setresuid (0, 0, 0) < 0)
+    return err_make_sys (err, errno, "become root of the sandbox's user namespace");
+  return 0;
+}
+
+int
+helper_idmapped_clone (const char *path, bool recursive, unsigned long attr_set, int *out, err_t *err)
+{
+  unsigned int rec = recursive ? AT_RECURSIVE : 0;
+  cleanup_close int fd = open_tree (AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | rec);
+  if (fd < 0)
+    return err_make_sys (err, errno, "clone the mount at `%s`", path);
+  struct mount_attr attr = {.attr_set = attr_set | MOUNT_ATTR_IDMAP, .userns_fd = (uint64_t) helper_userns_fd};
+  if (mount_setattr (fd, "", AT_EMPTY_PATH | rec, &attr, sizeof attr) < 0)
+    return err_make_sys (err, errno, "idmap `%s` (its filesystem must support idmapped mounts)", path);
+  *out = take_fd (&fd);
+  return 0;
+}
+
+/* The probe's steps, in its own mount namespace on a scratch tmpfs at
+ * o->state: the image idmapped, an overlay with `userxattr` over it, every
+ * volume idmapped. */
+static int
+probe_steps (const helper_opts_t *o, err_t *err)
+{
+  if (unshare (CLONE_NEWNS) < 0 || mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+    return err_make_sys (err, errno, "a private mount namespace");
+  if (helper_userns_make (o, err) < 0)
+    return -1;
+  if (helper_mkdir_p (o->state, 0700, err) < 0)
+    return -1;
+  if (mount ("probe", o->state, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0700") < 0)
+    return err_make_sys (err, errno, "mount a tmpfs on `%s`", o->state);
+  if (chdir (o->state) < 0)
+    return err_make_sys (err, errno, "chdir `%s`", o->state);
+  static const char *const dirs[] = {"lower", "upper", "work", "root"};
+  for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++)
+    if (mkdir (dirs[i], 0755) < 0)
+      return err_make_sys (err, errno, "mkdir `%s`", dirs[i]);
+  if (chown ("upper", (uid_t) o->uid_base, (gid_t) o->uid_base) < 0)
+    return err_make_sys (err, errno, "chown the upper directory");
+  cleanup_close int lower = -1;
+  if (helper_idmapped_clone (o->lower, false, 0, &lower, err) < 0)
+    return err_wrap (err, "SANDBOX_ROOTFS");
+  if (move_mount (lower, "", AT_FDCWD, "lower", MOVE_MOUNT_F_EMPTY_PATH) < 0)
+    return err_make_sys (err, errno, "attach the idmapped image");
+  if (mount ("overlay", "root", "overlay", MS_NOSUID | MS_NODEV, HELPER_USERNS_OVERLAY_OPTS ("lower")) < 0)
+    return err_make_sys (err, errno, "mount an overlay with userxattr over the idmapped image");
+  for (size_t i = 0; i < o->n_volumes; i++)
+    {
+      char spec[PATH_MAX * 2];
+      snprintf (spec, sizeof spec, "%s", o->volumes[i]);
+      char *host, *dst;
+      bool ro;
+      helper_split_volume (spec, &host, &dst, &ro);
+      cleanup_close int v = -1;
+      struct stat st;
+      if (stat (host, &st) == 0 && helper_idmapped_clone (host, true, MOUNT_ATTR_NOSUID, &v, err) < 0)
+        return err_wrap (err, "SANDBOX_VOLUME_MOUNTS");
+    }
+  return 0;
+}
+
+int
+helper_probe (const helper_opts_t *o)
+{
+  err_t err = ERR_INIT;
+  int rc = probe_steps (o, &err);
+  if (chdir ("/") == 0 && umount2 (o->state, MNT_DETACH) == 0)
+    rmdir (o->state);
+  if (rc < 0)
+    {
+      helper_report_err (helper_report_fd, &err);
+      err_release (&err);
+      return 1;
+    }
+  helper_report (helper_report_fd, SBX_REPORT_READY, 0, 0, 0, NULL);
+  return 0;
+}
