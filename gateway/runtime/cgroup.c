@@ -300,6 +300,11 @@ freeze_group (const sbx_cg_layout_t *l, const char *id, const char *sub, bool fr
       if (read_file (path, state, sizeof state) > 0
           && (l->v2 ? strstr (state, "frozen 1") != NULL : strncmp (state, "FROZEN", 6) == 0))
         return 0;
+      /* v1 asks each task to freeze once. One that was running into a
+       * vfork then sleeps (freezably) for its child, which froze first, and
+       * stays FREEZING until asked again: ask again every 50 ms. */
+      if (!l->v2 && i % 10 == 9 && write_file (path, "FROZEN", err) < 0)
+        return -1;
       struct timespec ts = {0, 5000000};
       nanosleep (&ts, NULL);
     }

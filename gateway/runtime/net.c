@@ -70,8 +70,11 @@ sbx_net_start (sbx_runtime_t *rt, sbx_t *s, err_t *err)
   if (pipe2 (ex, O_CLOEXEC) < 0)
     return err_make_sys (err, errno, "pipe");
   cleanup_close int ex_r = ex[0], ex_w = ex[1];
-  char pid[24];
-  snprintf (pid, sizeof pid, "%d", (int) s->holder);
+  /* The network namespace by path: given a pid, slirp4netns would join
+   * that process's user namespace too, where it has no power over the
+   * network namespace (the host's root owns it). */
+  char netns[64];
+  snprintf (netns, sizeof netns, "/proc/%d/ns/net", (int) s->holder);
   const char *argv[] = {rt->cfg.slirp4netns,
                         "--configure",
                         "--mtu=65520",
@@ -80,7 +83,8 @@ sbx_net_start (sbx_runtime_t *rt, sbx_t *s, err_t *err)
                         "--enable-seccomp",
                         "--ready-fd=3",
                         "--exit-fd=4",
-                        pid,
+                        "--netns-type=path",
+                        netns,
                         "tap0",
                         NULL};
   posix_spawn_file_actions_t fa;

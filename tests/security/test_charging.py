@@ -77,8 +77,9 @@ def egress_client(gateway_secret):
 def test_slirp4netns_runs_in_the_sandboxs_cgroups_with_bounded_files(egress_client):
     sid = egress_client.launch(allow_egress=True, timeout=30).sandbox_id
     holder = holder_pids(egress_client.gw, sid)[sid]
+    netns = f"/proc/{holder}/ns/net".encode()
     slirps = [p for p in processes_named(b"slirp4netns")
-              if str(holder).encode() in open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")]
+              if netns in open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")]
     assert len(slirps) == 1, slirps
     assert in_sandbox_groups(slirps[0], egress_client.gw.cgroup_group, sid), cgroup_lines(slirps[0])
     limits = Path(f"/proc/{slirps[0]}/limits").read_text()
