@@ -87,7 +87,7 @@ def test_gateway_without_allow_egress_ignores_the_request(gateway_secret, netns)
 
 def slirp_of(holder: int) -> list[int]:
     """Pids of slirp4netns processes serving the sandbox whose holder is
-    `holder` (their command line names it)."""
+    `holder` (their command line names its network namespace)."""
     found = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -97,7 +97,7 @@ def slirp_of(holder: int) -> list[int]:
                 args = f.read().split(b"\0")
         except OSError:
             continue
-        if args and args[0].endswith(b"slirp4netns") and str(holder).encode() in args and pid_alive(int(d)):
+        if args and args[0].endswith(b"slirp4netns") and f"/proc/{holder}/ns/net".encode() in args and pid_alive(int(d)):
             found.append(int(d))
     return found
 
