@@ -42,8 +42,8 @@ restore_layer (const helper_opts_t *o, const char *upper, err_t *err)
     return err_make_sys (err, errno, "fork the unpacker");
   if (pid == 0)
     {
-      char *const argv[] = {(char *) "sandbox-unpack", (char *) ".", max,
-                            o->uid_range > 0 ? (char *) "userxattr" : NULL, NULL};
+      char *const argv[]
+          = {(char *) "sandbox-unpack", (char *) ".", max, o->uid_range > 0 ? (char *) "userxattr" : NULL, NULL};
       err_t cerr = ERR_INIT;
       fcntl (helper_report_fd, F_SETFD, 0); /* the unpacker reports on fd 3 too */
       if (fchdir (dir) < 0)

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/capability.h>
 #include <limits.h>
 #include <sched.h>
 #include <signal.h>
@@ -19,8 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,6 +45,30 @@ write_map (pid_t pid, const char *file, const helper_opts_t *o, err_t *err)
   return 0;
 }
 
+/* In the child: the namespace is made by (so owned by) the sandbox's own
+ * root, host uid uid_base, not by the host's root. The kernel charges what
+ * a namespace uses of per-user limits (inotify instances, user namespaces,
+ * …) to its owner in the parent namespace too: owned by the host's root,
+ * every sandbox would share that root's counts, and could exhaust them for
+ * the host. The capabilities are kept across the change of uid only to
+ * pass distributions' checks on making user namespaces. */
+static int
+owned_unshare (const helper_opts_t *o)
+{
+  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct d[2];
+  if (prctl (PR_SET_KEEPCAPS, 1, 0, 0, 0) < 0 || syscall (SYS_capget, &h, d) < 0)
+    return -1;
+  if (setgroups (0, NULL) < 0 || setresgid ((gid_t) o->uid_base, (gid_t) o->uid_base, (gid_t) o->uid_base) < 0
+      || setresuid ((uid_t) o->uid_base, (uid_t) o->uid_base, (uid_t) o->uid_base) < 0)
+    return -1;
+  d[0].effective = d[0].permitted;
+  d[1].effective = d[1].permitted;
+  if (syscall (SYS_capset, &h, d) < 0)
+    return -1;
+  return unshare (CLONE_NEWUSER);
+}
+
 int
 helper_userns_make (const helper_opts_t *o, err_t *err)
 {
@@ -56,7 +83,7 @@ helper_userns_make (const helper_opts_t *o, err_t *err)
   if (pid == 0)
     {
       close (sock[0]);
-      char ok = unshare (CLONE_NEWUSER) == 0 ? 0 : (char) errno;
+      char ok = owned_unshare (o) == 0 ? 0 : (char) errno;
       char done;
       if (write (sock[1], &ok, 1) == 1)
         (void) !read (sock[1], &done, 1); /* until the parent lets go */

@@ -67,14 +67,13 @@ sbx_userns_probe (sbx_runtime_t *rt, err_t *err)
   snprintf (state, sizeof state, "%s/probe", rt->cfg.state_dir);
   snprintf (base, sizeof base, "%ld", rt->cfg.uid_base);
   snprintf (range, sizeof range, "%ld", rt->cfg.uid_range);
-  const char *argv[8 + 2 * 64] = {"sandbox-helper", "probe",     "--id",        "probe", "--state", state,
-                                  "--lower",        rt->cfg.rootfs};
+  const char *argv[8 + 2 * 64]
+      = {"sandbox-helper", "probe", "--id", "probe", "--state", state, "--lower", rt->cfg.rootfs};
   size_t n = 8;
   const char *ids[] = {"--uid-base", base, "--uid-range", range};
   for (size_t i = 0; i < 4; i++)
     argv[n++] = ids[i];
-  for (size_t i = 0; rt->cfg.volumes != NULL && rt->cfg.volumes[i] != NULL && n + 3 < sizeof argv / sizeof *argv;
-       i++)
+  for (size_t i = 0; rt->cfg.volumes != NULL && rt->cfg.volumes[i] != NULL && n + 3 < sizeof argv / sizeof *argv; i++)
     {
       argv[n++] = "--volume";
       argv[n++] = rt->cfg.volumes[i];

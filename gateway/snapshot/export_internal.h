@@ -49,9 +49,9 @@ typedef struct export_s
   char *path;           /* the entry being written (PATH_MAX + 1 bytes) */
   const uint8_t *holes; /* EXPORT_HOLE_CHUNK bytes, never touched */
   /* the layer's own */
-  uint32_t id_base, id_range;  /* see snap_layer_t */
-  const char *overlay_xattrs;  /* overlay's private prefix: "trusted.overlay." or "user.overlay." */
-  const char *opaque_xattr;    /* its opaque mark */
+  uint32_t id_base, id_range; /* see snap_layer_t */
+  const char *overlay_xattrs; /* overlay's private prefix: "trusted.overlay." or "user.overlay." */
+  const char *opaque_xattr;   /* its opaque mark */
 } export_t;
 
 /* Holes are handed to the archive from one untouched anonymous mapping:

@@ -266,3 +266,42 @@ def test_volumes_are_idmapped(tmp_path, gateway_secret):
         out = sbx.sh_out(sid, "stat -c '%u:%g' /data/by-root /data/by-1000; echo new > /data/made; id -u")
         assert out == "0:0\n1000:1000\n0\n", out
         assert (os.stat(vol / "made").st_uid, os.stat(vol / "made").st_gid) == (0, 0)
+
+
+INOTIFY_HOG = r"""
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+fds = []
+while len(fds) < 100000:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        break
+    fds.append(fd)
+with open("/tmp/hog.count", "w") as f:
+    f.write(str(len(fds)))
+time.sleep(120)
+"""
+
+
+def test_per_user_kernel_limits_are_per_sandbox(sbx):
+    """Inotify instances are counted per user, and charged to a user
+    namespace's owner in the parent namespace too: one sandbox holding all
+    it may must leave the host's root and another sandbox theirs."""
+    import ctypes
+    a, b = sbx.launch().sandbox_id, sbx.launch().sandbox_id
+    try:
+        sbx.ok(a, "cat > /tmp/hog.py && (nohup python3 /tmp/hog.py >/dev/null 2>&1 &)", stdin=INOTIFY_HOG.encode())
+        deadline = time.monotonic() + 20
+        count = ""
+        while not count and time.monotonic() < deadline:
+            count = sbx.sh_out(a, "cat /tmp/hog.count 2>/dev/null || true").strip()
+            time.sleep(0.1)
+        assert count and int(count) >= 1, count
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(0)
+        assert fd >= 0, f"the host's root cannot make an inotify instance: errno {ctypes.get_errno()}"
+        os.close(fd)
+        res = sbx.py(b, "import ctypes; print(ctypes.CDLL(None).inotify_init1(0) >= 0)")
+        assert res.out.strip() == "True", res.describe()
+    finally:
+        sbx.delete_many([a, b], ignore_missing=True)
