@@ -119,11 +119,27 @@ setup_dev (const helper_opts_t *o, const char *root, const host_refs_t *refs, er
   return 0;
 }
 
+/* With a user namespace, root inside has no capability over the network
+ * namespace (the host's root owns it): let every uid bind low ports there,
+ * as root inside could before. Per network namespace; through the
+ * sandbox's own /proc before its sys/ turns read-only (a container's /proc
+ * may have it read-only from the start). */
+static int
+allow_low_ports (const char *root, err_t *err)
+{
+  char path[PATH_MAX * 2];
+  snprintf (path, sizeof path, "%s/proc/sys/net/ipv4/ip_unprivileged_port_start", root);
+  cleanup_close int fd = open (path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0 || write (fd, "0", 1) != 1)
+    return err_make_sys (err, errno, "set ip_unprivileged_port_start in the sandbox's network namespace");
+  return 0;
+}
+
 /* /proc as Docker leaves it: the kernel's knobs read-only, the leakiest
  * files masked. The sandbox's root has no CAP_SYS_ADMIN and no mount(2), so
  * it cannot undo this. */
 static int
-setup_proc (const char *root, err_t *err)
+setup_proc (const helper_opts_t *o, const char *root, err_t *err)
 {
   char path[PATH_MAX * 2];
   snprintf (path, sizeof path, "%s/proc", root);
@@ -131,6 +147,8 @@ setup_proc (const char *root, err_t *err)
     return -1;
   if (mount ("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
     return err_make_sys (err, errno, "mount proc on `%s`", path);
+  if (o->uid_range > 0 && allow_low_ports (root, err) < 0)
+    return -1;
   static const char *const readonly[] = {"sys", "sysrq-trigger", "irq", "bus", "fs"};
   for (size_t i = 0; i < sizeof readonly / sizeof readonly[0]; i++)
     {
@@ -368,7 +386,7 @@ mount_overlay (const helper_opts_t *o, const char *root, err_t *err)
 static int
 populate_root (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
 {
-  return setup_dev (o, "", refs, err) < 0 || setup_proc ("", err) < 0 || mask_paths (o, "", err) < 0
+  return setup_dev (o, "", refs, err) < 0 || setup_proc (o, "", err) < 0 || mask_paths (o, "", err) < 0
                  || attach_volumes (o, refs, err) < 0
              ? -1
              : 0;
@@ -389,18 +407,6 @@ populate_files (const helper_opts_t *o)
   err_release (&ignored);
 }
 
-/* With a user namespace, root inside has no capability over the network
- * namespace (the host's root owns it): let every uid bind low ports there,
- * as root inside could before. Per network namespace; through the host's
- * /proc, before pivot_root. */
-static int
-allow_low_ports (err_t *err)
-{
-  cleanup_close int fd = open ("/proc/sys/net/ipv4/ip_unprivileged_port_start", O_WRONLY | O_CLOEXEC);
-  if (fd < 0 || write (fd, "0", 1) != 1)
-    return err_make_sys (err, errno, "set ip_unprivileged_port_start in the sandbox's network namespace");
-  return 0;
-}
 
 int
 helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
@@ -413,8 +419,6 @@ helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *e
     return err_make_sys (err, errno, "unshare namespaces");
   if (mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     return err_make_sys (err, errno, "make mounts private");
-  if (o->uid_range > 0 && allow_low_ports (err) < 0)
-    return -1;
   char root[PATH_MAX];
   snprintf (root, sizeof root, "%s/root", o->state);
   host_refs_t refs = {0};

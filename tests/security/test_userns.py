@@ -305,3 +305,8 @@ def test_per_user_kernel_limits_are_per_sandbox(sbx):
         assert res.out.strip() == "True", res.describe()
     finally:
         sbx.delete_many([a, b], ignore_missing=True)
+
+
+def test_root_inside_still_binds_low_ports(sbx, box):
+    res = sbx.py(box, "import socket; s = socket.socket(); s.bind(('127.0.0.1', 80)); s.listen(); print('bound')")
+    assert res.out.strip() == "bound", res.describe()
