@@ -407,7 +407,6 @@ populate_files (const helper_opts_t *o)
   err_release (&ignored);
 }
 
-
 int
 helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
 {

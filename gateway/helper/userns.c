@@ -72,10 +72,12 @@ owned_unshare (const helper_opts_t *o)
 int
 helper_userns_make (const helper_opts_t *o, err_t *err)
 {
-  /* A child makes the namespace and waits while this process, privileged
-   * in the parent namespace, writes its maps and keeps a handle on it. */
+  /* A child makes the namespace, hands over a descriptor of it (its own:
+   * the gateway may lack CAP_SYS_PTRACE to open another uid's) and waits
+   * while this process, privileged in the parent namespace, writes its
+   * maps. */
   cleanup_pipe int sock[2] = {-1, -1};
-  if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sock) < 0)
+  if (socketpair (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sock) < 0)
     return err_make_sys (err, errno, "socketpair");
   pid_t pid = fork ();
   if (pid < 0)
@@ -83,28 +85,23 @@ helper_userns_make (const helper_opts_t *o, err_t *err)
   if (pid == 0)
     {
       close (sock[0]);
-      char ok = owned_unshare (o) == 0 ? 0 : (char) errno;
+      int ok = owned_unshare (o) == 0 ? 0 : errno;
+      int fd = ok == 0 ? open ("/proc/self/ns/user", O_RDONLY | O_CLOEXEC) : -1;
+      if (ok == 0 && fd < 0)
+        ok = errno;
       char done;
-      if (write (sock[1], &ok, 1) == 1)
-        (void) !read (sock[1], &done, 1); /* until the parent lets go */
+      if (sbx_send_fds (sock[1], &ok, sizeof ok, &fd, fd >= 0 ? 1 : 0) == 0)
+        (void) !read (sock[1], &done, 1); /* until the parent is done */
       _exit (0);
     }
-  char ok = 0;
-  int rc = 0;
-  if (read (sock[0], &ok, 1) != 1)
+  int ok = 0, rc = 0;
+  size_t n_fds = 0;
+  if (sbx_recv_fds (sock[0], &ok, sizeof ok, &helper_userns_fd, &n_fds, 1) != (ssize_t) sizeof ok)
     rc = err_make (err, EIO, "make the sandbox's user namespace: the child died");
-  else if (ok != 0)
-    rc = err_make_sys (err, ok, "make the sandbox's user namespace");
+  else if (ok != 0 || n_fds != 1)
+    rc = err_make_sys (err, ok != 0 ? ok : EIO, "make the sandbox's user namespace");
   if (rc == 0 && (write_map (pid, "uid_map", o, err) < 0 || write_map (pid, "gid_map", o, err) < 0))
     rc = -1;
-  if (rc == 0)
-    {
-      char path[64];
-      snprintf (path, sizeof path, "/proc/%d/ns/user", (int) pid);
-      helper_userns_fd = open (path, O_RDONLY | O_CLOEXEC);
-      if (helper_userns_fd < 0)
-        rc = err_make_sys (err, errno, "open `%s`", path);
-    }
   close (take_fd (&sock[0])); /* the child reads EOF and exits */
   while (waitpid (pid, NULL, 0) < 0 && errno == EINTR)
     ;
