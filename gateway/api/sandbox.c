@@ -185,12 +185,13 @@ api_status (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   resp.max_sandboxes = (uint32_t) cfg->max_sandboxes;
   resp.store = (char *) (ctx->store != NULL ? ctx->store->kind : "");
   resp.user_namespaces = cfg->userns;
-  static char *const no_userns[] = {(char *) "SANDBOX_USERNS is off: sandbox root is host root, and an escape from "
-                                             "a sandbox is an escape to host root"};
+  char *warnings[2];
   if (!cfg->userns)
-    {
-      resp.n_warnings = 1;
-      resp.warnings = (char **) no_userns;
-    }
+    warnings[resp.n_warnings++] = (char *) "SANDBOX_USERNS is off: sandbox root is host root, and an escape from a "
+                                           "sandbox is an escape to host root";
+  if (cfg->allow_egress && !sbx_egress_filtered (ctx->rt))
+    warnings[resp.n_warnings++] = (char *) "egress is kept from the host's and link-local addresses only by routes "
+                                           "inside each sandbox (no cgroup v2 here for the filter outside them)";
+  resp.warnings = warnings;
   return rpc_call_reply (call, &resp.base, err);
 }

@@ -72,6 +72,27 @@ num (const char *s)
   return strtol (s, NULL, 10);
 }
 
+/* `sandbox-helper private-mounts PROGRAM ARGS...`: runs PROGRAM in a mount
+ * namespace of its own whose mounts propagate nowhere. slirp4netns's own
+ * sandbox unshares the mount namespace and detaches the old root without
+ * making mounts private first: unmounts then propagate to the host's shared
+ * mounts (every `ip netns` name under /run/netns vanished). Descriptors
+ * are left as they are (slirp4netns' ready and exit pipes). */
+static int
+private_mounts (int argc, char **argv)
+{
+  if (argc < 3)
+    return 2;
+  if (unshare (CLONE_NEWNS) < 0 || mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+    {
+      fprintf (stderr, "sandbox-helper: a private mount namespace: %s\n", strerror (errno));
+      return 126;
+    }
+  execvp (argv[2], argv + 2);
+  fprintf (stderr, "sandbox-helper: exec `%s`: %s\n", argv[2], strerror (errno));
+  return 127;
+}
+
 int
 main (int argc, char **argv)
 {
@@ -80,6 +101,8 @@ main (int argc, char **argv)
       fprintf (stderr, "sandbox-helper: run by sandbox-gateway only (launch ...)\n");
       return 2;
     }
+  if (strcmp (argv[1], "private-mounts") == 0)
+    return private_mounts (argc, argv);
   helper_args_start = argv[0];
   helper_args_len = (size_t) (argv[argc - 1] + strlen (argv[argc - 1]) - argv[0]);
   /* Only the report socket crosses over; nothing else leaks in. */

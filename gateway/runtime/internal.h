@@ -82,6 +82,11 @@ struct sbx_runtime_s
   /* The uid pool (userns.c): one byte per range, under mu. */
   uint8_t *uid_used;
   size_t uid_slots, uid_cursor;
+  /* The egress filter (egress.c): connect4 and sendmsg4 programs, and on a
+   * hybrid layout where slirp4netns' v2 groups live. */
+  int egress_progs[2];
+  bool egress_filtered;
+  char egress_root[PATH_MAX];
 };
 
 /* Clocks: wall time for what clients see, monotonic for every duration. */
@@ -141,6 +146,13 @@ uint32_t sbx_uid_base (const sbx_runtime_t *rt, long slot);
 /* Checks, once at start, that sandboxes can have user namespaces here: an
  * idmapped image and an overlay with `userxattr` over it. */
 int sbx_userns_probe (sbx_runtime_t *rt, err_t *err);
+
+/* egress.c: the egress filter outside the sandboxes (see there). */
+int sbx_egress_init (sbx_runtime_t *rt, err_t *err);
+/* Moves slirp4netns `pid` of sandbox `id` into its filtered group. */
+int sbx_egress_confine (sbx_runtime_t *rt, const char *id, pid_t pid, err_t *err);
+/* Removes that group (slirp4netns gone). */
+void sbx_egress_release (sbx_runtime_t *rt, const char *id);
 
 /* reaper.c */
 /* Kills, unmounts and removes what a previous run left behind. */

@@ -255,6 +255,7 @@ static void
 abandon (sbx_runtime_t *rt, sbx_t *s, bool restore, err_t *err)
 {
   sbx_net_stop (s->slirp, s->slirp_exit_fd);
+  sbx_egress_release (rt, s->id);
   if (s->ctl_fd >= 0)
     close (s->ctl_fd);
   sbx_teardown (rt, s->id, s->state, s->holder_pidfd);

@@ -75,7 +75,11 @@ sbx_net_start (sbx_runtime_t *rt, sbx_t *s, err_t *err)
    * network namespace (the host's root owns it). */
   char netns[64];
   snprintf (netns, sizeof netns, "/proc/%d/ns/net", (int) s->holder);
-  const char *argv[] = {rt->cfg.slirp4netns,
+  /* Through sandbox-helper, in a mount namespace of its own: see
+   * `private-mounts` in gateway/helper/main.c. */
+  const char *argv[] = {"sandbox-helper",
+                        "private-mounts",
+                        rt->cfg.slirp4netns,
                         "--configure",
                         "--mtu=65520",
                         "--disable-host-loopback",
@@ -95,7 +99,7 @@ sbx_net_start (sbx_runtime_t *rt, sbx_t *s, err_t *err)
   posix_spawn_file_actions_adddup2 (&fa, ex_r, 4);
   posix_spawnattr_t attr;
   sbx_spawn_attr_init (&attr);
-  int rc = posix_spawnp (&s->slirp, rt->cfg.slirp4netns, &fa, &attr, (char *const *) argv, sbx_helper_env);
+  int rc = posix_spawn (&s->slirp, rt->cfg.helper, &fa, &attr, (char *const *) argv, sbx_helper_env);
   posix_spawn_file_actions_destroy (&fa);
   posix_spawnattr_destroy (&attr);
   if (rc != 0)
@@ -113,6 +117,8 @@ sbx_net_start (sbx_runtime_t *rt, sbx_t *s, err_t *err)
     return err_make_sys (err, errno, "limit slirp4netns' open files");
   if (sbx_cg_attach (&rt->cg, s->id, s->slirp, err) < 0)
     return err_wrap (err, "move slirp4netns into the sandbox's cgroups");
+  if (sbx_egress_confine (rt, s->id, s->slirp, err) < 0)
+    return -1;
   struct pollfd p = {.fd = ready_r, .events = POLLIN};
   char c = 0;
   if (TEMP_FAILURE_RETRY (poll (&p, 1, 10000)) != 1 || read (ready_r, &c, 1) != 1)

@@ -331,6 +331,7 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
 
   /* Kill first: execs in flight see their command die and let go. */
   sbx_net_stop (slirp, slirp_exit_fd);
+  sbx_egress_release (rt, id);
   sbx_teardown (rt, id, state, pidfd);
 
   pthread_mutex_lock (&rt->mu);

@@ -17,6 +17,9 @@ runtime_free (sbx_runtime_t *rt)
     free (rt->host_addrs[i]);
   free (rt->host_addrs);
   free (rt->uid_used);
+  for (int i = 0; i < 2; i++)
+    if (rt->egress_progs[i] >= 0)
+      close (rt->egress_progs[i]);
   pthread_mutex_destroy (&rt->mu);
   pthread_cond_destroy (&rt->cv);
   free (rt);
@@ -39,7 +42,7 @@ runtime_init (sbx_runtime_t *rt, const sbx_config_t *cfg, err_t *err)
   if (!cfg->userns)
     log_msg (SEV_WARNING, "SANDBOX_USERNS is off: sandbox root is host root (uid 0 of the host's user namespace); "
                           "an escape from a sandbox is an escape to host root");
-  if (sbx_net_scan_host (rt, err) < 0)
+  if (sbx_net_scan_host (rt, err) < 0 || sbx_egress_init (rt, err) < 0)
     return -1;
   int rc = pthread_create (&rt->reaper, NULL, sbx_reaper_main, rt);
   if (rc != 0)
@@ -55,6 +58,7 @@ sbx_runtime_new (const sbx_config_t *cfg, sbx_runtime_t **out, err_t *err)
   if (rt == NULL)
     return err_make (err, ENOMEM, "runtime: out of memory");
   rt->cfg = *cfg;
+  rt->egress_progs[0] = rt->egress_progs[1] = -1;
   pthread_mutex_init (&rt->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init (&ca);

@@ -64,6 +64,10 @@ typedef struct sbx_info_s
   uint64_t disk_limit_bytes;
 } sbx_info_t;
 
+/* True when egress sandboxes are held to the egress policy by a filter
+ * outside them (cgroup v2 + BPF), not only by routes in their namespaces. */
+bool sbx_egress_filtered (const sbx_runtime_t *rt);
+
 /* True when `id` matches ^[A-Za-z0-9][A-Za-z0-9_-]*$ and has at most 64
  * characters. */
 bool sbx_id_valid (const char *id);
