@@ -97,6 +97,49 @@ def test_socket_buffers_count_against_the_memory_limit(egress_client):
         pytest.skip("cgroup v2 charges socket memory to memory.max by itself")
 
 
+# Opens connection pairs over the sandbox's loopback and fills each one
+# (the sender's queue and the receiver's) without ever reading: prints the
+# bytes the kernel accepted in all.
+SOCKET_HOG = r"""
+import socket, sys, time
+n = int(sys.argv[1])
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(n + 8)
+port = srv.getsockname()[1]
+pairs, total = [], 0
+chunk = b"x" * (1 << 20)
+deadline = time.monotonic() + 60
+for _ in range(n):
+    try:
+        c = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s, _ = srv.accept()
+    except OSError:
+        break
+    c.setblocking(False)
+    pairs.append((c, s))
+    while time.monotonic() < deadline:
+        try:
+            total += c.send(chunk)
+        except OSError:
+            break
+print(total)
+"""
+
+
+def test_socket_buffers_cannot_hold_more_than_the_memory_limit(egress_client):
+    """Without socket memory charged to the sandbox, 250 filled loopback
+    connections queue gigabytes of kernel memory (up to ~10 MiB each) that
+    no limit of the sandbox sees."""
+    sid = egress_client.launch().sandbox_id
+    try:
+        res = egress_client.exec(sid, ["python3", "-c", SOCKET_HOG, "250"], timeout_seconds=120)
+        assert res.code == 0 and res.out.strip().isdigit(), res.describe()
+        queued = int(res.out)
+        assert queued <= (MEMORY_MB << 20) * 5 // 4, f"{queued >> 20} MiB queued in socket buffers"
+        assert queued > 0
+    finally:
+        egress_client.delete_many([sid], ignore_missing=True)
+
+
 def test_the_unpacker_runs_confined_in_the_new_sandboxs_cgroups(egress_client):
     """During a slow restore, sandbox-unpack is a process of the sandbox's
     own cgroups, not of the gateway's, and it is confined."""
