@@ -87,7 +87,13 @@ int helper_block_egress_routes (const helper_opts_t *o, err_t *err);
 /* userns.c. The sandbox's user namespace, made once per launch (-1 until
  * then, and without one). */
 extern int helper_userns_fd;
-/* Makes it: ids 0..uid_range-1 map onto uid_base.. */
+/* Makes it: ids 0..uid_range-1 map onto uid_base.. In three steps so the
+ * launch can do other work meanwhile: start (a child makes it), finish (its
+ * maps; helper_userns_fd is then set), reap (the child, once gone). */
+int helper_userns_start (const helper_opts_t *o, err_t *err);
+int helper_userns_finish (const helper_opts_t *o, err_t *err);
+void helper_userns_reap (void);
+/* All three at once. */
 int helper_userns_make (const helper_opts_t *o, err_t *err);
 /* Moves the calling (single-threaded) process into it as its root: uid and
  * gid 0 inside, no supplementary groups; the host sees uid_base. */

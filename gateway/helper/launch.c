@@ -72,6 +72,9 @@ restore_layer (const helper_opts_t *o, const char *upper, err_t *err)
 static int
 make_layer (const helper_opts_t *o, sbx_cg_layout_t *cg, err_t *err)
 {
+  /* The user namespace is made by a child while this does the rest. */
+  if (o->uid_range > 0 && helper_userns_start (o, err) < 0)
+    return -1;
   if (sbx_cg_detect (o->cgroup_mount, o->cgroup_group, o->limits.cpu_millis > 0, cg, err) < 0
       || sbx_cg_prepare (cg, err) < 0 || sbx_cg_create (cg, o->id, &o->limits, err) < 0)
     return -1;
@@ -91,8 +94,6 @@ make_layer (const helper_opts_t *o, sbx_cg_layout_t *cg, err_t *err)
       snprintf (path, sizeof path, "%s/lower", o->state);
       if (mkdir (path, 0700) < 0)
         return err_make_sys (err, errno, "mkdir `%s`", path);
-      if (helper_userns_make (o, err) < 0)
-        return -1;
     }
   snprintf (mopts, sizeof mopts, "size=%ldm,nr_inodes=%ld,mode=0755", o->disk_mb, o->disk_inodes);
   if (mount ("sandbox-disk", disk, "tmpfs", MS_NOSUID | MS_NODEV, mopts) < 0)
@@ -106,6 +107,8 @@ make_layer (const helper_opts_t *o, sbx_cg_layout_t *cg, err_t *err)
   /* The overlay's root is the upper directory's inode: root's inside. */
   if (o->uid_range > 0 && chown (path, (uid_t) o->uid_base, (gid_t) o->uid_base) < 0)
     return err_make_sys (err, errno, "chown `%s`", path);
+  if (o->uid_range > 0 && helper_userns_finish (o, err) < 0)
+    return -1;
   return o->restore ? restore_layer (o, path, err) : 0;
 }
 
@@ -214,6 +217,7 @@ helper_launch (const helper_opts_t *o)
   int rc = make_layer (o, &cg, &err);
   if (rc == 0)
     rc = start_holder (o, &cg, &err);
+  helper_userns_reap ();
   if (rc < 0)
     {
       helper_report_err (helper_report_fd, &err);

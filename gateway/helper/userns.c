@@ -69,13 +69,17 @@ owned_unshare (const helper_opts_t *o)
   return unshare (CLONE_NEWUSER);
 }
 
+/* The child making the namespace, between start and finish. */
+static pid_t maker = -1;
+static int maker_sock = -1;
+
 int
-helper_userns_make (const helper_opts_t *o, err_t *err)
+helper_userns_start (const helper_opts_t *o, err_t *err)
 {
   /* A child makes the namespace, hands over a descriptor of it (its own:
    * the gateway may lack CAP_SYS_PTRACE to open another uid's) and waits
    * while this process, privileged in the parent namespace, writes its
-   * maps. */
+   * maps. It runs while this process does other work. */
   cleanup_pipe int sock[2] = {-1, -1};
   if (socketpair (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sock) < 0)
     return err_make_sys (err, errno, "socketpair");
@@ -94,17 +98,44 @@ helper_userns_make (const helper_opts_t *o, err_t *err)
         (void) !read (sock[1], &done, 1); /* until the parent is done */
       _exit (0);
     }
+  maker = pid;
+  maker_sock = take_fd (&sock[0]);
+  return 0;
+}
+
+int
+helper_userns_finish (const helper_opts_t *o, err_t *err)
+{
   int ok = 0, rc = 0;
   size_t n_fds = 0;
-  if (sbx_recv_fds (sock[0], &ok, sizeof ok, &helper_userns_fd, &n_fds, 1) != (ssize_t) sizeof ok)
+  if (sbx_recv_fds (maker_sock, &ok, sizeof ok, &helper_userns_fd, &n_fds, 1) != (ssize_t) sizeof ok)
     rc = err_make (err, EIO, "make the sandbox's user namespace: the child died");
   else if (ok != 0 || n_fds != 1)
     rc = err_make_sys (err, ok != 0 ? ok : EIO, "make the sandbox's user namespace");
-  if (rc == 0 && (write_map (pid, "uid_map", o, err) < 0 || write_map (pid, "gid_map", o, err) < 0))
+  if (rc == 0 && (write_map (maker, "uid_map", o, err) < 0 || write_map (maker, "gid_map", o, err) < 0))
     rc = -1;
-  close (take_fd (&sock[0])); /* the child reads EOF and exits */
-  while (waitpid (pid, NULL, 0) < 0 && errno == EINTR)
-    ;
+  close (maker_sock); /* the child reads EOF and exits */
+  maker_sock = -1;
+  return rc;
+}
+
+void
+helper_userns_reap (void)
+{
+  if (maker_sock >= 0)
+    close (maker_sock); /* not finished (a launch that failed): let it go */
+  maker_sock = -1;
+  if (maker > 0)
+    while (waitpid (maker, NULL, 0) < 0 && errno == EINTR)
+      ;
+  maker = -1;
+}
+
+int
+helper_userns_make (const helper_opts_t *o, err_t *err)
+{
+  int rc = helper_userns_start (o, err) < 0 ? -1 : helper_userns_finish (o, err);
+  helper_userns_reap ();
   return rc;
 }
 
