@@ -54,8 +54,9 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        &c->rootfs, NULL, false},
       {"SANDBOX_DISK_MB", CFG_INT, "2048", "writable overlay quota per sandbox, in MiB (a tmpfs)", 16, 1048576,
        &c->disk_mb, NULL, false},
-      {"SANDBOX_MAX", CFG_INT, "256", "most live sandboxes; more: RESOURCE_EXHAUSTED", 1, 100000, &c->max_sandboxes,
-       NULL, false},
+      {"SANDBOX_MAX", CFG_INT, "0",
+       "most live sandboxes; more: RESOURCE_EXHAUSTED; 0: sized from the machine's memory (MiB / 4, at least 16)", 0,
+       100000, &c->max_sandboxes, NULL, false},
       {"SANDBOX_PIDS_MAX", CFG_INT, "512", "most processes per sandbox", 8, 4194304, &c->pids_max, NULL, false},
       {"SANDBOX_MEMORY_MB", CFG_INT, "2048", "memory limit per sandbox, in MiB", 16, 16777216, &c->memory_mb, NULL,
        false},
@@ -174,6 +175,21 @@ parse_volumes (gw_config_t *c, err_t *err)
   return 0;
 }
 
+long
+gw_default_max_sandboxes (long cap)
+{
+  /* An idle sandbox costs about 0.7 MiB (kernel memory mostly: its
+   * namespaces, the holder's stack and tables; docs/runtime.md): a quarter
+   * of the machine's memory per MiB keeps a full house of idle ones under a
+   * fifth of it, the rest for what they run. */
+  long pages = sysconf (_SC_PHYS_PAGES), page = sysconf (_SC_PAGESIZE);
+  long mib = pages > 0 && page > 0 ? (long) ((unsigned long long) pages * (unsigned long long) page >> 20) : 0;
+  long n = mib / 4;
+  if (n < 16)
+    n = 16;
+  return n < cap ? n : cap;
+}
+
 int
 gw_config_load (gw_config_t *c, err_t *err)
 {
@@ -208,6 +224,8 @@ gw_config_load (gw_config_t *c, err_t *err)
   /* Every live sandbox needs a uid range of its own: the pool must hold
    * SANDBOX_MAX of them below the invalid uid (uid_t)-1. */
   long slots = (4294967295L - c->uid_base) / c->uid_range;
+  if (c->max_sandboxes == 0)
+    c->max_sandboxes = gw_default_max_sandboxes (c->userns ? slots : 100000);
   if (c->userns && slots < c->max_sandboxes)
     return err_make (err, EINVAL,
                      "SANDBOX_UID_BASE %ld + SANDBOX_MAX %ld ranges of SANDBOX_UID_RANGE %ld go past the last uid; "

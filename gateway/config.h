@@ -75,6 +75,10 @@ typedef struct gw_config_s
  * after a failure. */
 int gw_config_load (gw_config_t *cfg, err_t *err);
 
+/* SANDBOX_MAX when it is 0: a quarter of the machine's memory in MiB, at
+ * least 16, at most `cap` (the uid pool's ranges). */
+long gw_default_max_sandboxes (long cap);
+
 /* Frees what gw_config_load allocated. */
 void gw_config_release (gw_config_t *cfg);
 

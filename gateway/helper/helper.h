@@ -63,6 +63,8 @@ void helper_report_err (int fd, const err_t *err);
 
 /* launch.c: makes the sandbox and reports READY or ERROR. Exit status. */
 int helper_launch (const helper_opts_t *o);
+/* The sandbox's disk, a detached tmpfs mount (fsmount); -1 until made. */
+extern int helper_disk_fd;
 
 /* rootfs.c */
 int helper_mkdir_p (const char *path, mode_t mode, err_t *err);

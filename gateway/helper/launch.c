@@ -27,16 +27,16 @@
  * first; with a user namespace, it runs inside it as the sandbox's root.
  * 0 ok; 1 it failed and reported why; -1 with *err. */
 static int
-restore_layer (const helper_opts_t *o, const char *upper, err_t *err)
+restore_layer (const helper_opts_t *o, err_t *err)
 {
   char max[24];
   snprintf (max, sizeof max, "%ld", o->max_entries);
   /* Opened here, as the host's root: the sandbox's root may not be able
    * to reach either through the host's directories. */
-  cleanup_close int dir = open (upper, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  cleanup_close int dir = openat (helper_disk_fd, "upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   cleanup_close int exe = open (o->unpacker, O_RDONLY | O_CLOEXEC);
   if (dir < 0 || exe < 0)
-    return err_make_sys (err, errno, "open `%s`", dir < 0 ? upper : o->unpacker);
+    return err_make_sys (err, errno, "open `%s`", dir < 0 ? "upper" : o->unpacker);
   pid_t pid = fork ();
   if (pid < 0)
     return err_make_sys (err, errno, "fork the unpacker");
@@ -47,7 +47,7 @@ restore_layer (const helper_opts_t *o, const char *upper, err_t *err)
       err_t cerr = ERR_INIT;
       fcntl (helper_report_fd, F_SETFD, 0); /* the unpacker reports on fd 3 too */
       if (fchdir (dir) < 0)
-        err_make_sys (&cerr, errno, "enter `%s`", upper);
+        err_make_sys (&cerr, errno, "enter the new layer");
       else if (o->uid_range == 0 || helper_userns_enter (&cerr) == 0)
         {
           execveat (exe, "", argv, environ, AT_EMPTY_PATH);
@@ -67,6 +67,31 @@ restore_layer (const helper_opts_t *o, const char *upper, err_t *err)
   return err_make (err, EIO, "the unpacker died (status %d)", status);
 }
 
+int helper_disk_fd = -1;
+
+/* The sandbox's disk: a size- and inode-capped tmpfs made as a detached
+ * mount (fsopen/fsmount) into helper_disk_fd. It is attached only in the
+ * holder's mount namespace; the gateway keeps a descriptor of it for
+ * snapshots. */
+static int
+make_disk (const helper_opts_t *o, err_t *err)
+{
+  char size[32], inodes[32];
+  snprintf (size, sizeof size, "%ldm", o->disk_mb);
+  snprintf (inodes, sizeof inodes, "%ld", o->disk_inodes);
+  cleanup_close int fs = fsopen ("tmpfs", FSOPEN_CLOEXEC);
+  if (fs < 0 || fsconfig (fs, FSCONFIG_SET_STRING, "source", "sandbox-disk", 0) < 0
+      || fsconfig (fs, FSCONFIG_SET_STRING, "size", size, 0) < 0
+      || fsconfig (fs, FSCONFIG_SET_STRING, "nr_inodes", inodes, 0) < 0
+      || fsconfig (fs, FSCONFIG_SET_STRING, "mode", "0755", 0) < 0
+      || fsconfig (fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+    return err_make_sys (err, errno, "make the disk tmpfs (%s, %s inodes)", size, inodes);
+  helper_disk_fd = fsmount (fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+  if (helper_disk_fd < 0)
+    return err_make_sys (err, errno, "mount the disk tmpfs");
+  return 0;
+}
+
 /* The sandbox's cgroups and its disk, with the snapshot unpacked into it
  * when restoring. 0 ok; 1 the unpacker failed and reported why; -1 *err. */
 static int
@@ -83,33 +108,26 @@ make_layer (const helper_opts_t *o, sbx_cg_layout_t *cg, err_t *err)
    * disk are charged to the sandbox's limits, not the gateway's. */
   if (sbx_cg_join (cg, o->id, NULL, err) < 0)
     return -1;
-  char disk[PATH_MAX], path[PATH_MAX * 2], mopts[128];
-  snprintf (disk, sizeof disk, "%s/disk", o->state);
-  snprintf (path, sizeof path, "%s/root", o->state);
-  if (helper_mkdir_p (disk, 0700, err) < 0 || helper_mkdir_p (path, 0755, err) < 0)
-    return -1;
-  if (o->uid_range > 0)
+  char path[PATH_MAX * 2];
+  /* Mount points in the holder's mount namespace only (the host's mount
+   * table never holds a sandbox's mounts). */
+  static const char *const dirs[] = {"disk", "root", "lower"};
+  for (size_t i = 0; i < (o->uid_range > 0 ? 3 : 2); i++)
     {
-      /* Where the idmapped image is attached, in the holder's mounts only. */
-      snprintf (path, sizeof path, "%s/lower", o->state);
-      if (mkdir (path, 0700) < 0)
-        return err_make_sys (err, errno, "mkdir `%s`", path);
+      snprintf (path, sizeof path, "%s/%s", o->state, dirs[i]);
+      if (helper_mkdir_p (path, 0700, err) < 0)
+        return -1;
     }
-  snprintf (mopts, sizeof mopts, "size=%ldm,nr_inodes=%ld,mode=0755", o->disk_mb, o->disk_inodes);
-  if (mount ("sandbox-disk", disk, "tmpfs", MS_NOSUID | MS_NODEV, mopts) < 0)
-    return err_make_sys (err, errno, "mount the disk tmpfs on `%s`", disk);
-  snprintf (path, sizeof path, "%s/work", disk);
-  if (mkdir (path, 0700) < 0)
-    return err_make_sys (err, errno, "mkdir `%s`", path);
-  snprintf (path, sizeof path, "%s/upper", disk);
-  if (mkdir (path, 0755) < 0)
-    return err_make_sys (err, errno, "mkdir `%s`", path);
+  if (make_disk (o, err) < 0)
+    return -1;
+  if (mkdirat (helper_disk_fd, "work", 0700) < 0 || mkdirat (helper_disk_fd, "upper", 0755) < 0)
+    return err_make_sys (err, errno, "make the disk's upper and work directories");
   /* The overlay's root is the upper directory's inode: root's inside. */
-  if (o->uid_range > 0 && chown (path, (uid_t) o->uid_base, (gid_t) o->uid_base) < 0)
-    return err_make_sys (err, errno, "chown `%s`", path);
+  if (o->uid_range > 0 && fchownat (helper_disk_fd, "upper", (uid_t) o->uid_base, (gid_t) o->uid_base, 0) < 0)
+    return err_make_sys (err, errno, "chown the disk's upper directory");
   if (o->uid_range > 0 && helper_userns_finish (o, err) < 0)
     return -1;
-  return o->restore ? restore_layer (o, path, err) : 0;
+  return o->restore ? restore_layer (o, err) : 0;
 }
 
 /* In the forked holder: sets the sandbox up, says READY on `sync`, then
@@ -174,8 +192,9 @@ hand_over (pid_t *pid, int sync, int ctl, err_t *err)
   memset (&ready, 0, sizeof ready);
   ready.type = SBX_REPORT_READY;
   ready.a = *pid;
-  if (sbx_send_fds (helper_report_fd, &ready, sizeof ready, &ctl, 1) < 0)
-    return err_make_sys (err, errno, "hand the control socket over");
+  int fds[2] = {ctl, helper_disk_fd};
+  if (sbx_send_fds (helper_report_fd, &ready, sizeof ready, fds, 2) < 0)
+    return err_make_sys (err, errno, "hand the control socket and the disk over");
   take_pid (pid); /* the sandbox lives on: the gateway adopts it */
   return 0;
 }

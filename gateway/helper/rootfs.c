@@ -418,6 +418,12 @@ helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *e
     return err_make_sys (err, errno, "unshare namespaces");
   if (mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     return err_make_sys (err, errno, "make mounts private");
+  /* The disk, attached here only: the host's mount table does not grow
+   * with sandboxes. */
+  char disk[PATH_MAX];
+  snprintf (disk, sizeof disk, "%s/disk", o->state);
+  if (move_mount (helper_disk_fd, "", AT_FDCWD, disk, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+    return err_make_sys (err, errno, "attach the disk on `%s`", disk);
   char root[PATH_MAX];
   snprintf (root, sizeof root, "%s/root", o->state);
   host_refs_t refs = {0};

@@ -176,7 +176,7 @@ static void
 on_report (exec_run_t *x)
 {
   sbx_report_t r;
-  int g = sbx_read_report (x->report_fd, &r, 0, NULL);
+  int g = sbx_read_report (x->report_fd, &r, 0, NULL, 0);
   if (g == 1 && r.type == SBX_REPORT_ERROR)
     snprintf (x->start_error, sizeof x->start_error, "%s", r.text);
   else if (g == 1 && r.type == SBX_REPORT_EXIT)

@@ -53,6 +53,7 @@ typedef struct sbx_s
   int refs;          /* execs and layer users holding it */
   pid_t helper;      /* the launch helper, while launching */
   int ctl_fd;        /* the holder's control socket: exec requests */
+  int disk_fd;       /* its disk, a mount attached only in its own mount namespace */
   pid_t slirp;       /* slirp4netns, when egress is on */
   int slirp_exit_fd; /* closing it tells slirp4netns to exit */
   unsigned exec_seq;
@@ -110,9 +111,12 @@ void sbx_spawn_attr_init (posix_spawnattr_t *attr);
  * as fd 3. *report_fd is the gateway's end. */
 int sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int errfd, pid_t *pid, int *report_fd,
                       err_t *err);
-/* Waits up to timeout_ms for one report, and the descriptor it carries
- * (*fd, or -1; NULL: none expected). 1 got one, 0 EOF, -1 timeout or error. */
-int sbx_read_report (int sock, sbx_report_t *r, int timeout_ms, int *fd);
+/* Most descriptors a report carries (READY: the control socket, the disk). */
+#define SBX_REPORT_MAX_FDS 2
+/* Waits up to timeout_ms for one report, and the descriptors it carries
+ * (fds[0..max_fds), -1 where none came). 1 got one, 0 EOF, -1 timeout or
+ * error. */
+int sbx_read_report (int sock, sbx_report_t *r, int timeout_ms, int *fds, size_t max_fds);
 /* waitpid, retrying EINTR. */
 void sbx_reap (pid_t pid);
 /* Removes a tree on the host, not crossing mounts nor following links. */

@@ -37,6 +37,7 @@ reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_t **out, err_
   s->holder_pidfd = -1;
   s->slirp_exit_fd = -1;
   s->ctl_fd = -1;
+  s->disk_fd = -1;
   s->uid_slot = -1;
   pthread_mutex_init (&s->freeze_mu, NULL);
   s->allow_egress = allow_egress && rt->cfg.allow_egress;
@@ -170,7 +171,7 @@ feed_tar (int pipe_fd, int report_fd, sbx_source_fn src, void *src_ctx, sbx_repo
             return err_make_sys (err, errno, "restore: poll");
           if (p[1].revents != 0)
             {
-              *got_early = sbx_read_report (report_fd, early, 0, NULL) == 1;
+              *got_early = sbx_read_report (report_fd, early, 0, NULL, 0) == 1;
               return 0;
             }
           ssize_t w = TEMP_FAILURE_RETRY (write (pipe_fd, data + off, (size_t) n - off));
@@ -179,7 +180,7 @@ feed_tar (int pipe_fd, int report_fd, sbx_source_fn src, void *src_ctx, sbx_repo
           if (w < 0)
             {
               /* The helper stopped reading; its report says why. */
-              *got_early = sbx_read_report (report_fd, early, RESTORE_REASON_TIMEOUT_MS, NULL) == 1;
+              *got_early = sbx_read_report (report_fd, early, RESTORE_REASON_TIMEOUT_MS, NULL, 0) == 1;
               return 0;
             }
           off += (size_t) w;
@@ -189,17 +190,19 @@ feed_tar (int pipe_fd, int report_fd, sbx_source_fn src, void *src_ctx, sbx_repo
 
 /* Turns the helper's report into the sandbox's holder, or an error. */
 static int
-take_ready (sbx_runtime_t *rt, sbx_t *s, int got, const sbx_report_t *r, int ctl, bool restore, err_t *err)
+take_ready (sbx_runtime_t *rt, sbx_t *s, int got, const sbx_report_t *r, const int *fds, bool restore,
+            err_t *err)
 {
-  cleanup_close int ctl_fd = ctl;
+  cleanup_close int ctl_fd = fds[0], disk_fd = fds[1];
   const char *what = restore ? "restore" : "launch";
   if (got == 1 && r->type == SBX_REPORT_ERROR)
     return err_make (err, r->status, "%s `%s`: %s", what, s->id, r->text);
   if (got != 1 || r->type != SBX_REPORT_READY)
     return err_make (err, EIO, "launch `%s`: the helper ended without a report", s->id);
-  if (ctl_fd < 0)
-    return err_make (err, EIO, "launch `%s`: the helper sent no control socket", s->id);
+  if (ctl_fd < 0 || disk_fd < 0)
+    return err_make (err, EIO, "launch `%s`: the helper sent no control socket or disk", s->id);
   s->ctl_fd = take_fd (&ctl_fd);
+  s->disk_fd = take_fd (&disk_fd);
   s->holder = r->a;
   s->holder_pidfd = (int) syscall (SYS_pidfd_open, s->holder, 0);
   return s->allow_egress ? sbx_net_start (rt, s, err) : 0;
@@ -225,7 +228,7 @@ run_helper (sbx_runtime_t *rt, sbx_t *s, char *const *argv, sbx_source_fn src, v
   pthread_mutex_unlock (&rt->mu);
 
   sbx_report_t r;
-  int got = 0, ctl = -1, rc = 0;
+  int got = 0, fds[SBX_REPORT_MAX_FDS] = {-1, -1}, rc = 0;
   if (src != NULL)
     {
       close (take_fd (&tar_pipe[0]));
@@ -237,9 +240,9 @@ run_helper (sbx_runtime_t *rt, sbx_t *s, char *const *argv, sbx_source_fn src, v
       got = early ? 1 : 0;
     }
   if (rc == 0 && got == 0)
-    got = sbx_read_report (report_fd, &r, LAUNCH_REPORT_TIMEOUT_MS, &ctl);
+    got = sbx_read_report (report_fd, &r, LAUNCH_REPORT_TIMEOUT_MS, fds, SBX_REPORT_MAX_FDS);
   if (rc == 0)
-    rc = take_ready (rt, s, got, &r, ctl, src != NULL, err);
+    rc = take_ready (rt, s, got, &r, fds, src != NULL, err);
   sbx_reap (helper);
   pthread_mutex_lock (&rt->mu);
   s->helper = 0;
@@ -258,6 +261,8 @@ abandon (sbx_runtime_t *rt, sbx_t *s, bool restore, err_t *err)
   sbx_egress_release (rt, s->id);
   if (s->ctl_fd >= 0)
     close (s->ctl_fd);
+  if (s->disk_fd >= 0)
+    close (s->disk_fd);
   sbx_teardown (rt, s->id, s->state, s->holder_pidfd);
   pthread_mutex_lock (&rt->mu);
   sbx_unlink_locked (rt, s);

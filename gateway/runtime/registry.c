@@ -129,10 +129,8 @@ sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out)
   out->allow_egress = s->allow_egress;
   long n = sbx_cg_count (&rt->cg, s->id, NULL);
   out->process_count = n > 0 ? n : 0;
-  char disk[PATH_MAX + SBX_ID_MAX + 16];
-  snprintf (disk, sizeof disk, "%s/disk", s->state);
   struct statfs sf;
-  if (statfs (disk, &sf) == 0)
+  if (s->disk_fd >= 0 && fstatfs (s->disk_fd, &sf) == 0)
     {
       out->disk_limit_bytes = (uint64_t) sf.f_blocks * (uint64_t) sf.f_bsize;
       out->disk_used_bytes = (uint64_t) (sf.f_blocks - sf.f_bfree) * (uint64_t) sf.f_bsize;
@@ -155,10 +153,8 @@ sbx_teardown (sbx_runtime_t *rt, const char *id, const char *state, int pidfd)
     }
   if (sbx_cg_kill (&rt->cg, id, NULL, &err) < 0)
     err_warn_release (&err, "delete `%s`", id);
-  char disk[PATH_MAX + SBX_ID_MAX + 16];
-  snprintf (disk, sizeof disk, "%s/disk", state);
-  if (umount2 (disk, MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
-    log_msg (SEV_WARNING, "delete `%s`: unmount `%s`: %s", id, disk, strerror (errno));
+  /* The sandbox's mounts were in its own mount namespace, gone with its
+   * processes; the disk goes when the last descriptor of it closes. */
   sbx_remove_tree (state);
   if (sbx_cg_remove (&rt->cg, id, NULL, &err) < 0)
     err_warn_release (&err, "delete `%s`", id);
@@ -253,16 +249,17 @@ sbx_with_layer (sbx_runtime_t *rt, const char *id, bool freeze, sbx_layer_fn fn,
   user.next = s->layer_users;
   s->layer_users = &user;
   pthread_mutex_unlock (&rt->mu);
-  char upper[sizeof s->state + 16];
-  snprintf (upper, sizeof upper, "%s/disk/upper", s->state);
-  sbx_layer_t layer = {.upper = upper};
+  cleanup_close int upper = openat (s->disk_fd, "upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  sbx_layer_t layer = {.upper_fd = upper};
   if (s->uid_slot >= 0)
     {
       layer.uid_base = sbx_uid_base (rt, s->uid_slot);
       layer.uid_range = (uint32_t) rt->cfg.uid_range;
       layer.userxattr = true;
     }
-  int rc = freeze ? freeze_hold (rt, s, err) : 0;
+  int rc = upper < 0 ? err_make_sys (err, errno, "open the layer of `%s`", id) : 0;
+  if (rc == 0 && freeze)
+    rc = freeze_hold (rt, s, err);
   if (rc == 0 && freeze)
     {
       pthread_mutex_lock (&rt->mu);
@@ -342,6 +339,8 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
   pthread_mutex_unlock (&rt->mu);
   if (s->ctl_fd >= 0)
     close (s->ctl_fd);
+  if (s->disk_fd >= 0)
+    close (s->disk_fd);
   pthread_mutex_destroy (&s->freeze_mu);
   free (s);
   log_fields (SEV_INFO, json_pack ("{s:s}", "sandbox_id", id), "sandbox deleted");

@@ -102,7 +102,7 @@ int sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_sourc
 /* A sandbox's writable layer, as sbx_with_layer hands it over. */
 typedef struct sbx_layer_s
 {
-  const char *upper; /* the overlay's upper directory */
+  int upper_fd; /* the overlay's upper directory (the sandbox's disk holds it) */
   /* With a user namespace: the sandbox's host uid/gid range (its root is
    * uid_base), and the overlay's marks are user.overlay.* (`userxattr`).
    * uid_range 0: no user namespace, ids are host ids. */

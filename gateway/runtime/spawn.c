@@ -79,27 +79,27 @@ sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int err
 }
 
 int
-sbx_read_report (int sock, sbx_report_t *r, int timeout_ms, int *fd)
+sbx_read_report (int sock, sbx_report_t *r, int timeout_ms, int *fds, size_t max_fds)
 {
-  if (fd != NULL)
-    *fd = -1;
+  for (size_t i = 0; i < max_fds; i++)
+    fds[i] = -1;
   struct pollfd p = {.fd = sock, .events = POLLIN};
   int rc = TEMP_FAILURE_RETRY (poll (&p, 1, timeout_ms));
   if (rc <= 0)
     return -1;
-  int fds[1];
+  int got[SBX_REPORT_MAX_FDS];
   size_t n_fds = 0;
-  ssize_t n = sbx_recv_fds (sock, r, sizeof *r, fds, &n_fds, fd != NULL ? 1 : 0);
+  ssize_t n = sbx_recv_fds (sock, r, sizeof *r, got, &n_fds, max_fds < SBX_REPORT_MAX_FDS ? max_fds : SBX_REPORT_MAX_FDS);
   if (n == 0)
     return 0;
   if (n != (ssize_t) sizeof *r)
     {
       for (size_t i = 0; i < n_fds; i++)
-        close (fds[i]);
+        close (got[i]);
       return -1;
     }
-  if (fd != NULL && n_fds == 1)
-    *fd = fds[0];
+  for (size_t i = 0; i < n_fds; i++)
+    fds[i] = got[i];
   r->text[sizeof r->text - 1] = '\0';
   return 1;
 }

@@ -85,7 +85,7 @@ sbx_userns_probe (sbx_runtime_t *rt, err_t *err)
   if (sbx_spawn_helper (rt, (char *const *) argv, null, null, STDERR_FILENO, &pid, &report_fd, err) < 0)
     return -1;
   sbx_report_t r;
-  int got = sbx_read_report (report_fd, &r, PROBE_TIMEOUT_MS, NULL);
+  int got = sbx_read_report (report_fd, &r, PROBE_TIMEOUT_MS, NULL, 0);
   if (got != 1)
     kill (pid, SIGKILL);
   sbx_reap (pid);

@@ -321,9 +321,9 @@ snap_export (const snap_layer_t *layer, snap_compression_t compression, size_t c
                 .id_range = layer->id_range,
                 .overlay_xattrs = layer->userxattr ? "user.overlay." : "trusted.overlay.",
                 .opaque_xattr = layer->userxattr ? "user.overlay.opaque" : "trusted.overlay.opaque"};
-  cleanup_close int root = open (layer->upper, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  cleanup_close int root = openat (layer->upper_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (root < 0)
-    return err_make_sys (err, errno, "open the sandbox's layer `%s`", layer->upper);
+    return err_make_sys (err, errno, "open the sandbox's layer");
   x.buf = malloc (chunk);
   x.io = malloc (1 << 20);
   x.path = malloc (PATH_MAX + 1);

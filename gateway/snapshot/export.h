@@ -45,7 +45,7 @@ typedef struct snap_export_result_s
 /* A sandbox's layer as the export reads it. */
 typedef struct snap_layer_s
 {
-  const char *upper; /* the overlay's upper directory */
+  int upper_fd; /* the overlay's upper directory */
   /* Owners as the sandbox sees them: a host uid or gid in [id_base,
    * id_base + id_range) is written as its offset (the sandbox's root, host
    * uid id_base, is 0 in the tar); 0 stays 0 (whiteouts overlay makes as

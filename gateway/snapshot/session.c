@@ -24,7 +24,7 @@ export_layer (const sbx_layer_t *layer, void *ctx, err_t *err)
 {
   export_job_t *j = ctx;
   snap_layer_t l = {
-      .upper = layer->upper, .id_base = layer->uid_base, .id_range = layer->uid_range, .userxattr = layer->userxattr};
+      .upper_fd = layer->upper_fd, .id_base = layer->uid_base, .id_range = layer->uid_range, .userxattr = layer->userxattr};
   return snap_export (&l, j->compression, SNAP_CHUNK, j->sink, j->ctx, j->res, err);
 }
 

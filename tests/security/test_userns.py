@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from tests.lib.client import new_id, pb
-from tests.lib.gateway import cgroup_pids, gateway_client, gateway_env
+from tests.lib.gateway import cgroup_pids, gateway_client, gateway_env, holder_pids
 from tests.lib.procs import require_gateway_binary, run_to_completion
 from tests.lib.security import sh
 from tests.lib.snapshots import chunks_of
@@ -99,8 +99,9 @@ def test_owners_outside_the_range_cannot_be_made(sbx, box):
 def test_files_a_sandbox_writes_are_its_host_range_on_the_host(sbx, gateway, box):
     sbx.ok(box, "echo x > /tmp/mine; chown 7:7 /tmp/mine; echo y > /tmp/root-owned")
     base = sandbox_base(sbx, box)
-    upper = Path(gateway.state_dir) / "sandboxes" / box / "disk" / "upper" / "tmp"
-    st_mine, st_root = os.stat(upper / "mine"), os.stat(upper / "root-owned")
+    # Through the holder's root (the overlay) as the host sees it.
+    tmp = Path(f"/proc/{holder_pids(gateway, box)[box]}/root/tmp")
+    st_mine, st_root = os.stat(tmp / "mine"), os.stat(tmp / "root-owned")
     assert (st_mine.st_uid, st_mine.st_gid) == (base + 7, base + 7)
     assert (st_root.st_uid, st_root.st_gid) == (base, base)
 

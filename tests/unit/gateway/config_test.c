@@ -192,7 +192,11 @@ test_defaults_without_any_variable (void **state)
   assert_string_equal (c.state_dir, "/var/lib/sandbox-gateway");
   assert_string_equal (c.rootfs, "/");
   assert_int_equal (c.disk_mb, 2048);
-  assert_int_equal (c.max_sandboxes, 256);
+  /* Sized from the machine: a quarter of its memory in MiB, at least 16. */
+  long mib = (long) ((unsigned long long) sysconf (_SC_PHYS_PAGES) * (unsigned long long) sysconf (_SC_PAGESIZE) >> 20);
+  long want = mib / 4 < 16 ? 16 : mib / 4;
+  assert_int_equal (c.max_sandboxes, want < 65520 ? want : 65520);
+  assert_int_equal (gw_default_max_sandboxes (100), want < 100 ? want : 100);
   assert_int_equal (c.pids_max, 512);
   assert_int_equal (c.memory_mb, 2048);
   assert_null (c.cpus);
@@ -242,7 +246,7 @@ test_values_from_the_environment_are_read (void **state)
 {
   setenv ("SANDBOX_LISTEN", "0.0.0.0:0", 1);
   setenv ("CLOUD_RUN_SANDBOX_GATEWAY_SECRET", "s3cret", 1);
-  setenv ("SANDBOX_MAX", "100000", 1);
+  setenv ("SANDBOX_MAX", "65000", 1);
   setenv ("SANDBOX_IDLE_TTL", "600", 1);
   setenv ("ALLOW_EGRESS", "yes", 1);
   setenv ("SANDBOX_STATE_DIR", "/srv/state", 1);
@@ -255,7 +259,7 @@ test_values_from_the_environment_are_read (void **state)
   load_ok (&c);
   assert_string_equal (c.listen, "0.0.0.0:0");
   assert_string_equal (c.secret, "s3cret");
-  assert_int_equal (c.max_sandboxes, 100000);
+  assert_int_equal (c.max_sandboxes, 65000);
   assert_int_equal (c.idle_ttl, 600);
   assert_true (c.allow_egress);
   assert_string_equal (c.state_dir, "/srv/state");
@@ -270,12 +274,34 @@ test_values_from_the_environment_are_read (void **state)
   assert_string_equal (rt.rootfs, "/srv/image");
   assert_ptr_equal (rt.helper, c.helper);
   assert_ptr_equal (rt.unpacker, c.unpacker);
-  assert_int_equal (rt.max_sandboxes, 100000);
+  assert_int_equal (rt.max_sandboxes, 65000);
   assert_int_equal (rt.idle_ttl_seconds, 600);
   assert_true (rt.allow_egress);
   assert_ptr_equal (rt.volumes, c.volumes);
   assert_ptr_equal (rt.masks, c.masks);
   gw_config_release (&c);
+}
+
+/* Every live sandbox needs its own uid range: SANDBOX_MAX past what the
+ * pool holds is refused, naming both; without user namespaces it is not. */
+static void
+test_sandbox_max_must_fit_the_uid_pool (void **state)
+{
+  setenv ("SANDBOX_UID_BASE", "4294000000", 1);
+  expect_refused ("SANDBOX_MAX", "15", "SANDBOX_UID_BASE", EINVAL);
+  setenv ("SANDBOX_USERNS", "false", 1);
+  setenv ("SANDBOX_MAX", "15", 1);
+  gw_config_t c;
+  load_ok (&c);
+  assert_int_equal (c.max_sandboxes, 15);
+  gw_config_release (&c);
+  unsetenv ("SANDBOX_USERNS");
+  setenv ("SANDBOX_MAX", "14", 1);
+  load_ok (&c);
+  assert_int_equal (c.max_sandboxes, 14);
+  gw_config_release (&c);
+  unsetenv ("SANDBOX_MAX");
+  unsetenv ("SANDBOX_UID_BASE");
 }
 
 static void
@@ -393,7 +419,7 @@ test_integers_out_of_bounds_are_refused (void **state)
   {
     const char *name, *value;
   } bad[] = {
-      {"SANDBOX_MAX", "0"},       {"SANDBOX_MAX", "100001"},     {"SANDBOX_MAX", "-5"},
+      {"SANDBOX_MAX", "-1"},      {"SANDBOX_MAX", "100001"},     {"SANDBOX_MAX", "-5"},
       {"SANDBOX_MAX", "many"},    {"SANDBOX_MAX", "12abc"},      {"SANDBOX_MAX", "99999999999999999999999"},
       {"SANDBOX_DISK_MB", "15"},  {"SANDBOX_PIDS_MAX", "7"},     {"SANDBOX_MAX_MESSAGE_MB", "1025"},
       {"SANDBOX_IDLE_TTL", "-1"}, {"SANDBOX_GCS_CHUNK_MB", "0"},
@@ -636,6 +662,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_defaults_without_any_variable, setup, teardown),
       cmocka_unit_test_setup_teardown (test_default_helper_and_unpacker_are_beside_this_program, setup, teardown),
       cmocka_unit_test_setup_teardown (test_values_from_the_environment_are_read, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_sandbox_max_must_fit_the_uid_pool, setup, teardown),
       cmocka_unit_test_setup_teardown (test_log_level_is_applied, setup, teardown),
       cmocka_unit_test_setup_teardown (test_listen_without_a_valid_port_is_refused, setup, teardown),
       cmocka_unit_test_setup_teardown (test_cpus_that_are_not_a_cpu_count_are_refused, setup, teardown),

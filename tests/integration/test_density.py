@@ -1,0 +1,41 @@
+"""Density: thousands of live sandboxes on one machine. Each sandbox's mounts
+(its disk included) live only in its own mount namespace, so the host's
+mount table — which every launch copies — stays the size it was, and
+nothing is left behind. Timing belongs to bench/runtime; this checks the
+behaviour."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from tests.lib.gateway import gateway_client
+
+N = 2000
+
+
+def host_mounts() -> int:
+    with open("/proc/self/mountinfo") as f:
+        return sum(1 for _ in f)
+
+
+def test_two_thousand_live_sandboxes_leave_the_host_mount_table_alone(gateway_secret):
+    env = {"SANDBOX_MAX": str(N + 16), "SANDBOX_MEMORY_MB": "64", "SANDBOX_DISK_MB": "16"}
+    with gateway_client(env, secret=gateway_secret, check_leftovers=True) as sbx:
+        before = host_mounts()
+        with ThreadPoolExecutor(8) as pool:
+            ids = list(pool.map(lambda _: sbx.launch(timeout=60).sandbox_id, range(N)))
+        assert len(set(ids)) == N
+        assert host_mounts() - before <= 4, f"{host_mounts() - before} host mounts more with {N} sandboxes"
+        assert len(sbx.ids()) == N
+
+        def answer(sid: str) -> str:
+            return sbx.sh_out(sid, "echo $(hostname) $(cat /proc/self/uid_map | tr -s ' ' | cut -d' ' -f3)")
+
+        with ThreadPoolExecutor(8) as pool:
+            outs = list(pool.map(answer, ids))
+        assert all(out.split()[0] == "sandbox" for out in outs), outs[:3]
+        assert len({out.split()[1] for out in outs}) == N, "two sandboxes share a uid range"
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(sbx.delete, ids))
+        assert sbx.ids() == []
+        assert host_mounts() - before <= 4
