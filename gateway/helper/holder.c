@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -162,6 +164,28 @@ reap_children (void)
         }
 }
 
+/* Gives back the stack pages the set-up dirtied below this frame (paths,
+ * messages): an idle pid 1 needs a few of them, and every sandbox has one.
+ * Nothing runs below this frame meanwhile (single-threaded, no signal
+ * handlers), and pages given back read as zeros when touched again. */
+static void
+trim_stack (void)
+{
+  char here;
+  uintptr_t keep = ((uintptr_t) &here & ~(uintptr_t) 4095) - 2 * 4096; /* a margin for the calls below */
+  FILE *f = fopen ("/proc/self/maps", "re");
+  if (f == NULL)
+    return;
+  char line[512];
+  uintptr_t lo = 0;
+  while (lo == 0 && fgets (line, sizeof line, f) != NULL)
+    if (strstr (line, "[stack]") != NULL)
+      lo = (uintptr_t) strtoull (line, NULL, 16);
+  fclose (f);
+  if (lo != 0 && keep > lo)
+    madvise ((void *) lo, keep - lo, MADV_DONTNEED);
+}
+
 /* pid 1 of the sandbox: starts commands on request and reaps orphans until
  * the sandbox is deleted. Signals from inside the sandbox cannot reach it:
  * it handles none (SIGCHLD is taken through a signalfd). */
@@ -176,6 +200,7 @@ helper_holder_loop (int ctl, const sbx_confine_t *confine)
   char *buf = malloc (SBX_EXEC_MAX);
   if (sfd < 0 || buf == NULL)
     _exit (1);
+  trim_stack ();
   for (;;)
     {
       struct pollfd p[2] = {{.fd = ctl, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
