@@ -20,6 +20,7 @@
  * The gateway's bearer secret comes from CLOUD_RUN_SANDBOX_GATEWAY_SECRET.
  * bench/runtime builds everything, starts a gateway and runs this program.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
@@ -58,6 +59,9 @@ typedef struct opts_s
   int tput_n;
   long tput_mib;
   int mem_n;
+  const char *density_levels; /* live sandboxes at which launch is timed */
+  int density_n;              /* launches timed at each level */
+  int scale_n;                /* the scale run's sandboxes */
   pid_t gateway_pid;
   bool hide_cgroup2;
 } opts_t;
@@ -71,6 +75,9 @@ static opts_t O = {
     .tput_n = 3,
     .tput_mib = 1024,
     .mem_n = 200,
+    .density_levels = "10,1000,3000",
+    .density_n = 30,
+    .scale_n = 10000,
 };
 
 /* ---- processes ----------------------------------------------------------- */
@@ -586,6 +593,219 @@ bench_memory (void)
   pool_drain ();
 }
 
+/* ---- density: launch as sandboxes accumulate; memory when many live ------- */
+
+/* Kernel and user memory per sandbox of `n` live ones named
+ * "<prefix>-<tag>-%05d", against the meminfo figures taken before. */
+static void
+density_memory (const char *tag, int n, long slab0, long kother0, const char *label)
+{
+  usleep (500 * 1000); /* deferred frees (RCU) settle */
+  long slab = proc_kb ("/proc/meminfo", "Slab") - slab0;
+  long kother = proc_kb ("/proc/meminfo", "KernelStack") + proc_kb ("/proc/meminfo", "PageTables") - kother0;
+  bc_series_t pss = {0};
+  int sample = n < 200 ? n : 200;
+  for (int i = 0; i < sample && O.cgroup_group != NULL; i++)
+    {
+      char path[512];
+      snprintf (path, sizeof path, "%s/%s/%s-%s-%05d/cgroup.procs", O.cgroup_root, O.cgroup_group, O.prefix, tag,
+                i * (n / sample));
+      pid_t pids[16];
+      int k = cgroup_pids (path, pids, 16);
+      long sum = 0;
+      for (int j = 0; j < k; j++)
+        {
+          char sp[64];
+          snprintf (sp, sizeof sp, "/proc/%d/smaps_rollup", (int) pids[j]);
+          long v = proc_kb (sp, "Pss");
+          sum += v > 0 ? v : 0;
+        }
+      if (k > 0)
+        bc_series_add (&pss, (double) sum);
+    }
+  char what[96];
+  bc_series_t ks = {0}, ko = {0}, total = {0};
+  bc_series_add (&ks, (double) slab / n);
+  bc_series_add (&ko, (double) kother / n);
+  bc_series_add (&total, (double) (slab + kother) / n + (pss.n > 0 ? bc_pct (&pss, 50) : 0));
+  snprintf (what, sizeof what, "%s: kernel slab/n", label);
+  bc_row_add (what, "KiB", &ks, 99, NULL, NULL);
+  snprintf (what, sizeof what, "%s: kstack+pagetables/n", label);
+  bc_row_add (what, "KiB", &ko, 99, NULL, NULL);
+  snprintf (what, sizeof what, "%s: user Pss", label);
+  bc_row_add (what, "KiB", &pss, 99, NULL, NULL);
+  snprintf (what, sizeof what, "%s: all of it", label);
+  bc_row_add (what, "KiB", &total, 99, NULL, NULL);
+}
+
+/* Launches live sandboxes "<prefix>-<tag>-%05d" from `from` up to `to`.
+ * Returns how many live. */
+static int
+fill (const char *tag, int from, int to)
+{
+  err_t err = ERR_INIT;
+  for (int i = from; i < to; i++)
+    {
+      char id[80];
+      snprintf (id, sizeof id, "%s-%s-%05d", O.prefix, tag, i);
+      if (bc_launch (CH, id, &err) < 0)
+        {
+          fprintf (stderr, PROG ": launch %d: %s\n", i, err_msg (&err));
+          err_release (&err);
+          return i;
+        }
+    }
+  return to;
+}
+
+static void
+delete_all (const char *tag, int n)
+{
+  for (int i = 0; i < n; i++)
+    {
+      char id[80];
+      snprintf (id, sizeof id, "%s-%s-%05d", O.prefix, tag, i);
+      pool_delete (id);
+    }
+  pool_drain ();
+}
+
+static void
+bench_density (void)
+{
+  int levels[8], n_levels = 0;
+  char buf[128];
+  snprintf (buf, sizeof buf, "%s", O.density_levels);
+  for (char *save = NULL, *t = strtok_r (buf, ",", &save); t != NULL && n_levels < 8; t = strtok_r (NULL, ",", &save))
+    levels[n_levels++] = atoi (t);
+  if (n_levels == 0)
+    return;
+  sync ();
+  long slab0 = proc_kb ("/proc/meminfo", "Slab");
+  long kother0 = proc_kb ("/proc/meminfo", "KernelStack") + proc_kb ("/proc/meminfo", "PageTables");
+  bc_series_t at[8];
+  memset (at, 0, sizeof at);
+  int live = 0;
+  err_t err = ERR_INIT;
+  const int warm = 3;
+  for (int l = 0; l < n_levels; l++)
+    {
+      double t0 = bc_now_ms ();
+      live = fill ("live", live, levels[l]);
+      fprintf (stderr, PROG ": density: %d live (filled in %.1f s); %d warm-up + %d launches\n", live,
+               (bc_now_ms () - t0) / 1e3, warm, O.density_n);
+      if (l == n_levels - 1)
+        {
+          char label[64];
+          snprintf (label, sizeof label, "idle sandbox at %d live", live);
+          density_memory ("live", live, slab0, kother0, label);
+        }
+      for (int i = 0; i < warm + O.density_n; i++)
+        {
+          char id[80];
+          snprintf (id, sizeof id, "%s-dens-%d-%d", O.prefix, l, i);
+          double s0 = bc_now_ms ();
+          if (bc_launch (CH, id, &err) < 0)
+            bc_die (PROG, "launch", &err);
+          double ms = bc_now_ms () - s0;
+          pool_delete (id);
+          if (i >= warm)
+            bc_series_add (&at[l], ms);
+        }
+      pool_drain ();
+    }
+  for (int l = 0; l < n_levels; l++)
+    {
+      char what[64], base[32];
+      snprintf (what, sizeof what, "launch with %d live (ms)", levels[l]);
+      snprintf (base, sizeof base, "with %d live", levels[0]);
+      bc_row_add (what, "ms", &at[l], 99, l > 0 ? base : NULL, l > 0 ? &at[0] : NULL);
+    }
+  double t0 = bc_now_ms ();
+  delete_all ("live", live);
+  fprintf (stderr, PROG ": density: %d deleted in %.1f s\n", live, (bc_now_ms () - t0) / 1e3);
+}
+
+/* The host's mount table, in lines. */
+static long
+host_mounts (void)
+{
+  FILE *f = fopen ("/proc/self/mountinfo", "re");
+  long n = 0;
+  int c;
+  while (f != NULL && (c = fgetc (f)) != EOF)
+    n += c == '\n';
+  if (f != NULL)
+    fclose (f);
+  return n;
+}
+
+/* Directories left under a cgroup group, or of the gateway's state. */
+static long
+entries_in (const char *dir)
+{
+  DIR *d = opendir (dir);
+  long n = 0;
+  struct dirent *e;
+  while (d != NULL && (e = readdir (d)) != NULL)
+    n += e->d_type == DT_DIR && e->d_name[0] != '.';
+  if (d != NULL)
+    closedir (d);
+  return n;
+}
+
+static void
+bench_scale (void)
+{
+  long mounts0 = host_mounts ();
+  sync ();
+  long slab0 = proc_kb ("/proc/meminfo", "Slab");
+  long kother0 = proc_kb ("/proc/meminfo", "KernelStack") + proc_kb ("/proc/meminfo", "PageTables");
+  double t0 = bc_now_ms ();
+  int live = fill ("scale", 0, O.scale_n);
+  double launch_s = (bc_now_ms () - t0) / 1e3;
+  fprintf (stderr, PROG ": scale: %d live in %.1f s; host mount table %ld -> %ld lines\n", live, launch_s, mounts0,
+           host_mounts ());
+  char label[64];
+  snprintf (label, sizeof label, "idle sandbox at %d live", live);
+  density_memory ("scale", live, slab0, kother0, label);
+  char *argv[] = {"/bin/true"};
+  err_t err = ERR_INIT;
+  int failed = 0, sampled = 0;
+  t0 = bc_now_ms ();
+  for (int i = 0; i < live; i += live / 100 > 0 ? live / 100 : 1, sampled++)
+    {
+      char id[80];
+      snprintf (id, sizeof id, "%s-scale-%05d", O.prefix, i);
+      if (bc_exec (CH, id, argv, 1, 0, NULL, &err) < 0)
+        {
+          failed++;
+          err_release (&err);
+        }
+    }
+  double exec_s = (bc_now_ms () - t0) / 1e3;
+  t0 = bc_now_ms ();
+  delete_all ("scale", live);
+  double delete_s = (bc_now_ms () - t0) / 1e3;
+  usleep (500 * 1000);
+  char dir[512];
+  snprintf (dir, sizeof dir, "%s/%s", O.cgroup_root, O.cgroup_group != NULL ? O.cgroup_group : "");
+  long cgroups_left = O.cgroup_group != NULL ? entries_in (dir) : -1;
+  long mounts_left = host_mounts () - mounts0;
+  fprintf (stderr, PROG ": scale: %d sandboxes: launched in %.1f s, %d execs (%d failed) in %.1f s, deleted in %.1f s; left: %ld cgroups, %ld mounts\n",
+           live, launch_s, sampled, failed, exec_s, delete_s, cgroups_left, mounts_left);
+  char what[96];
+  snprintf (what, sizeof what, "%d sandboxes: launch all, one by one (s)", live);
+  bc_row_add_values (what, "s", launch_s, launch_s, NULL, 0, 0);
+  snprintf (what, sizeof what, "%d sandboxes: exec in %d of them (s)", live, sampled);
+  bc_row_add_values (what, "s", exec_s, exec_s, NULL, 0, 0);
+  snprintf (what, sizeof what, "%d sandboxes: delete all, 64 at once (s)", live);
+  bc_row_add_values (what, "s", delete_s, delete_s, NULL, 0, 0);
+  snprintf (what, sizeof what, "%d sandboxes: left behind (cgroups + mounts)", live);
+  bc_row_add_values (what, "n", (double) (cgroups_left + mounts_left), (double) (cgroups_left + mounts_left), NULL, 0,
+                     0);
+}
+
 /* ---- main ---------------------------------------------------------------- */
 
 static void
@@ -605,7 +825,11 @@ usage (FILE *f)
               "  --exec N                exec runs (default 300), --exec-warmup N (default 30)\n"
               "  --tput N                throughput runs (default 3), --tput-mib N (default 1024)\n"
               "  --sandboxes N           idle sandboxes for the memory test (default 200; 0 skips)\n"
-              "  --only LIST             comma-separated subset of launch,exec,tput,mem\n"
+              "  --only LIST             comma-separated subset of launch,exec,tput,mem,density,scale\n"
+              "                          (default: all but scale)\n"
+              "  --density LIST          live sandboxes at which launch is timed (default 10,1000,3000)\n"
+              "  --density-launches N    launches timed at each of them (default 30)\n"
+              "  --scale N               the scale run: N sandboxes, exec in 100, delete all (default 10000)\n"
               "  --markdown FILE         also write the table to FILE in Markdown\n");
 }
 
@@ -625,13 +849,16 @@ main (int argc, char **argv)
       {"tput", required_argument, 0, 'T'},
       {"tput-mib", required_argument, 0, 'B'},
       {"sandboxes", required_argument, 0, 'S'},
+      {"density", required_argument, 0, 'D'},
+      {"density-launches", required_argument, 0, 'N'},
+      {"scale", required_argument, 0, 'X'},
       {"only", required_argument, 0, 'o'},
       {"markdown", required_argument, 0, 'm'},
       {"hide-cgroup2", no_argument, 0, 'H'},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0},
   };
-  const char *only = "launch,exec,tput,mem";
+  const char *only = "launch,exec,tput,mem,density";
   int ch;
   while ((ch = getopt_long (argc, argv, "h", lo, NULL)) != -1)
     switch (ch)
@@ -648,6 +875,9 @@ main (int argc, char **argv)
       case 'T': O.tput_n = atoi (optarg); break;
       case 'B': O.tput_mib = atol (optarg); break;
       case 'S': O.mem_n = atoi (optarg); break;
+      case 'D': O.density_levels = optarg; break;
+      case 'N': O.density_n = atoi (optarg); break;
+      case 'X': O.scale_n = atoi (optarg); break;
       case 'o': only = optarg; break;
       case 'm': O.markdown = optarg; break;
       case 'H': O.hide_cgroup2 = true; break;
@@ -693,7 +923,8 @@ main (int argc, char **argv)
   {
     const char *name;
     void (*fn) (void);
-  } stages[] = {{"launch", bench_launch}, {"exec", bench_exec}, {"tput", bench_throughput}, {"mem", bench_memory}};
+  } stages[] = {{"launch", bench_launch},   {"exec", bench_exec},       {"tput", bench_throughput},
+                {"mem", bench_memory},       {"density", bench_density}, {"scale", bench_scale}};
   for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++)
     {
       char key[32];

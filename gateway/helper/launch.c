@@ -121,11 +121,24 @@ make_layer (const helper_opts_t *o, sbx_cg_layout_t *cg, err_t *err)
     }
   if (make_disk (o, err) < 0)
     return -1;
-  if (mkdirat (helper_disk_fd, "work", 0700) < 0 || mkdirat (helper_disk_fd, "upper", 0755) < 0)
-    return err_make_sys (err, errno, "make the disk's upper and work directories");
-  /* The overlay's root is the upper directory's inode: root's inside. */
-  if (o->uid_range > 0 && fchownat (helper_disk_fd, "upper", (uid_t) o->uid_base, (gid_t) o->uid_base, 0) < 0)
-    return err_make_sys (err, errno, "chown the disk's upper directory");
+  /* work/ and upper/ of the overlay; dev/ and shm/, bound at /dev and
+   * /dev/shm (no tmpfs of their own: see rootfs.c). */
+  static const struct
+  {
+    const char *name;
+    mode_t mode;
+    bool owned; /* by the sandbox's root */
+  } dirs2[] = {{"work", 0700, false}, {"upper", 0755, true}, {"dev", 0755, true}, {"shm", 01777, true}};
+  for (size_t i = 0; i < sizeof dirs2 / sizeof dirs2[0]; i++)
+    {
+      if (mkdirat (helper_disk_fd, dirs2[i].name, dirs2[i].mode) < 0
+          || fchmodat (helper_disk_fd, dirs2[i].name, dirs2[i].mode, 0) < 0)
+        return err_make_sys (err, errno, "make the disk's %s/", dirs2[i].name);
+      /* upper/ is the overlay's root: root's inside, as are /dev, /dev/shm. */
+      if (dirs2[i].owned && o->uid_range > 0
+          && fchownat (helper_disk_fd, dirs2[i].name, (uid_t) o->uid_base, (gid_t) o->uid_base, 0) < 0)
+        return err_make_sys (err, errno, "chown the disk's %s/", dirs2[i].name);
+    }
   if (o->uid_range > 0 && helper_userns_finish (o, err) < 0)
     return -1;
   return o->restore ? restore_layer (o, err) : 0;

@@ -34,6 +34,12 @@ typedef struct host_refs_s
 {
   int dev_nodes[N_DEV_NODES];
   int *volumes; /* per volume; -1: its host path is gone */
+  /* Directories of the sandbox's disk bound at /dev and /dev/shm, and one
+   * empty read-only tmpfs whose clones cover masked directories: every
+   * superblock a sandbox adds costs each memory cgroup on the machine a
+   * share of the kernel's shrinker bookkeeping, so a sandbox makes as few
+   * as it can (disk, overlay, proc, devpts, this one). */
+  int dev_dir, shm_dir, empty;
 } host_refs_t;
 
 static void
@@ -42,6 +48,10 @@ host_refs_release (host_refs_t *refs, size_t n_volumes)
   for (size_t i = 0; i < N_DEV_NODES; i++)
     if (refs->dev_nodes[i] > 0)
       close (refs->dev_nodes[i]);
+  int own[] = {refs->dev_dir, refs->shm_dir, refs->empty};
+  for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+    if (own[i] > 0)
+      close (own[i]);
   for (size_t i = 0; refs->volumes != NULL && i < n_volumes; i++)
     if (refs->volumes[i] >= 0)
       close (refs->volumes[i]);
@@ -79,19 +89,27 @@ bind_node (const char *root, const char *name, int src_fd, err_t *err)
   return 0;
 }
 
+/* Covers directory `path` with a clone of the empty read-only tmpfs. */
 static int
-setup_dev (const helper_opts_t *o, const char *root, const host_refs_t *refs, err_t *err)
+mask_dir (const host_refs_t *refs, const char *path, err_t *err)
 {
-  char path[PATH_MAX * 2], opts[128], owner[64] = "";
-  /* With a user namespace, /dev and /dev/shm belong to root inside. */
-  if (o->uid_range > 0)
-    snprintf (owner, sizeof owner, ",uid=%lu,gid=%lu", o->uid_base, o->uid_base);
+  cleanup_close int fd = open_tree (refs->empty, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+  if (fd < 0 || move_mount (fd, "", AT_FDCWD, path, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+    return err_make_sys (err, errno, "mask `%s`", path);
+  return 0;
+}
+
+static int
+setup_dev (const char *root, const host_refs_t *refs, err_t *err)
+{
+  char path[PATH_MAX * 2];
+  /* /dev and /dev/shm are directories of the sandbox's disk (its quota,
+   * owned by its root), bound nosuid,noexec and nosuid,nodev. */
   snprintf (path, sizeof path, "%s/dev", root);
   if (helper_mkdir_p (path, 0755, err) < 0)
     return -1;
-  snprintf (opts, sizeof opts, "mode=0755,size=1m,nr_inodes=256%s", owner);
-  if (mount ("tmpfs", path, "tmpfs", MS_NOSUID | MS_NOEXEC, opts) < 0)
-    return err_make_sys (err, errno, "mount tmpfs on `%s`", path);
+  if (move_mount (refs->dev_dir, "", AT_FDCWD, path, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+    return err_make_sys (err, errno, "bind the disk's dev/ on `%s`", path);
   for (size_t i = 0; i < N_DEV_NODES; i++)
     if (bind_node (root, dev_nodes[i], refs->dev_nodes[i], err) < 0)
       return -1;
@@ -103,9 +121,8 @@ setup_dev (const helper_opts_t *o, const char *root, const host_refs_t *refs, er
   snprintf (path, sizeof path, "%s/dev/shm", root);
   if (mkdir (path, 01777) < 0)
     return err_make_sys (err, errno, "mkdir `%s`", path);
-  snprintf (opts, sizeof opts, "mode=1777,size=65536k%s", owner);
-  if (mount ("shm", path, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
-    return err_make_sys (err, errno, "mount tmpfs on `%s`", path);
+  if (move_mount (refs->shm_dir, "", AT_FDCWD, path, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+    return err_make_sys (err, errno, "bind the disk's shm/ on `%s`", path);
   static const char *const links[][2] = {
       {"pts/ptmx", "ptmx"},          {"/proc/self/fd", "fd"},       {"/proc/self/fd/0", "stdin"},
       {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"},
@@ -139,7 +156,7 @@ allow_low_ports (const char *root, err_t *err)
  * files masked. The sandbox's root has no CAP_SYS_ADMIN and no mount(2), so
  * it cannot undo this. */
 static int
-setup_proc (const helper_opts_t *o, const char *root, err_t *err)
+setup_proc (const helper_opts_t *o, const char *root, const host_refs_t *refs, err_t *err)
 {
   char path[PATH_MAX * 2];
   snprintf (path, sizeof path, "%s/proc", root);
@@ -175,8 +192,8 @@ setup_proc (const helper_opts_t *o, const char *root, err_t *err)
       snprintf (path, sizeof path, "%s/proc/%s", root, masked_dirs[i]);
       if (access (path, F_OK) != 0)
         continue;
-      if (mount ("tmpfs", path, "tmpfs", MS_RDONLY, "size=0") < 0)
-        return err_make_sys (err, errno, "mask `%s`", path);
+      if (mask_dir (refs, path, err) < 0)
+        return -1;
     }
   return 0;
 }
@@ -268,7 +285,7 @@ attach_volumes (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
 }
 
 static int
-mask_paths (const helper_opts_t *o, const char *root, err_t *err)
+mask_paths (const helper_opts_t *o, const char *root, const host_refs_t *refs, err_t *err)
 {
   for (size_t i = 0; i < o->n_masks; i++)
     {
@@ -277,11 +294,8 @@ mask_paths (const helper_opts_t *o, const char *root, err_t *err)
       struct stat st;
       if (lstat (path, &st) < 0)
         continue; /* not in the image */
-      int rc = S_ISDIR (st.st_mode)
-                   ? mount ("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0,mode=0555")
-                   : mount ("/dev/null", path, NULL, MS_BIND, NULL);
-      if (rc < 0)
-        return err_make_sys (err, errno, "mask `%s`", o->masks[i]);
+      if (S_ISDIR (st.st_mode) ? mask_dir (refs, path, err) < 0 : mount ("/dev/null", path, NULL, MS_BIND, NULL) < 0)
+        return err->status != 0 ? -1 : err_make_sys (err, errno, "mask `%s`", o->masks[i]);
     }
   return 0;
 }
@@ -306,8 +320,39 @@ write_resolv_conf (void)
     return;
 }
 
-/* Runs as pid 1 of the new pid namespace, still in the helper's mount
- * namespace until it unshares its own. */
+/* A clone of the disk's directory `name` with the given attributes. */
+static int
+clone_disk_dir (const helper_opts_t *o, const char *name, unsigned long attr_set, int *out, err_t *err)
+{
+  char path[PATH_MAX * 2];
+  snprintf (path, sizeof path, "%s/disk/%s", o->state, name);
+  *out = open_tree (AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  struct mount_attr attr = {.attr_set = attr_set};
+  if (*out < 0 || mount_setattr (*out, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0)
+    return err_make_sys (err, errno, "clone `%s`", path);
+  return 0;
+}
+
+/* Before pivot_root: the sandbox's own /dev and /dev/shm (directories of
+ * its disk) and the empty tmpfs for masks. */
+static int
+capture_own (const helper_opts_t *o, host_refs_t *refs, err_t *err)
+{
+  if (clone_disk_dir (o, "dev", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, &refs->dev_dir, err) < 0
+      || clone_disk_dir (o, "shm", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, &refs->shm_dir, err) < 0)
+    return -1;
+  cleanup_close int fs = fsopen ("tmpfs", FSOPEN_CLOEXEC);
+  if (fs < 0 || fsconfig (fs, FSCONFIG_SET_STRING, "source", "masked", 0) < 0
+      || fsconfig (fs, FSCONFIG_SET_STRING, "mode", "0555", 0) < 0
+      || fsconfig (fs, FSCONFIG_SET_STRING, "nr_inodes", "1", 0) < 0
+      || fsconfig (fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+    return err_make_sys (err, errno, "make the masks' empty tmpfs");
+  refs->empty = fsmount (fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
+  if (refs->empty < 0)
+    return err_make_sys (err, errno, "mount the masks' empty tmpfs");
+  return 0;
+}
+
 /* Before pivot_root: what the sandbox's root needs from the host, as
  * detached mounts (the host's tree is gone after pivot_root). */
 static int
@@ -321,6 +366,8 @@ capture_host (const helper_opts_t *o, host_refs_t *refs, err_t *err)
       if (refs->dev_nodes[i] < 0)
         return err_make_sys (err, errno, "clone `%s`", src);
     }
+  if (capture_own (o, refs, err) < 0)
+    return -1;
   refs->volumes = calloc (o->n_volumes + 1, sizeof *refs->volumes);
   if (refs->volumes == NULL)
     return err_make (err, ENOMEM, "out of memory");
@@ -386,7 +433,7 @@ mount_overlay (const helper_opts_t *o, const char *root, err_t *err)
 static int
 populate_root (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
 {
-  return setup_dev (o, "", refs, err) < 0 || setup_proc (o, "", err) < 0 || mask_paths (o, "", err) < 0
+  return setup_dev ("", refs, err) < 0 || setup_proc (o, "", refs, err) < 0 || mask_paths (o, "", refs, err) < 0
                  || attach_volumes (o, refs, err) < 0
              ? -1
              : 0;
