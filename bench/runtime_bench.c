@@ -773,7 +773,7 @@ bench_scale (void)
   err_t err = ERR_INIT;
   int failed = 0, sampled = 0;
   t0 = bc_now_ms ();
-  for (int i = 0; i < live; i += live / 100 > 0 ? live / 100 : 1, sampled++)
+  for (int i = 0; i<live; i += live / 100> 0 ? live / 100 : 1, sampled++)
     {
       char id[80];
       snprintf (id, sizeof id, "%s-scale-%05d", O.prefix, i);
@@ -792,7 +792,9 @@ bench_scale (void)
   snprintf (dir, sizeof dir, "%s/%s", O.cgroup_root, O.cgroup_group != NULL ? O.cgroup_group : "");
   long cgroups_left = O.cgroup_group != NULL ? entries_in (dir) : -1;
   long mounts_left = host_mounts () - mounts0;
-  fprintf (stderr, PROG ": scale: %d sandboxes: launched in %.1f s, %d execs (%d failed) in %.1f s, deleted in %.1f s; left: %ld cgroups, %ld mounts\n",
+  fprintf (stderr,
+           PROG ": scale: %d sandboxes: launched in %.1f s, %d execs (%d failed) in %.1f s, deleted in %.1f s; left: "
+                "%ld cgroups, %ld mounts\n",
            live, launch_s, sampled, failed, exec_s, delete_s, cgroups_left, mounts_left);
   char what[96];
   snprintf (what, sizeof what, "%d sandboxes: launch all, one by one (s)", live);
@@ -923,8 +925,8 @@ main (int argc, char **argv)
   {
     const char *name;
     void (*fn) (void);
-  } stages[] = {{"launch", bench_launch},   {"exec", bench_exec},       {"tput", bench_throughput},
-                {"mem", bench_memory},       {"density", bench_density}, {"scale", bench_scale}};
+  } stages[] = {{"launch", bench_launch}, {"exec", bench_exec},       {"tput", bench_throughput},
+                {"mem", bench_memory},    {"density", bench_density}, {"scale", bench_scale}};
   for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++)
     {
       char key[32];

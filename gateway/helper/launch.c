@@ -122,13 +122,18 @@ make_layer (const helper_opts_t *o, sbx_cg_layout_t *cg, err_t *err)
   if (make_disk (o, err) < 0)
     return -1;
   /* work/ and upper/ of the overlay; dev/ and shm/, bound at /dev and
-   * /dev/shm (no tmpfs of their own: see rootfs.c). */
+   * /dev/shm, and empty/, bound read-only over masked directories (no
+   * tmpfs of their own: see rootfs.c). */
   static const struct
   {
     const char *name;
     mode_t mode;
     bool owned; /* by the sandbox's root */
-  } dirs2[] = {{"work", 0700, false}, {"upper", 0755, true}, {"dev", 0755, true}, {"shm", 01777, true}};
+  } dirs2[] = {{"work", 0700, false},
+               {"upper", 0755, true},
+               {"dev", 0755, true},
+               {"shm", 01777, true},
+               {"empty", 0555, false}};
   for (size_t i = 0; i < sizeof dirs2 / sizeof dirs2[0]; i++)
     {
       if (mkdirat (helper_disk_fd, dirs2[i].name, dirs2[i].mode) < 0

@@ -34,11 +34,12 @@ typedef struct host_refs_s
 {
   int dev_nodes[N_DEV_NODES];
   int *volumes; /* per volume; -1: its host path is gone */
-  /* Directories of the sandbox's disk bound at /dev and /dev/shm, and one
-   * empty read-only tmpfs whose clones cover masked directories: every
+  /* Directories of the sandbox's disk bound at /dev and /dev/shm, and an
+   * empty one whose read-only clones cover masked directories: every
    * superblock a sandbox adds costs each memory cgroup on the machine a
-   * share of the kernel's shrinker bookkeeping, so a sandbox makes as few
-   * as it can (disk, overlay, proc, devpts, this one). */
+   * share of the kernel's shrinker bookkeeping, so a sandbox makes only
+   * the ones it cannot do without (disk, overlay, proc, devpts; its IPC
+   * namespace adds an mqueue one). */
   int dev_dir, shm_dir, empty;
 } host_refs_t;
 
@@ -89,7 +90,7 @@ bind_node (const char *root, const char *name, int src_fd, err_t *err)
   return 0;
 }
 
-/* Covers directory `path` with a clone of the empty read-only tmpfs. */
+/* Covers directory `path` with a read-only clone of the empty directory. */
 static int
 mask_dir (const host_refs_t *refs, const char *path, err_t *err)
 {
@@ -333,24 +334,16 @@ clone_disk_dir (const helper_opts_t *o, const char *name, unsigned long attr_set
   return 0;
 }
 
-/* Before pivot_root: the sandbox's own /dev and /dev/shm (directories of
- * its disk) and the empty tmpfs for masks. */
+/* Before pivot_root: the sandbox's own /dev and /dev/shm and the empty
+ * directory for masks, all directories of its disk. */
 static int
 capture_own (const helper_opts_t *o, host_refs_t *refs, err_t *err)
 {
   if (clone_disk_dir (o, "dev", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, &refs->dev_dir, err) < 0
       || clone_disk_dir (o, "shm", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, &refs->shm_dir, err) < 0)
     return -1;
-  cleanup_close int fs = fsopen ("tmpfs", FSOPEN_CLOEXEC);
-  if (fs < 0 || fsconfig (fs, FSCONFIG_SET_STRING, "source", "masked", 0) < 0
-      || fsconfig (fs, FSCONFIG_SET_STRING, "mode", "0555", 0) < 0
-      || fsconfig (fs, FSCONFIG_SET_STRING, "nr_inodes", "1", 0) < 0
-      || fsconfig (fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
-    return err_make_sys (err, errno, "make the masks' empty tmpfs");
-  refs->empty = fsmount (fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
-  if (refs->empty < 0)
-    return err_make_sys (err, errno, "mount the masks' empty tmpfs");
-  return 0;
+  return clone_disk_dir (o, "empty", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                         &refs->empty, err);
 }
 
 /* Before pivot_root: what the sandbox's root needs from the host, as

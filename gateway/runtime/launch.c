@@ -190,8 +190,7 @@ feed_tar (int pipe_fd, int report_fd, sbx_source_fn src, void *src_ctx, sbx_repo
 
 /* Turns the helper's report into the sandbox's holder, or an error. */
 static int
-take_ready (sbx_runtime_t *rt, sbx_t *s, int got, const sbx_report_t *r, const int *fds, bool restore,
-            err_t *err)
+take_ready (sbx_runtime_t *rt, sbx_t *s, int got, const sbx_report_t *r, const int *fds, bool restore, err_t *err)
 {
   cleanup_close int ctl_fd = fds[0], disk_fd = fds[1];
   const char *what = restore ? "restore" : "launch";

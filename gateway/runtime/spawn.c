@@ -89,7 +89,8 @@ sbx_read_report (int sock, sbx_report_t *r, int timeout_ms, int *fds, size_t max
     return -1;
   int got[SBX_REPORT_MAX_FDS];
   size_t n_fds = 0;
-  ssize_t n = sbx_recv_fds (sock, r, sizeof *r, got, &n_fds, max_fds < SBX_REPORT_MAX_FDS ? max_fds : SBX_REPORT_MAX_FDS);
+  ssize_t n
+      = sbx_recv_fds (sock, r, sizeof *r, got, &n_fds, max_fds < SBX_REPORT_MAX_FDS ? max_fds : SBX_REPORT_MAX_FDS);
   if (n == 0)
     return 0;
   if (n != (ssize_t) sizeof *r)

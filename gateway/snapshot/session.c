@@ -23,8 +23,10 @@ static int
 export_layer (const sbx_layer_t *layer, void *ctx, err_t *err)
 {
   export_job_t *j = ctx;
-  snap_layer_t l = {
-      .upper_fd = layer->upper_fd, .id_base = layer->uid_base, .id_range = layer->uid_range, .userxattr = layer->userxattr};
+  snap_layer_t l = {.upper_fd = layer->upper_fd,
+                    .id_base = layer->uid_base,
+                    .id_range = layer->uid_range,
+                    .userxattr = layer->userxattr};
   return snap_export (&l, j->compression, SNAP_CHUNK, j->sink, j->ctx, j->res, err);
 }
 

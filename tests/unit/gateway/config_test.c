@@ -193,7 +193,8 @@ test_defaults_without_any_variable (void **state)
   assert_string_equal (c.rootfs, "/");
   assert_int_equal (c.disk_mb, 2048);
   /* Sized from the machine: a quarter of its memory in MiB, at least 16. */
-  long mib = (long) ((unsigned long long) sysconf (_SC_PHYS_PAGES) * (unsigned long long) sysconf (_SC_PAGESIZE) >> 20);
+  long mib
+      = (long) ((unsigned long long) sysconf (_SC_PHYS_PAGES) * (unsigned long long) sysconf (_SC_PAGESIZE) >> 20);
   long want = mib / 4 < 16 ? 16 : mib / 4;
   assert_int_equal (c.max_sandboxes, want < 65520 ? want : 65520);
   assert_int_equal (gw_default_max_sandboxes (100), want < 100 ? want : 100);
