@@ -717,7 +717,7 @@ bench_density (void)
   for (int l = 0; l < n_levels; l++)
     {
       char what[64], base[32];
-      snprintf (what, sizeof what, "launch with %d live (ms)", levels[l]);
+      snprintf (what, sizeof what, "launch with %d live", levels[l]);
       snprintf (base, sizeof base, "with %d live", levels[0]);
       bc_row_add (what, "ms", &at[l], 99, l > 0 ? base : NULL, l > 0 ? &at[0] : NULL);
     }
@@ -797,13 +797,13 @@ bench_scale (void)
                 "%ld cgroups, %ld mounts\n",
            live, launch_s, sampled, failed, exec_s, delete_s, cgroups_left, mounts_left);
   char what[96];
-  snprintf (what, sizeof what, "%d sandboxes: launch all, one by one (s)", live);
+  snprintf (what, sizeof what, "%d sandboxes: launch all, one by one", live);
   bc_row_add_values (what, "s", launch_s, launch_s, NULL, 0, 0);
-  snprintf (what, sizeof what, "%d sandboxes: exec in %d of them (s)", live, sampled);
+  snprintf (what, sizeof what, "%d sandboxes: exec in %d of them", live, sampled);
   bc_row_add_values (what, "s", exec_s, exec_s, NULL, 0, 0);
-  snprintf (what, sizeof what, "%d sandboxes: delete all, 64 at once (s)", live);
+  snprintf (what, sizeof what, "%d sandboxes: delete all, 64 at once", live);
   bc_row_add_values (what, "s", delete_s, delete_s, NULL, 0, 0);
-  snprintf (what, sizeof what, "%d sandboxes: left behind (cgroups + mounts)", live);
+  snprintf (what, sizeof what, "%d sandboxes: left behind, cgroups + mounts", live);
   bc_row_add_values (what, "n", (double) (cgroups_left + mounts_left), (double) (cgroups_left + mounts_left), NULL, 0,
                      0);
 }

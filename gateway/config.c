@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common/cleanup.h"
@@ -185,6 +186,16 @@ gw_default_max_sandboxes (long cap)
   long pages = sysconf (_SC_PHYS_PAGES), page = sysconf (_SC_PAGESIZE);
   long mib = pages > 0 && page > 0 ? (long) ((unsigned long long) pages * (unsigned long long) page >> 20) : 0;
   long n = mib / 4;
+  /* The gateway holds GW_FDS_PER_SANDBOX descriptors per live sandbox
+   * (its control socket, pidfd, disk, slirp4netns' exit pipe) under its
+   * open-file hard limit, with room left for calls and streams. */
+  struct rlimit nofile;
+  if (getrlimit (RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_max != RLIM_INFINITY)
+    {
+      long fit = ((long) nofile.rlim_max - GW_FDS_RESERVED) / GW_FDS_PER_SANDBOX;
+      if (n > fit)
+        n = fit;
+    }
   if (n < 16)
     n = 16;
   return n < cap ? n : cap;

@@ -75,8 +75,14 @@ typedef struct gw_config_s
  * after a failure. */
 int gw_config_load (gw_config_t *cfg, err_t *err);
 
-/* SANDBOX_MAX when it is 0: a quarter of the machine's memory in MiB, at
- * least 16, at most `cap` (the uid pool's ranges). */
+/* Descriptors the gateway holds per live sandbox, and those it keeps for
+ * everything else (calls, pipes, streams). */
+#define GW_FDS_PER_SANDBOX 4
+#define GW_FDS_RESERVED 2048
+
+/* SANDBOX_MAX when it is 0: a quarter of the machine's memory in MiB, no
+ * more than the open-file hard limit leaves room for, at least 16, at most
+ * `cap` (the uid pool's ranges). */
 long gw_default_max_sandboxes (long cap);
 
 /* Frees what gw_config_load allocated. */

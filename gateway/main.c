@@ -169,6 +169,13 @@ main (int argc, char **argv)
 
   sigset_t sigs;
   set_up_process (&sigs);
+  struct rlimit nofile;
+  if (getrlimit (RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY
+      && g.cfg.max_sandboxes * GW_FDS_PER_SANDBOX + GW_FDS_RESERVED > (long) nofile.rlim_cur)
+    log_msg (SEV_WARNING,
+             "SANDBOX_MAX %ld needs about %ld open files and this process may hold %ld: launches will fail "
+             "before SANDBOX_MAX sandboxes live (raise the open-file limit or lower SANDBOX_MAX)",
+             g.cfg.max_sandboxes, g.cfg.max_sandboxes * GW_FDS_PER_SANDBOX + GW_FDS_RESERVED, (long) nofile.rlim_cur);
   rpc_init ();
   if (start (&g, &err) < 0)
     {

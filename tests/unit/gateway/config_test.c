@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -195,7 +196,12 @@ test_defaults_without_any_variable (void **state)
   /* Sized from the machine: a quarter of its memory in MiB, at least 16. */
   long mib
       = (long) ((unsigned long long) sysconf (_SC_PHYS_PAGES) * (unsigned long long) sysconf (_SC_PAGESIZE) >> 20);
-  long want = mib / 4 < 16 ? 16 : mib / 4;
+  long want = mib / 4;
+  struct rlimit nofile;
+  if (getrlimit (RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_max != RLIM_INFINITY
+      && want > ((long) nofile.rlim_max - GW_FDS_RESERVED) / GW_FDS_PER_SANDBOX)
+    want = ((long) nofile.rlim_max - GW_FDS_RESERVED) / GW_FDS_PER_SANDBOX;
+  want = want < 16 ? 16 : want;
   assert_int_equal (c.max_sandboxes, want < 65520 ? want : 65520);
   assert_int_equal (gw_default_max_sandboxes (100), want < 100 ? want : 100);
   assert_int_equal (c.pids_max, 512);
