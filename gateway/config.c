@@ -187,8 +187,8 @@ gw_default_max_sandboxes (long cap)
   long mib = pages > 0 && page > 0 ? (long) ((unsigned long long) pages * (unsigned long long) page >> 20) : 0;
   long n = mib / 4;
   /* The gateway holds GW_FDS_PER_SANDBOX descriptors per live sandbox
-   * (its control socket, pidfd, disk, slirp4netns' exit pipe) under its
-   * open-file hard limit, with room left for calls and streams. */
+   * (its disk; slirp4netns' exit pipe with egress) under its open-file
+   * hard limit, with room left for calls and streams. */
   struct rlimit nofile;
   if (getrlimit (RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_max != RLIM_INFINITY)
     {

@@ -77,7 +77,7 @@ int gw_config_load (gw_config_t *cfg, err_t *err);
 
 /* Descriptors the gateway holds per live sandbox, and those it keeps for
  * everything else (calls, pipes, streams). */
-#define GW_FDS_PER_SANDBOX 4
+#define GW_FDS_PER_SANDBOX 2
 #define GW_FDS_RESERVED 2048
 
 /* SANDBOX_MAX when it is 0: a quarter of the machine's memory in MiB, no

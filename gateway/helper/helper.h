@@ -108,7 +108,9 @@ int helper_idmapped_clone (const char *path, bool recursive, unsigned long attr_
  * or ERROR with why. Exit status. */
 int helper_probe (const helper_opts_t *o);
 
-/* holder.c: serves exec requests on `ctl` until the sandbox is deleted. */
-void helper_holder_loop (int ctl, const sbx_confine_t *confine) __attribute__ ((noreturn));
+/* holder.c: serves the gateway's requests, a connection each on the
+ * listening socket `ctl`, until the sandbox is deleted or `lifeline` (a
+ * pidfd of the gateway) says the gateway has gone. */
+void helper_holder_loop (int ctl, int lifeline, const sbx_confine_t *confine) __attribute__ ((noreturn));
 
 #endif

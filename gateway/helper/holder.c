@@ -89,17 +89,15 @@ fail:
   _exit (err.status == ENOENT ? 127 : 126);
 }
 
-/* Serves one exec request from the control socket. */
+/* Serves the one exec request of connection `ctl`. */
 static void
 serve_request (int ctl, const sbx_confine_t *confine, char *buf)
 {
   int fds[SBX_EXEC_FDS];
   size_t n_fds = 0;
   ssize_t n = sbx_recv_fds (ctl, buf, SBX_EXEC_MAX, fds, &n_fds, SBX_EXEC_FDS);
-  if (n == 0)
-    _exit (0); /* the gateway has gone: so does the sandbox */
-  if (n < 0)
-    return;
+  if (n <= 0)
+    return; /* closed without a request */
   if (n_fds != SBX_EXEC_FDS)
     {
       for (size_t i = 0; i < n_fds; i++)
@@ -190,7 +188,7 @@ trim_stack (void)
  * the sandbox is deleted. Signals from inside the sandbox cannot reach it:
  * it handles none (SIGCHLD is taken through a signalfd). */
 void
-helper_holder_loop (int ctl, const sbx_confine_t *confine)
+helper_holder_loop (int ctl, int lifeline, const sbx_confine_t *confine)
 {
   sigset_t set;
   sigemptyset (&set);
@@ -203,9 +201,12 @@ helper_holder_loop (int ctl, const sbx_confine_t *confine)
   trim_stack ();
   for (;;)
     {
-      struct pollfd p[2] = {{.fd = ctl, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
-      if (poll (p, 2, -1) < 0)
+      struct pollfd p[3]
+          = {{.fd = ctl, .events = POLLIN}, {.fd = sfd, .events = POLLIN}, {.fd = lifeline, .events = POLLIN}};
+      if (poll (p, 3, -1) < 0)
         continue;
+      if (p[2].revents)
+        _exit (0); /* the gateway has gone: so does the sandbox */
       if (p[1].revents)
         {
           struct signalfd_siginfo si;
@@ -213,8 +214,15 @@ helper_holder_loop (int ctl, const sbx_confine_t *confine)
             ;
           reap_children ();
         }
-      if (p[0].revents & (POLLIN | POLLHUP | POLLERR))
-        serve_request (ctl, confine, buf);
+      if (p[0].revents & POLLIN)
+        {
+          int conn = accept4 (ctl, NULL, NULL, SOCK_CLOEXEC);
+          if (conn >= 0)
+            {
+              serve_request (conn, confine, buf);
+              close (conn);
+            }
+        }
     }
 }
 

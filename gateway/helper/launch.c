@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -149,18 +150,39 @@ make_layer (const helper_opts_t *o, sbx_cg_layout_t *cg, err_t *err)
   return o->restore ? restore_layer (o, err) : 0;
 }
 
+/* The control socket: a listening socket at <state>/ctl, where the gateway
+ * connects once per request (it holds no descriptor of it meanwhile). Bound
+ * through /proc/self/fd: the state path may be longer than a socket
+ * address allows. */
+static int
+listen_ctl (const helper_opts_t *o, int *out, err_t *err)
+{
+  cleanup_close int dir = open (o->state, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  cleanup_close int fd = socket (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (dir < 0 || fd < 0)
+    return err_make_sys (err, errno, "the control socket in `%s`", o->state);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf (sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/" SBX_CTL_NAME, dir);
+  if (bind (fd, (struct sockaddr *) &sa, sizeof sa) < 0 || listen (fd, 128) < 0)
+    return err_make_sys (err, errno, "bind the control socket in `%s`", o->state);
+  *out = take_fd (&fd);
+  return 0;
+}
+
 /* In the forked holder: sets the sandbox up, says READY on `sync`, then
- * serves exec requests on `ctl` for the sandbox's life. */
+ * serves the gateway's requests for the sandbox's life. `lifeline` is a
+ * pidfd of the gateway: the sandbox ends with it. */
 static void __attribute__ ((noreturn))
-holder_main (const helper_opts_t *o, const sbx_cg_layout_t *cg, const sbx_confine_t *confine, int sync, int ctl)
+holder_main (const helper_opts_t *o, const sbx_cg_layout_t *cg, const sbx_confine_t *confine, int sync, int lifeline)
 {
   close (helper_report_fd);
   err_t cerr = ERR_INIT;
+  int ctl = -1;
   /* The sandbox's pid 1 leads a session of its own: nothing inside shares
    * a session or process group with the helper, the gateway or the shim. */
   if (setsid () < 0)
     err_make_sys (&cerr, errno, "setsid");
-  if (cerr.status != 0 || helper_holder_setup (o, cg, &cerr) < 0)
+  if (cerr.status != 0 || listen_ctl (o, &ctl, &cerr) < 0 || helper_holder_setup (o, cg, &cerr) < 0)
     {
       helper_report_err (sync, &cerr);
       _exit (1);
@@ -179,23 +201,21 @@ holder_main (const helper_opts_t *o, const sbx_cg_layout_t *cg, const sbx_confin
       memset (helper_args_start, 0, helper_args_len);
       snprintf (helper_args_start, helper_args_len, "sandbox-init");
     }
-  if (ctl != 3)
-    {
-      dup2 (ctl, 3);
-      close (ctl);
-    }
-  syscall (SYS_close_range, 4, ~0U, 0);
+  /* fd 3: the control socket; fd 4: the lifeline. */
+  if (dup3 (ctl, 3, O_CLOEXEC) < 0 || dup3 (lifeline, 4, O_CLOEXEC) < 0)
+    _exit (1);
+  syscall (SYS_close_range, 5, ~0U, 0);
   /* What the set-up allocated and freed (the filter's compilation, the
    * options) goes back: pid 1 of every idle sandbox keeps only what it
    * uses. */
   malloc_trim (0);
-  helper_holder_loop (3, confine);
+  helper_holder_loop (3, 4, confine);
 }
 
-/* Waits for the holder's word and hands its control socket to the gateway.
+/* Waits for the holder's word and hands the sandbox's disk to the gateway.
  * 0 ok; 1 the holder failed and that was reported; -1 with *err. */
 static int
-hand_over (pid_t *pid, int sync, int ctl, err_t *err)
+hand_over (pid_t *pid, int sync, err_t *err)
 {
   sbx_report_t r;
   memset (&r, 0, sizeof r);
@@ -215,9 +235,8 @@ hand_over (pid_t *pid, int sync, int ctl, err_t *err)
   memset (&ready, 0, sizeof ready);
   ready.type = SBX_REPORT_READY;
   ready.a = *pid;
-  int fds[2] = {ctl, helper_disk_fd};
-  if (sbx_send_fds (helper_report_fd, &ready, sizeof ready, fds, 2) < 0)
-    return err_make_sys (err, errno, "hand the control socket and the disk over");
+  if (sbx_send_fds (helper_report_fd, &ready, sizeof ready, &helper_disk_fd, 1) < 0)
+    return err_make_sys (err, errno, "hand the disk over");
   take_pid (pid); /* the sandbox lives on: the gateway adopts it */
   return 0;
 }
@@ -227,10 +246,13 @@ hand_over (pid_t *pid, int sync, int ctl, err_t *err)
 static int
 start_holder (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
 {
-  cleanup_pipe int sync[2] = {-1, -1}, ctl[2] = {-1, -1};
-  if (socketpair (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sync) < 0
-      || socketpair (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) < 0)
+  cleanup_pipe int sync[2] = {-1, -1};
+  if (socketpair (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sync) < 0)
     return err_make_sys (err, errno, "socketpair");
+  /* The gateway, this program's parent: the holder watches it. */
+  cleanup_close int lifeline = (int) syscall (SYS_pidfd_open, getppid (), 0);
+  if (lifeline < 0)
+    return err_make_sys (err, errno, "pidfd_open the gateway");
   sbx_confine_t confine;
   if (sbx_confine_prepare (&confine, err) < 0)
     return -1;
@@ -243,12 +265,10 @@ start_holder (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
   if (pid == 0)
     {
       close (take_fd (&sync[0]));
-      close (take_fd (&ctl[0]));
-      holder_main (o, cg, &confine, sync[1], ctl[1]);
+      holder_main (o, cg, &confine, sync[1], lifeline);
     }
   close (take_fd (&sync[1]));
-  close (take_fd (&ctl[1]));
-  return hand_over (&pid, sync[0], ctl[0], err);
+  return hand_over (&pid, sync[0], err);
 }
 
 int

@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "common/cleanup.h"
@@ -112,10 +114,27 @@ check_request (const sbx_exec_req_t *req, err_t *err)
   return 0;
 }
 
+/* A connection to the sandbox's pid 1: its control socket <state>/ctl,
+ * named through /proc/self/fd (the state path may be longer than a socket
+ * address allows). */
+static int
+connect_holder (const char *state, const char *id, err_t *err)
+{
+  cleanup_close int dir = open (state, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  cleanup_close int fd = socket (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf (sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/" SBX_CTL_NAME, dir);
+  if (fd < 0)
+    return err_make_sys (err, errno, "exec: socket");
+  if (dir < 0 || connect (fd, (struct sockaddr *) &sa, sizeof sa) < 0)
+    return err_make_sys (err, ESRCH, "sandbox `%s` is gone (its pid 1 does not answer)", id);
+  return take_fd (&fd);
+}
+
 /* Sends the request to the holder with the command's descriptors, keeping
  * the gateway's ends in *x. */
 static int
-start_command (exec_run_t *x, int ctl, err_t *err)
+start_command (exec_run_t *x, const char *state, err_t *err)
 {
   const sbx_exec_req_t *req = x->req;
   const char *cwd = req->cwd != NULL && req->cwd[0] != '\0' ? req->cwd : "/root";
@@ -140,6 +159,9 @@ start_command (exec_run_t *x, int ctl, err_t *err)
   /* The holder forks the command inside the sandbox with these as its
    * stdin, stdout, stderr, report socket and cgroup. */
   int pass[SBX_EXEC_FDS] = {in[0], out[1], errp[1], rep[1], procs_fd};
+  cleanup_close int ctl = connect_holder (state, req->id, err);
+  if (ctl < 0)
+    return -1;
   if (sbx_send_fds (ctl, msg, (size_t) msg_len, pass, SBX_EXEC_FDS) < 0)
     return err_make_sys (err, errno == EPIPE || errno == ECONNREFUSED ? ESRCH : errno,
                          "sandbox `%s` is gone (its pid 1 does not answer)", req->id);
@@ -322,11 +344,12 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
       .rt = rt, .req = req, .sink = sink, .res = res, .pumps = {{-1, 1}, {-1, 2}}, .stdin_fd = -1, .report_fd = -1};
   pthread_mutex_lock (&rt->mu);
   snprintf (x.group, sizeof x.group, "exec-%u", ++s->exec_seq);
-  int ctl = s->ctl_fd;
+  char state[sizeof s->state];
+  snprintf (state, sizeof state, "%s", s->state);
   pthread_mutex_unlock (&rt->mu);
   sbx_cg_events_t before, after;
   sbx_cg_events (&rt->cg, req->id, &before);
-  int rc = start_command (&x, ctl, err);
+  int rc = start_command (&x, state, err);
   if (rc == 0)
     {
       x.deadline = x.started + (int64_t) timeout * 1000;

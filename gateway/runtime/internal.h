@@ -42,8 +42,7 @@ typedef struct sbx_s
 {
   char id[SBX_ID_MAX + 1];
   char state[PATH_MAX + SBX_ID_MAX + 2];
-  pid_t holder;
-  int holder_pidfd;
+  pid_t holder;            /* its pid 1, the gateway's child (adopted: it is their subreaper) */
   int64_t created_ms;      /* wall clock, as clients see it */
   int64_t created_mono_ms; /* monotonic: every duration is measured on it */
   int64_t last_used_ms;    /* monotonic */
@@ -52,8 +51,9 @@ typedef struct sbx_s
   bool deleting;     /* removed from lookups */
   int refs;          /* execs and layer users holding it */
   pid_t helper;      /* the launch helper, while launching */
-  int ctl_fd;        /* the holder's control socket: exec requests */
-  int disk_fd;       /* its disk, a mount attached only in its own mount namespace */
+  int disk_fd;       /* its disk, a mount attached only in its own mount namespace; the
+                      * one descriptor the gateway holds per sandbox (exec requests
+                      * connect to <state>/ctl each time) */
   pid_t slirp;       /* slirp4netns, when egress is on */
   int slirp_exit_fd; /* closing it tells slirp4netns to exit */
   unsigned exec_seq;
@@ -102,8 +102,8 @@ void sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out);
 sbx_t *sbx_acquire (sbx_runtime_t *rt, const char *id);
 void sbx_release (sbx_runtime_t *rt, sbx_t *s);
 /* Kills and releases everything of a sandbox no longer in lookups. Safe on
- * a half-made sandbox. Takes ownership of `pidfd`. */
-void sbx_teardown (sbx_runtime_t *rt, const char *id, const char *state, int pidfd);
+ * a half-made sandbox (`holder` 0: none yet). */
+void sbx_teardown (sbx_runtime_t *rt, const char *id, const char *state, pid_t holder);
 
 /* spawn.c */
 void sbx_spawn_attr_init (posix_spawnattr_t *attr);
@@ -111,8 +111,8 @@ void sbx_spawn_attr_init (posix_spawnattr_t *attr);
  * as fd 3. *report_fd is the gateway's end. */
 int sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int errfd, pid_t *pid, int *report_fd,
                       err_t *err);
-/* Most descriptors a report carries (READY: the control socket, the disk). */
-#define SBX_REPORT_MAX_FDS 2
+/* Most descriptors a report carries (READY: the sandbox's disk). */
+#define SBX_REPORT_MAX_FDS 1
 /* Waits up to timeout_ms for one report, and the descriptors it carries
  * (fds[0..max_fds), -1 where none came). 1 got one, 0 EOF, -1 timeout or
  * error. */

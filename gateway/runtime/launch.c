@@ -34,9 +34,7 @@ reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_t **out, err_
     return err_make (err, ENOMEM, "launch: out of memory");
   snprintf (s->id, sizeof s->id, "%s", id);
   snprintf (s->state, sizeof s->state, "%s/%s", rt->sandboxes_dir, id);
-  s->holder_pidfd = -1;
   s->slirp_exit_fd = -1;
-  s->ctl_fd = -1;
   s->disk_fd = -1;
   s->uid_slot = -1;
   pthread_mutex_init (&s->freeze_mu, NULL);
@@ -192,18 +190,16 @@ feed_tar (int pipe_fd, int report_fd, sbx_source_fn src, void *src_ctx, sbx_repo
 static int
 take_ready (sbx_runtime_t *rt, sbx_t *s, int got, const sbx_report_t *r, const int *fds, bool restore, err_t *err)
 {
-  cleanup_close int ctl_fd = fds[0], disk_fd = fds[1];
+  cleanup_close int disk_fd = fds[0];
   const char *what = restore ? "restore" : "launch";
   if (got == 1 && r->type == SBX_REPORT_ERROR)
     return err_make (err, r->status, "%s `%s`: %s", what, s->id, r->text);
   if (got != 1 || r->type != SBX_REPORT_READY)
     return err_make (err, EIO, "launch `%s`: the helper ended without a report", s->id);
-  if (ctl_fd < 0 || disk_fd < 0)
-    return err_make (err, EIO, "launch `%s`: the helper sent no control socket or disk", s->id);
-  s->ctl_fd = take_fd (&ctl_fd);
+  if (disk_fd < 0)
+    return err_make (err, EIO, "launch `%s`: the helper sent no disk", s->id);
   s->disk_fd = take_fd (&disk_fd);
   s->holder = r->a;
-  s->holder_pidfd = (int) syscall (SYS_pidfd_open, s->holder, 0);
   return s->allow_egress ? sbx_net_start (rt, s, err) : 0;
 }
 
@@ -227,7 +223,7 @@ run_helper (sbx_runtime_t *rt, sbx_t *s, char *const *argv, sbx_source_fn src, v
   pthread_mutex_unlock (&rt->mu);
 
   sbx_report_t r;
-  int got = 0, fds[SBX_REPORT_MAX_FDS] = {-1, -1}, rc = 0;
+  int got = 0, fds[SBX_REPORT_MAX_FDS] = {-1}, rc = 0;
   if (src != NULL)
     {
       close (take_fd (&tar_pipe[0]));
@@ -258,11 +254,9 @@ abandon (sbx_runtime_t *rt, sbx_t *s, bool restore, err_t *err)
 {
   sbx_net_stop (s->slirp, s->slirp_exit_fd);
   sbx_egress_release (rt, s->id);
-  if (s->ctl_fd >= 0)
-    close (s->ctl_fd);
   if (s->disk_fd >= 0)
     close (s->disk_fd);
-  sbx_teardown (rt, s->id, s->state, s->holder_pidfd);
+  sbx_teardown (rt, s->id, s->state, s->holder);
   pthread_mutex_lock (&rt->mu);
   sbx_unlink_locked (rt, s);
   pthread_cond_broadcast (&rt->cv);

@@ -138,18 +138,17 @@ sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out)
 }
 
 void
-sbx_teardown (sbx_runtime_t *rt, const char *id, const char *state, int pidfd)
+sbx_teardown (sbx_runtime_t *rt, const char *id, const char *state, pid_t holder)
 {
   err_t err = ERR_INIT;
-  if (pidfd >= 0)
+  if (holder > 0)
     {
-      syscall (SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
-      /* The gateway is the holders' subreaper: reap this one now, so its
-       * group empties at once (ECHILD if another process adopted it). */
-      siginfo_t si;
-      while (waitid ((idtype_t) P_PIDFD, (id_t) pidfd, &si, WEXITED) < 0 && errno == EINTR)
+      /* The holder is the gateway's child (the gateway is the subreaper of
+       * what its helpers leave), reaped here and nowhere else: its pid
+       * cannot have been reused. Reaped now, so its group empties at once. */
+      kill (holder, SIGKILL);
+      while (waitpid (holder, NULL, 0) < 0 && errno == EINTR)
         ;
-      close (pidfd);
     }
   if (sbx_cg_kill (&rt->cg, id, NULL, &err) < 0)
     err_warn_release (&err, "delete `%s`", id);
@@ -311,7 +310,7 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
   /* Exports in flight stop now rather than hold the delete up, and the
    * sandbox thaws: frozen tasks do not die (cgroup v1). */
   sbx_cancel_layer_users_locked (s, ENOENT, "the sandbox was deleted");
-  int pidfd = take_fd (&s->holder_pidfd);
+  pid_t holder = s->holder;
   pid_t slirp = s->slirp;
   int slirp_exit_fd = take_fd (&s->slirp_exit_fd);
   s->slirp = 0;
@@ -329,7 +328,7 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
   /* Kill first: execs in flight see their command die and let go. */
   sbx_net_stop (slirp, slirp_exit_fd);
   sbx_egress_release (rt, id);
-  sbx_teardown (rt, id, state, pidfd);
+  sbx_teardown (rt, id, state, holder);
 
   pthread_mutex_lock (&rt->mu);
   while (s->refs > 0)
@@ -337,8 +336,6 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
   sbx_unlink_locked (rt, s);
   pthread_cond_broadcast (&rt->cv);
   pthread_mutex_unlock (&rt->mu);
-  if (s->ctl_fd >= 0)
-    close (s->ctl_fd);
   if (s->disk_fd >= 0)
     close (s->disk_fd);
   pthread_mutex_destroy (&s->freeze_mu);

@@ -52,6 +52,7 @@ ssize_t sbx_recv_fds (int sock, void *buf, size_t cap, int *fds, size_t *n_fds, 
 /* Exec requests. */
 #define SBX_EXEC_MAGIC 0x53425845u /* "SBXE" */
 #define SBX_EXEC_MAX (256 * 1024)  /* largest request: argv and env together */
+#define SBX_CTL_NAME "ctl"         /* the holder's control socket, in the sandbox's state directory */
 #define SBX_EXEC_FDS 5             /* stdin, stdout, stderr, report, cgroup.procs */
 
 typedef struct sbx_exec_hdr_s
