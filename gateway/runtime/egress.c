@@ -200,7 +200,15 @@ sbx_egress_init (sbx_runtime_t *rt, err_t *err)
         }
       snprintf (rt->egress_root, sizeof rt->egress_root, "%s/%s", unified, rt->cfg.cgroup_group);
       if (mkdir (rt->egress_root, 0755) < 0 && errno != EEXIST)
-        return err_make_sys (err, errno, "create `%s`", rt->egress_root);
+        {
+          /* A cgroup v2 mount this process may not write (a container's,
+           * read-only): as without one. */
+          log_msg (SEV_WARNING, "egress: cannot create `%s` (%s), so no filter outside the sandboxes; egress "
+                                "sandboxes are kept from the host and link-local addresses by routes in their own "
+                                "namespaces only",
+                   rt->egress_root, strerror (errno));
+          return 0;
+        }
       remove_leftovers (rt->egress_root);
     }
   uint32_t ns[16], hosts[EGRESS_MAX_RULES];
