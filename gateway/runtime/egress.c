@@ -203,9 +203,10 @@ sbx_egress_init (sbx_runtime_t *rt, err_t *err)
         {
           /* A cgroup v2 mount this process may not write (a container's,
            * read-only): as without one. */
-          log_msg (SEV_WARNING, "egress: cannot create `%s` (%s), so no filter outside the sandboxes; egress "
-                                "sandboxes are kept from the host and link-local addresses by routes in their own "
-                                "namespaces only",
+          log_msg (SEV_WARNING,
+                   "egress: cannot create `%s` (%s), so no filter outside the sandboxes; egress "
+                   "sandboxes are kept from the host and link-local addresses by routes in their own "
+                   "namespaces only",
                    rt->egress_root, strerror (errno));
           return 0;
         }

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,16 +23,134 @@
 #include "common/cleanup.h"
 #include "common/log.h"
 
-static int
-flush (export_t *x)
+/* The stream side runs on a thread of its own: the walk fills a buffer
+ * while the previous one is hashed and handed to the sink (a gRPC send, a
+ * store upload), so reading files and hashing/sending overlap. Buffers go
+ * round in order; the sink sees them in the order they were filled. */
+
+static void *
+stream_main (void *arg)
 {
-  if (x->used == 0)
-    return 0;
-  EVP_DigestUpdate (x->sha, x->buf, x->used);
-  x->total += x->used;
-  int rc = x->sink (x->sink_ctx, x->buf, x->used, x->err);
+  export_t *x = arg;
+  export_stream_t *st = &x->stream;
+  pthread_mutex_lock (&st->mu);
+  for (;;)
+    {
+      while (st->n_queued == 0 && !st->done)
+        pthread_cond_wait (&st->cv, &st->mu);
+      if (st->n_queued == 0)
+        break;
+      int i = st->queue[st->q_head];
+      st->q_head = (st->q_head + 1) % EXPORT_BUFFERS;
+      st->n_queued--;
+      bool failed = st->failed;
+      pthread_mutex_unlock (&st->mu);
+      int rc = 0;
+      if (!failed)
+        {
+          EVP_DigestUpdate (x->sha, st->bufs[i], st->lens[i]);
+          x->total += st->lens[i];
+          rc = x->sink (x->sink_ctx, st->bufs[i], st->lens[i], &st->err);
+        }
+      pthread_mutex_lock (&st->mu);
+      if (rc < 0)
+        st->failed = true;
+      st->free_[st->n_free++] = i;
+      pthread_cond_broadcast (&st->cv);
+    }
+  pthread_mutex_unlock (&st->mu);
+  return NULL;
+}
+
+/* Hands the current buffer to the stream thread and, unless `last`, takes
+ * the next free one. -1 when the sink has failed. */
+static int
+submit (export_t *x, bool last)
+{
+  export_stream_t *st = &x->stream;
+  pthread_mutex_lock (&st->mu);
+  if (x->used > 0)
+    {
+      st->lens[st->cur] = x->used;
+      st->queue[(st->q_head + st->n_queued) % EXPORT_BUFFERS] = st->cur;
+      st->n_queued++;
+      st->cur = -1;
+      pthread_cond_broadcast (&st->cv);
+    }
+  if (!last)
+    {
+      if (st->cur < 0)
+        {
+          while (st->n_free == 0 && !st->failed)
+            pthread_cond_wait (&st->cv, &st->mu);
+          if (st->n_free > 0)
+            st->cur = st->free_[--st->n_free];
+        }
+    }
+  bool failed = st->failed;
+  pthread_mutex_unlock (&st->mu);
   x->used = 0;
+  x->buf = st->cur >= 0 ? st->bufs[st->cur] : NULL;
+  return failed || (!last && x->buf == NULL) ? -1 : 0;
+}
+
+int
+export_stream_start (export_t *x)
+{
+  export_stream_t *st = &x->stream;
+  pthread_mutex_init (&st->mu, NULL);
+  pthread_cond_init (&st->cv, NULL);
+  st->err = (err_t) ERR_INIT;
+  for (int i = 0; i < EXPORT_BUFFERS; i++)
+    {
+      st->bufs[i] = malloc (x->chunk);
+      if (st->bufs[i] == NULL)
+        return -1;
+      st->free_[st->n_free++] = i;
+    }
+  st->cur = st->free_[--st->n_free];
+  x->buf = st->bufs[st->cur];
+  if (pthread_create (&st->thread, NULL, stream_main, x) != 0)
+    return -1;
+  st->started = true;
+  return 0;
+}
+
+/* Waits for the stream thread to send what is queued and stop; its error,
+ * if any, becomes the export's. 0, or -1 when the sink failed. */
+int
+export_stream_finish (export_t *x)
+{
+  export_stream_t *st = &x->stream;
+  if (st->started)
+    {
+      pthread_mutex_lock (&st->mu);
+      st->done = true;
+      pthread_cond_broadcast (&st->cv);
+      pthread_mutex_unlock (&st->mu);
+      pthread_join (st->thread, NULL);
+      st->started = false;
+    }
+  int rc = st->failed ? -1 : 0;
+  if (st->failed && st->err.msg != NULL)
+    {
+      err_release (x->err);
+      *x->err = st->err;
+      st->err = (err_t) ERR_INIT;
+    }
   return rc;
+}
+
+void
+export_stream_release (export_t *x)
+{
+  export_stream_t *st = &x->stream;
+  export_stream_finish (x);
+  err_release (&st->err);
+  for (int i = 0; i < EXPORT_BUFFERS; i++)
+    free (st->bufs[i]);
+  pthread_mutex_destroy (&st->mu);
+  pthread_cond_destroy (&st->cv);
 }
 
 static la_ssize_t
@@ -49,7 +168,7 @@ write_cb (struct archive *a, void *ctx, const void *data, size_t len)
       x->used += n;
       p += n;
       left -= n;
-      if (x->used == x->chunk && flush (x) < 0)
+      if (x->used == x->chunk && submit (x, false) < 0)
         {
           x->failed = true;
           archive_set_error (a, ECANCELED, "the snapshot's consumer stopped");
@@ -63,7 +182,7 @@ static int
 close_cb (struct archive *a, void *ctx)
 {
   export_t *x = ctx;
-  if (!x->failed && flush (x) < 0)
+  if (!x->failed && (submit (x, true) < 0 || export_stream_finish (x) < 0))
     {
       x->failed = true;
       archive_set_error (a, ECANCELED, "the snapshot's consumer stopped");
@@ -324,7 +443,6 @@ snap_export (const snap_layer_t *layer, snap_compression_t compression, size_t c
   cleanup_close int root = openat (layer->upper_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (root < 0)
     return err_make_sys (err, errno, "open the sandbox's layer");
-  x.buf = malloc (chunk);
   x.io = malloc (1 << 20);
   x.path = malloc (PATH_MAX + 1);
   void *holes = mmap (NULL, EXPORT_HOLE_CHUNK, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -332,7 +450,8 @@ snap_export (const snap_layer_t *layer, snap_compression_t compression, size_t c
   x.sha = EVP_MD_CTX_new ();
   x.a = archive_write_new ();
   int rc = -1;
-  if (x.buf == NULL || x.io == NULL || x.path == NULL || x.holes == NULL || x.sha == NULL || x.a == NULL)
+  if (x.io == NULL || x.path == NULL || x.holes == NULL || x.sha == NULL || x.a == NULL
+      || export_stream_start (&x) < 0)
     {
       err_make (err, ENOMEM, "export: out of memory");
       goto out;
@@ -375,8 +494,11 @@ snap_export (const snap_layer_t *layer, snap_compression_t compression, size_t c
 out:
   if (x.a != NULL)
     archive_write_free (x.a);
+  /* The stream thread has stopped before the digest, the sink or *err go. */
+  if (export_stream_finish (&x) < 0)
+    rc = -1;
+  export_stream_release (&x);
   EVP_MD_CTX_free (x.sha);
-  free (x.buf);
   free (x.io);
   free (x.path);
   if (x.holes != NULL)

@@ -8,6 +8,7 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <sys/stat.h>
 
@@ -29,14 +30,34 @@ typedef struct link_s
   char *path;
 } link_t;
 
+/* Buffers going round between the walk and the stream thread. */
+#define EXPORT_BUFFERS 3
+
+typedef struct export_stream_s
+{
+  uint8_t *bufs[EXPORT_BUFFERS];
+  size_t lens[EXPORT_BUFFERS];
+  int queue[EXPORT_BUFFERS]; /* filled, oldest at q_head */
+  size_t q_head, n_queued;
+  int free_[EXPORT_BUFFERS];
+  size_t n_free;
+  int cur; /* the walk's buffer; -1 none */
+  bool done, failed, started;
+  err_t err; /* the sink's, once it failed */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  pthread_t thread;
+} export_stream_t;
+
 typedef struct export_s
 {
   struct archive *a;
   /* stream side */
   snap_sink_fn sink;
   void *sink_ctx;
-  uint8_t *buf;
+  uint8_t *buf; /* the walk's current buffer (the stream's) */
   size_t used, chunk;
+  export_stream_t stream;
   EVP_MD_CTX *sha;
   uint64_t total;
   err_t *err;
@@ -57,6 +78,13 @@ typedef struct export_s
 /* Holes are handed to the archive from one untouched anonymous mapping:
  * the pax writer skips hole bytes without reading them. */
 #define EXPORT_HOLE_CHUNK ((size_t) 64 << 20)
+
+/* export.c: the stream thread. start: 0 or -1 (out of memory); finish:
+ * waits for what is queued, 0 or -1 when the sink failed (its error moved
+ * to *x->err); release frees (finishing first). */
+int export_stream_start (export_t *x);
+int export_stream_finish (export_t *x);
+void export_stream_release (export_t *x);
 
 /* entries.c */
 int export_fail (export_t *x, const char *what);
