@@ -68,8 +68,9 @@ extern int helper_disk_fd;
 
 /* rootfs.c */
 int helper_mkdir_p (const char *path, mode_t mode, err_t *err);
-/* Splits "host:sandbox[:ro]" (validated by the gateway) in place. */
-void helper_split_volume (char *spec, char **host, char **dst, bool *ro);
+/* Splits "host:sandbox[:ro]" (validated by the gateway), copied into
+ * spec[cap]. */
+void helper_split_volume (const char *in, char *spec, size_t cap, char **host, char **dst, bool *ro);
 /* The overlay of a sandbox with a user namespace, from its disk (upper and
  * work there) over the idmapped image at `lower`. `userxattr`: overlay's
  * marks are user.overlay.* xattrs, which root inside a user namespace can

@@ -200,8 +200,9 @@ setup_proc (const helper_opts_t *o, const char *root, const host_refs_t *refs, e
 }
 
 void
-helper_split_volume (char *spec, char **host, char **dst, bool *ro)
+helper_split_volume (const char *in, char *spec, size_t cap, char **host, char **dst, bool *ro)
 {
+  snprintf (spec, cap, "%s", in);
   *host = spec;
   *dst = strchr (spec, ':');
   *ro = false;
@@ -225,11 +226,9 @@ capture_volumes (const helper_opts_t *o, host_refs_t *refs, err_t *err)
 {
   for (size_t i = 0; i < o->n_volumes; i++)
     {
-      char spec[PATH_MAX * 2];
-      snprintf (spec, sizeof spec, "%s", o->volumes[i]);
-      char *host, *dst;
+      char spec[PATH_MAX * 2], *host, *dst;
       bool ro;
-      helper_split_volume (spec, &host, &dst, &ro);
+      helper_split_volume (o->volumes[i], spec, sizeof spec, &host, &dst, &ro);
       refs->volumes[i] = open_tree (AT_FDCWD, host, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
       if (refs->volumes[i] < 0)
         continue;
@@ -257,11 +256,9 @@ attach_volumes (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
     {
       if (refs->volumes[i] < 0)
         continue;
-      char spec[PATH_MAX * 2];
-      snprintf (spec, sizeof spec, "%s", o->volumes[i]);
-      char *host, *dst;
+      char spec[PATH_MAX * 2], *host, *dst;
       bool ro;
-      helper_split_volume (spec, &host, &dst, &ro);
+      helper_split_volume (o->volumes[i], spec, sizeof spec, &host, &dst, &ro);
       struct stat st;
       if (fstat (refs->volumes[i], &st) < 0)
         return err_make_sys (err, errno, "volume `%s`", host);

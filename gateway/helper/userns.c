@@ -194,11 +194,9 @@ probe_steps (const helper_opts_t *o, err_t *err)
     return err_make_sys (err, errno, "mount an overlay with userxattr over the idmapped image");
   for (size_t i = 0; i < o->n_volumes; i++)
     {
-      char spec[PATH_MAX * 2];
-      snprintf (spec, sizeof spec, "%s", o->volumes[i]);
-      char *host, *dst;
+      char spec[PATH_MAX * 2], *host, *dst;
       bool ro;
-      helper_split_volume (spec, &host, &dst, &ro);
+      helper_split_volume (o->volumes[i], spec, sizeof spec, &host, &dst, &ro);
       cleanup_close int v = -1;
       struct stat st;
       if (stat (host, &st) == 0 && helper_idmapped_clone (host, true, MOUNT_ATTR_NOSUID, &v, err) < 0)

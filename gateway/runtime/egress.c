@@ -31,18 +31,22 @@
 #include "common/log.h"
 #include "gateway/runtime/internal.h"
 
-/* Most host addresses and nameservers a program checks; the program is one
- * instruction pair or triple per entry. */
+/* Most host addresses and nameservers a program checks. */
 #define EGRESS_MAX_RULES 256
+#define EGRESS_MAX_NS 16
+/* Three fixed ranges besides the host's addresses. */
+#define EGRESS_FIXED 3
 
 #define INSN(c, d, s, o, i) ((struct bpf_insn){.code = (c), .dst_reg = (d), .src_reg = (s), .off = (o), .imm = (i)})
 
 typedef struct prog_s
 {
-  struct bpf_insn insns[3 * EGRESS_MAX_RULES + 16];
+  /* two loads, two jumps per nameserver, three instructions per blocked
+   * range, two exits of two */
+  struct bpf_insn insns[2 + 2 * EGRESS_MAX_NS + 3 * (EGRESS_MAX_RULES + EGRESS_FIXED) + 4];
   size_t n;
-  size_t to_allow[EGRESS_MAX_RULES], n_allow; /* jumps to patch */
-  size_t to_deny[EGRESS_MAX_RULES + 8], n_deny;
+  size_t to_allow[EGRESS_MAX_NS], n_allow; /* jumps to patch */
+  size_t to_deny[EGRESS_MAX_RULES + EGRESS_FIXED], n_deny;
 } prog_t;
 
 /* An address as the program loads it: user_ip4 holds network byte order. */
@@ -212,8 +216,8 @@ sbx_egress_init (sbx_runtime_t *rt, err_t *err)
         }
       remove_leftovers (rt->egress_root);
     }
-  uint32_t ns[16], hosts[EGRESS_MAX_RULES];
-  size_t n_ns = read_nameservers (ns, 16), n_hosts = 0;
+  uint32_t ns[EGRESS_MAX_NS], hosts[EGRESS_MAX_RULES];
+  size_t n_ns = read_nameservers (ns, EGRESS_MAX_NS), n_hosts = 0;
   for (size_t i = 0; rt->host_addrs[i] != NULL; i++)
     {
       struct in_addr a;
