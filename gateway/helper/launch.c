@@ -201,8 +201,11 @@ holder_main (const helper_opts_t *o, const sbx_cg_layout_t *cg, const sbx_confin
       memset (helper_args_start, 0, helper_args_len);
       snprintf (helper_args_start, helper_args_len, "sandbox-init");
     }
-  /* fd 3: the control socket; fd 4: the lifeline. */
-  if (dup3 (ctl, 3, O_CLOEXEC) < 0 || dup3 (lifeline, 4, O_CLOEXEC) < 0)
+  /* fd 3: the control socket; fd 4: the lifeline (by way of high numbers:
+   * either may already be 3 or 4, and dup3 refuses a descriptor onto
+   * itself). */
+  int c = fcntl (ctl, F_DUPFD_CLOEXEC, 16), l = fcntl (lifeline, F_DUPFD_CLOEXEC, 16);
+  if (c < 0 || l < 0 || dup3 (c, 3, O_CLOEXEC) < 0 || dup3 (l, 4, O_CLOEXEC) < 0)
     _exit (1);
   syscall (SYS_close_range, 5, ~0U, 0);
   /* What the set-up allocated and freed (the filter's compilation, the
