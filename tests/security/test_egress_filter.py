@@ -44,10 +44,34 @@ def ns_server(netns, host: str, port: int, token: str):
         p.wait(10)
 
 
+# A DNS server for one name: answers A queries with ANSWER, anything else
+# with no answer.
+DNS_SERVER = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 53))
+print("ready", flush=True)
+while True:
+    q, peer = s.recvfrom(4096)
+    i = 12
+    while q[i] != 0:
+        i += q[i] + 1
+    question = q[12:i + 5]
+    qtype = int.from_bytes(q[i + 1:i + 3], "big")
+    answer = (b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04" + bytes(int(x) for x in sys.argv[2].split("."))
+              if qtype == 1 else b"")
+    header = q[:2] + b"\x81\x80\x00\x01" + (b"\x00\x01" if answer else b"\x00\x00") + b"\x00\x00\x00\x00"
+    s.sendto(header + question + answer, peer)
+"""
+ANSWER = "10.9.8.7"
+
+
 @pytest.fixture(scope="module")
-def world(gateway_secret):
+def world(gateway_secret, tmp_path_factory):
     """(client, netns): a gateway with egress inside a fresh network
-    namespace that also holds a metadata-like server."""
+    namespace that also holds a metadata-like server, and a DNS server on
+    the gateway's own address there (its resolv.conf, in a mount namespace
+    of its own, names it)."""
     if not Path("/sys/fs/cgroup/unified").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
         pytest.skip("no cgroup v2 on this machine: the filter outside sandboxes needs it")
     with running_netns() as netns:
@@ -55,15 +79,24 @@ def world(gateway_secret):
         # On the namespace's loopback (this kernel may have no dummy
         # interfaces): an address of the gateway's own network namespace.
         run(ns + ["ip", "addr", "add", f"{METADATA}/32", "dev", "lo"])
+        resolv = tmp_path_factory.mktemp("dns") / "resolv.conf"
+        resolv.write_text(f"nameserver {netns.ns_ip}\n")
         env = gateway_env({"ALLOW_EGRESS": "true", "SANDBOX_LISTEN": f"{netns.ns_ip}:0"}, secret=gateway_secret)
         gw = Gateway(env, binary=Path(shutil.which("nsenter")),
-                     args=[f"--net=/run/netns/{netns.name}", "--", str(require_gateway_binary())])
+                     args=[f"--net=/run/netns/{netns.name}", "--", "unshare", "-m", "--propagation", "private", "--",
+                           "sh", "-c", 'mount --bind "$0" /etc/resolv.conf && exec "$1"', str(resolv),
+                           str(require_gateway_binary())])
         gw.host = netns.ns_ip
+        dns = subprocess.Popen(["ip", "netns", "exec", netns.name, "/usr/bin/python3", "-c", DNS_SERVER, netns.ns_ip,
+                                ANSWER], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         try:
+            assert dns.stdout.readline().strip() == "ready"
             gw.wait_listening()
             with ns_server(netns, METADATA, 80, "metadata"), sandbox_client(gw) as client:
                 yield client, netns
         finally:
+            dns.kill()
+            dns.wait(10)
             stop_checked(gw)
 
 
@@ -126,3 +159,15 @@ def test_egress_launches_leave_the_hosts_mounts_alone(world):
     client.delete_many(sids)
     assert Path("/proc/self/mountinfo").read_text().count(f"/run/netns/{netns.name}") == before
     assert subprocess.run(["ip", "netns", "exec", netns.name, "true"]).returncode == 0
+
+
+def test_dns_through_the_filter_still_resolves(world):
+    """The host's nameserver here is the gateway's own address, which the
+    filter refuses for everything but DNS: names still resolve, through
+    slirp4netns' forwarder, and its other ports stay shut."""
+    client, netns = world
+    sid = client.launch(allow_egress=True, timeout=30).sandbox_id
+    strip_routes(holder_pids(client.gw, sid)[sid])
+    res = client.py(sid, "import socket; print(socket.gethostbyname('service.test'))")
+    assert res.out.strip() == ANSWER, res.describe()
+    assert not connect(client, sid, netns.ns_ip, netns.port, timeout=3).startswith("OK")
