@@ -78,6 +78,19 @@ int
 rpc_call_recv (rpc_call_t *c, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err)
 {
   *out = NULL;
+  grpc_byte_buffer *bb = NULL;
+  int got = rpc_call_recv_raw (c, &bb, err);
+  if (got <= 0)
+    return got;
+  int rc = rpc_unpack (bb, desc, c->server->max_message, out, err);
+  grpc_byte_buffer_destroy (bb);
+  return rc < 0 ? -1 : 1;
+}
+
+int
+rpc_call_recv_raw (rpc_call_t *c, grpc_byte_buffer **out, err_t *err)
+{
+  *out = NULL;
   if (c->half_closed)
     return 0;
   grpc_byte_buffer *bb = NULL;
@@ -113,9 +126,21 @@ rpc_call_recv (rpc_call_t *c, const ProtobufCMessageDescriptor *desc, ProtobufCM
       c->half_closed = true;
       return 0;
     }
-  int rc = rpc_unpack (bb, desc, c->server->max_message, out, err);
-  grpc_byte_buffer_destroy (bb);
-  return rc < 0 ? -1 : 1;
+  if (grpc_byte_buffer_length (bb) > c->server->max_message)
+    {
+      size_t len = grpc_byte_buffer_length (bb);
+      grpc_byte_buffer_destroy (bb);
+      return err_make (err, EMSGSIZE, "%s: a message of %zu bytes exceeds the %zu-byte limit", c->path, len,
+                       c->server->max_message);
+    }
+  *out = bb;
+  return 1;
+}
+
+size_t
+rpc_call_max_message (const rpc_call_t *c)
+{
+  return c->server->max_message;
 }
 
 int

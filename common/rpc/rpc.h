@@ -191,6 +191,14 @@ size_t rpc_server_inflight (rpc_server_t *s);
  * or a message that does not decode (EINVAL) or is too large (EMSGSIZE). */
 int rpc_call_recv (rpc_call_t *call, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err);
 
+/* The same, without decoding: *out is the message's bytes as gRPC holds
+ * them (free with grpc_byte_buffer_destroy), for a handler that reads a
+ * large field in place. Messages over the limit are refused (EMSGSIZE). */
+int rpc_call_recv_raw (rpc_call_t *call, grpc_byte_buffer **out, err_t *err);
+
+/* The largest message a call accepts. */
+size_t rpc_call_max_message (const rpc_call_t *call);
+
 /* In a handler: sends one message and waits until the transport has taken it
  * (one send in flight per call: flow control holds a fast producer back to
  * the client's pace). -1 with ECANCELED when the client has gone. */

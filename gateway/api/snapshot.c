@@ -5,6 +5,7 @@
  * state. */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/cleanup.h"
 #include "gateway/api/internal.h"
@@ -12,12 +13,57 @@
 
 /* ---- Restore ------------------------------------------------------------------ */
 
-/* The tar pieces of a Restore call, one message at a time. */
+/* The tar pieces of a Restore call, one message at a time. A message that
+ * is nothing but its tar_chunk (field 2) is read in place: its slices go to
+ * the unpacker's pipe as gRPC received them, without protobuf-c's copy of
+ * the field. Anything else is decoded as usual. */
 typedef struct restore_src_s
 {
   rpc_call_t *call;
-  ProtobufCMessage *msg;
+  ProtobufCMessage *msg; /* a decoded message, or NULL */
+  grpc_byte_buffer *raw; /* a message read in place, or NULL */
+  size_t slice, skip;    /* the next slice of `raw`, and bytes of it to skip */
 } restore_src_t;
+
+/* The chunk field's framing: tag 0x12 (field 2, length-delimited), then a
+ * varint length. Its size, when the message is exactly that field, else 0. */
+static size_t
+chunk_framing (grpc_byte_buffer *bb)
+{
+  if (bb->type != GRPC_BB_RAW || bb->data.raw.compression != GRPC_COMPRESS_NONE)
+    return 0;
+  uint8_t head[11];
+  size_t have = 0;
+  const grpc_slice_buffer *sb = &bb->data.raw.slice_buffer;
+  for (size_t i = 0; i < sb->count && have < sizeof head; i++)
+    {
+      size_t n = GRPC_SLICE_LENGTH (sb->slices[i]);
+      n = n < sizeof head - have ? n : sizeof head - have;
+      memcpy (head + have, GRPC_SLICE_START_PTR (sb->slices[i]), n);
+      have += n;
+    }
+  if (have < 2 || head[0] != 0x12)
+    return 0;
+  uint64_t len = 0;
+  size_t k = 1;
+  for (int shift = 0; k < have && shift < 64; shift += 7, k++)
+    {
+      len |= (uint64_t) (head[k] & 0x7f) << shift;
+      if ((head[k] & 0x80) == 0)
+        return k + 1 + len == grpc_byte_buffer_length (bb) ? k + 1 : 0;
+    }
+  return 0;
+}
+
+static void
+restore_src_clear (restore_src_t *s)
+{
+  cleanup_message_fn (&s->msg);
+  s->msg = NULL;
+  if (s->raw != NULL)
+    grpc_byte_buffer_destroy (s->raw);
+  s->raw = NULL;
+}
 
 static ssize_t
 restore_next (void *ctx, const uint8_t **data, err_t *err)
@@ -25,11 +71,35 @@ restore_next (void *ctx, const uint8_t **data, err_t *err)
   restore_src_t *s = ctx;
   for (;;)
     {
-      cleanup_message_fn (&s->msg);
-      s->msg = NULL;
-      int rc = rpc_call_recv (s->call, &sandbox__v1__restore_request__descriptor, &s->msg, err);
+      /* The rest of a message read in place, a slice at a time. */
+      while (s->raw != NULL && s->slice < s->raw->data.raw.slice_buffer.count)
+        {
+          const grpc_slice *sl = &s->raw->data.raw.slice_buffer.slices[s->slice++];
+          size_t len = GRPC_SLICE_LENGTH (*sl), skip = s->skip < len ? s->skip : len;
+          s->skip -= skip;
+          if (len > skip)
+            {
+              *data = GRPC_SLICE_START_PTR (*sl) + skip;
+              return (ssize_t) (len - skip);
+            }
+        }
+      restore_src_clear (s);
+      grpc_byte_buffer *bb = NULL;
+      int rc = rpc_call_recv_raw (s->call, &bb, err);
       if (rc <= 0)
         return rc;
+      size_t framing = chunk_framing (bb);
+      if (framing > 0)
+        {
+          s->raw = bb;
+          s->slice = 0;
+          s->skip = framing;
+          continue;
+        }
+      rc = rpc_unpack (bb, &sandbox__v1__restore_request__descriptor, rpc_call_max_message (s->call), &s->msg, err);
+      grpc_byte_buffer_destroy (bb);
+      if (rc < 0)
+        return -1;
       Sandbox__V1__RestoreRequest *m = (Sandbox__V1__RestoreRequest *) s->msg;
       if (m->payload_case != SANDBOX__V1__RESTORE_REQUEST__PAYLOAD_TAR_CHUNK)
         return err_make (err, EINVAL, "only the first Restore message may carry a header");
@@ -53,7 +123,7 @@ api_restore (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   restore_src_t src = {.call = call};
   sbx_info_t info;
   int rc = sbx_restore (ctx->rt, id, req->header->allow_egress, restore_next, &src, &info, err);
-  cleanup_message_fn (&src.msg);
+  restore_src_clear (&src);
   if (rc < 0 || api_undo_if_gone (call, ctx->rt, id, err) < 0)
     return -1;
   return api_reply_info (call, &info, err);
