@@ -1,8 +1,8 @@
 /* helper/launch: making a sandbox — its cgroups, its disk (a size-limited
- * tmpfs holding the overlay's upper and work directories), the snapshot
+ * detached tmpfs holding the overlay's upper and work directories), the snapshot
  * unpacked into it when restoring (sandbox-unpack), then the holder forked
- * into a new pid namespace; READY with the holder's pid and control socket
- * goes to the gateway, or ERROR. Single-threaded. */
+ * into a new pid namespace, listening on <state>/ctl; READY with the
+ * holder's pid and the disk goes to the gateway, or ERROR. Single-threaded. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>

@@ -10,7 +10,7 @@
  * ipc, uts and cgroup namespaces, whose root is an overlay of the image
  * under that upper layer, with a fresh /proc (sensitive parts read-only or
  * masked), a minimal /dev, no /sys and no host mount visible. It reports
- * READY with the holder's pid and control socket, or ERROR, and exits.
+ * READY with the holder's pid and the sandbox's disk, or ERROR, and exits.
  *
  * The holder stays: it reaps orphans and starts commands on the gateway's
  * request (serve_request): it forks each one from inside the sandbox into

@@ -1,7 +1,7 @@
 /* runtime/exec: running a command in a sandbox. The gateway hands the
- * sandbox's pid 1 (the holder) one request over its control socket with the
- * command's pipes, a report socket and its exec cgroup attached; the holder
- * forks the command inside the sandbox. This file pumps the pipes to the
+ * sandbox's pid 1 (the holder) one request over a connection to its control
+ * socket (<state>/ctl) with the command's pipes, a report socket and its
+ * exec cgroup attached; the holder forks the command inside the sandbox. This file pumps the pipes to the
  * caller's sink, feeds stdin, enforces the timeout and cancellation (killing
  * everything the command started, through its cgroup) and reads the exit
  * report. One thread per exec; no shared state beyond the registry. */

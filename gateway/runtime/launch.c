@@ -1,7 +1,7 @@
 /* runtime/launch: making a sandbox — empty (launch) or from a tar stream
  * (restore) — through sandbox-helper, which sets up its namespaces, layer
  * and cgroups, forks its pid 1 (the holder) and reports READY with the
- * holder's control socket. Then slirp4netns when egress is on. A launch
+ * sandbox's disk. Then slirp4netns when egress is on. A launch
  * that fails at any step tears down everything it made. */
 #include <errno.h>
 #include <fcntl.h>

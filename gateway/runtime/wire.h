@@ -26,7 +26,7 @@
 
 typedef enum sbx_report_type_e
 {
-  SBX_REPORT_READY = 1, /* launch: the sandbox is up; a = holder pid; fd = control socket */
+  SBX_REPORT_READY = 1, /* launch: the sandbox is up; a = holder pid; fd = its disk */
   SBX_REPORT_ERROR = 2, /* status = errno, text = what failed */
   SBX_REPORT_EXIT = 3,  /* exec: the command ended; a = exit code or -1, b = signal */
 } sbx_report_type_t;
