@@ -114,14 +114,17 @@ make_tree (const char *id)
 /* ---- export -------------------------------------------------------------- */
 
 /* ExportSnapshot of `id`, every chunk written to `fd` (or discarded when
- * -1). The stream's size goes to *bytes; the final chunk's size and hash
- * must be there and agree. */
+ * -1), with the stream's sha256 unless `skip_sha256`. The stream's size
+ * goes to *bytes; the final chunk's size must be there and agree, and its
+ * hash be there exactly when asked for. */
 static int
-export_once (const char *id, int fd, uint64_t *bytes, err_t *err)
+export_once (const char *id, int fd, bool skip_sha256, uint64_t *bytes, err_t *err)
 {
   Sandbox__V1__ExportSnapshotRequest req = SANDBOX__V1__EXPORT_SNAPSHOT_REQUEST__INIT;
   req.sandbox_id = (char *) id;
   req.compression = SANDBOX__V1__COMPRESSION__COMPRESSION_NONE;
+  req.skip_sha256 = skip_sha256;
+  bool hashed = false;
   rpc_client_call_t *c = NULL;
   if (bc_call_start (CH, "/sandbox.v1.Sandbox/ExportSnapshot", 600000, &req.base, &c, err) < 0)
     return -1;
@@ -158,6 +161,7 @@ export_once (const char *id, int fd, uint64_t *bytes, err_t *err)
         {
           last = true;
           total = ch->total_bytes;
+          hashed = ch->sha256 != NULL && strlen (ch->sha256) == 64;
         }
       protobuf_c_message_free_unpacked (m, NULL);
     }
@@ -166,14 +170,18 @@ export_once (const char *id, int fd, uint64_t *bytes, err_t *err)
   if (!last || total != got)
     return err_make (err, EIO, "export: %llu bytes received, the last chunk says %llu%s", (unsigned long long) got,
                      (unsigned long long) total, last ? "" : " (no last chunk)");
+  if (hashed == skip_sha256)
+    return err_make (err, EIO, "export: the last chunk %s a sha256", hashed ? "has" : "lacks");
   *bytes = got;
   return 0;
 }
 
 /* `tar -cf - -C DIR/tree .`, its stdout read here through a pipe and
- * discarded. Returns the milliseconds, or NAN when tar failed. */
+ * discarded; with `digest`, `tar ... | openssl dgst -sha256` (the fastest
+ * SHA-256 a shell user has; coreutils' sha256sum is slower here), its
+ * output read here. Returns the milliseconds, or NAN when it failed. */
 static double
-tar_c_once (uint64_t *bytes)
+tar_c_once (bool digest, uint64_t *bytes)
 {
   char tree[4096];
   snprintf (tree, sizeof tree, "%s/tree", O.dir);
@@ -183,7 +191,9 @@ tar_c_once (uint64_t *bytes)
   /* The largest pipe an unprivileged writer may have (1 MiB by default): the
    * baseline gets the biggest buffer it can. */
   fcntl (p[0], F_SETPIPE_SZ, 1 << 20);
-  char *argv[] = {"tar", "-cf", "-", "-C", tree, ".", NULL};
+  char *tar_argv[] = {"tar", "-cf", "-", "-C", tree, ".", NULL};
+  char *dgst_argv[] = {"bash", "-c", "set -o pipefail; tar -cf - -C \"$0\" . | openssl dgst -sha256", tree, NULL};
+  char **argv = digest ? dgst_argv : tar_argv;
   static char buf[PIECE];
   double t0 = bc_now_ms ();
   pid_t pid = bc_spawn (argv, p[1], 2);
@@ -212,36 +222,49 @@ tar_c_once (uint64_t *bytes)
   return ms;
 }
 
+/* Both exports of `src` and their baselines, interleaved. */
 static void
 bench_export (const char *src)
 {
-  bc_series_t ours = {0}, tar = {0};
+  bc_series_t plain = {0}, tar = {0}, hashed = {0}, tar_dgst = {0};
   err_t err = ERR_INIT;
   fprintf (stderr, PROG ": export: 1 warm-up + %d runs of each\n", O.runs);
   for (int i = 0; i <= O.runs; i++)
     {
-      uint64_t ob = 0, tb = 0;
+      uint64_t pb = 0, hb = 0, tb = 0, db = 0;
       double t0 = bc_now_ms ();
-      if (export_once (src, -1, &ob, &err) < 0)
+      if (export_once (src, -1, true, &pb, &err) < 0)
         bc_die (PROG, "export", &err);
-      double ms = bc_now_ms () - t0;
-      double tms = tar_c_once (&tb);
-      if (isnan (tms))
+      double pms = bc_now_ms () - t0;
+      double tms = tar_c_once (false, &tb);
+      t0 = bc_now_ms ();
+      if (export_once (src, -1, false, &hb, &err) < 0)
+        bc_die (PROG, "export with sha256", &err);
+      double hms = bc_now_ms () - t0;
+      double dms = tar_c_once (true, &db);
+      if (isnan (tms) || isnan (dms))
         {
-          fprintf (stderr, PROG ": tar -c failed\n");
+          fprintf (stderr, PROG ": tar -c%s failed\n", isnan (tms) ? "" : " | openssl dgst");
           exit (1);
         }
-      fprintf (stderr, PROG ": export %d: ours %.0f ms (%llu bytes), tar -c %.0f ms (%llu bytes)%s\n", i, ms,
-               (unsigned long long) ob, tms, (unsigned long long) tb, i == 0 ? " (warm-up)" : "");
+      fprintf (stderr,
+               PROG ": export %d: ours %.0f ms (%llu bytes), tar -c %.0f ms (%llu bytes); with sha256: ours %.0f ms, "
+                    "tar -c | openssl dgst %.0f ms%s\n",
+               i, pms, (unsigned long long) pb, tms, (unsigned long long) tb, hms, dms, i == 0 ? " (warm-up)" : "");
       if (i > 0)
         {
-          bc_series_add (&ours, bc_mbps (TREE_BYTES, ms));
+          bc_series_add (&plain, bc_mbps (TREE_BYTES, pms));
           bc_series_add (&tar, bc_mbps (TREE_BYTES, tms));
+          bc_series_add (&hashed, bc_mbps (TREE_BYTES, hms));
+          bc_series_add (&tar_dgst, bc_mbps (TREE_BYTES, dms));
         }
     }
-  char what[96];
+  char what[128];
   snprintf (what, sizeof what, "export %.0f MiB tree, p99 col = slowest", (double) TREE_BYTES / (1 << 20));
-  bc_row_add (what, "MB/s", &ours, 1, "tar -c | (pipe to bench)", &tar);
+  bc_row_add (what, "MB/s", &plain, 1, "tar -c | (pipe to bench)", &tar);
+  snprintf (what, sizeof what, "export %.0f MiB tree with sha256, p99 col = slowest",
+            (double) TREE_BYTES / (1 << 20));
+  bc_row_add (what, "MB/s", &hashed, 1, "tar -c | openssl dgst -sha256", &tar_dgst);
 }
 
 /* ---- restore ------------------------------------------------------------- */
@@ -522,7 +545,7 @@ main (int argc, char **argv)
     }
   uint64_t tar_bytes = 0;
   double t0 = bc_now_ms ();
-  if (export_once (src, fd, &tar_bytes, &err) < 0)
+  if (export_once (src, fd, false, &tar_bytes, &err) < 0)
     bc_die (PROG, "export to a file", &err);
   close (fd);
   fprintf (stderr, PROG ": copied out: %s, %llu bytes, in %.1f s\n", tarpath, (unsigned long long) tar_bytes,

@@ -143,15 +143,10 @@ rpc_call_max_message (const rpc_call_t *c)
   return c->server->max_message;
 }
 
-int
-rpc_call_send (rpc_call_t *c, const ProtobufCMessage *msg, err_t *err)
+/* Sends `bb` (always destroyed) and waits until the transport has it. */
+static int
+send_buffer (rpc_call_t *c, grpc_byte_buffer *bb, err_t *err)
 {
-  rpc_call_first_message_done (c); /* a handler that answers without reading is past it too */
-  if (c->finished || c->peer_gone)
-    return err_make (err, ECANCELED, "%s: the call has ended", c->path);
-  grpc_byte_buffer *bb = NULL;
-  if (rpc_pack (msg, c->server->max_message, &bb, err) < 0)
-    return -1;
   grpc_op ops[2];
   size_t n = 0;
   add_initial_md (c, ops, &n);
@@ -167,6 +162,40 @@ rpc_call_send (rpc_call_t *c, const ProtobufCMessage *msg, err_t *err)
       return err_make (err, ECANCELED, "%s: the client has gone", c->path);
     }
   return 0;
+}
+
+int
+rpc_call_send (rpc_call_t *c, const ProtobufCMessage *msg, err_t *err)
+{
+  rpc_call_first_message_done (c); /* a handler that answers without reading is past it too */
+  if (c->finished || c->peer_gone)
+    return err_make (err, ECANCELED, "%s: the call has ended", c->path);
+  grpc_byte_buffer *bb = NULL;
+  if (rpc_pack (msg, c->server->max_message, &bb, err) < 0)
+    return -1;
+  return send_buffer (c, bb, err);
+}
+
+int
+rpc_call_send_raw (rpc_call_t *c, grpc_slice *slices, size_t n, err_t *err)
+{
+  rpc_call_first_message_done (c);
+  size_t len = 0;
+  for (size_t i = 0; i < n; i++)
+    len += GRPC_SLICE_LENGTH (slices[i]);
+  if (c->finished || c->peer_gone || len > c->server->max_message)
+    {
+      for (size_t i = 0; i < n; i++)
+        grpc_slice_unref (slices[i]);
+      return len > c->server->max_message
+                 ? err_make (err, EMSGSIZE, "%s: a message of %zu bytes exceeds the %zu-byte limit", c->path, len,
+                             c->server->max_message)
+                 : err_make (err, ECANCELED, "%s: the call has ended", c->path);
+    }
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create (slices, n);
+  for (size_t i = 0; i < n; i++)
+    grpc_slice_unref (slices[i]);
+  return send_buffer (c, bb, err);
 }
 
 int

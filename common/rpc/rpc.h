@@ -204,6 +204,11 @@ size_t rpc_call_max_message (const rpc_call_t *call);
  * the client's pace). -1 with ECANCELED when the client has gone. */
 int rpc_call_send (rpc_call_t *call, const ProtobufCMessage *msg, err_t *err);
 
+/* The same for a message already encoded as `slices` (their references are
+ * taken over, also on failure), for a handler that frames a large field
+ * itself and lends gRPC its bytes instead of copying them. */
+int rpc_call_send_raw (rpc_call_t *call, grpc_slice *slices, size_t n, err_t *err);
+
 /* In a handler: sets the final message of a unary or client-streaming call;
  * it is sent with the OK status in one batch when the handler returns 0. */
 int rpc_call_reply (rpc_call_t *call, const ProtobufCMessage *msg, err_t *err);

@@ -131,13 +131,29 @@ api_restore (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
 
 /* ---- ExportSnapshot ----------------------------------------------------------- */
 
+static void
+release_piece (void *data)
+{
+  snap_export_release (data);
+}
+
+/* Sends one piece as a SnapshotChunk without copying it: the message is its
+ * field header (tag and length, built here) followed by the export's own
+ * buffer, which gRPC holds until it has written the bytes. */
 static int
 export_sink (void *ctx, const uint8_t *data, size_t len, err_t *err)
 {
-  Sandbox__V1__SnapshotChunk chunk = SANDBOX__V1__SNAPSHOT_CHUNK__INIT;
-  chunk.data.data = (uint8_t *) data;
-  chunk.data.len = len;
-  return rpc_call_send ((rpc_call_t *) ctx, &chunk.base, err);
+  uint8_t head[1 + 10];
+  size_t n = 0;
+  head[n++] = (1 << 3) | 2; /* field 1 (data), length-delimited */
+  size_t v = len;
+  for (; v >= 0x80; v >>= 7)
+    head[n++] = (uint8_t) (v | 0x80);
+  head[n++] = (uint8_t) v;
+  snap_export_hold (data);
+  grpc_slice slices[2] = {grpc_slice_from_copied_buffer ((const char *) head, n),
+                          grpc_slice_new_with_user_data ((void *) data, len, release_piece, (void *) data)};
+  return rpc_call_send_raw ((rpc_call_t *) ctx, slices, 2, err);
 }
 
 /* Stops an export or persist streaming to `call` (sbx_with_layer). */
@@ -154,10 +170,10 @@ api_export (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   if (api_recv_request (call, &sandbox__v1__export_snapshot_request__descriptor, &m, err) < 0)
     return -1;
   Sandbox__V1__ExportSnapshotRequest *req = (Sandbox__V1__ExportSnapshotRequest *) m;
-  snap_compression_t compression;
+  snap_export_opts_t opts = {.skip_digest = req->skip_sha256};
   snap_export_result_t res;
-  if (api_compression_from_proto (req->compression, &compression, err) < 0
-      || snap_export_stoppable (ctx->rt, req->sandbox_id, compression, export_sink, call,
+  if (api_compression_from_proto (req->compression, &opts.compression, err) < 0
+      || snap_export_stoppable (ctx->rt, req->sandbox_id, &opts, export_sink, call,
                                 &(snap_canceller_t){cancel_call, call}, &res, err)
              < 0)
     return -1;

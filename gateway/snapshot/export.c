@@ -11,6 +11,7 @@
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/cleanup.h"
@@ -26,13 +28,64 @@
 /* The stream side runs on a thread of its own: the walk fills a buffer
  * while the previous one is hashed and handed to the sink (a gRPC send, a
  * store upload), so reading files and hashing/sending overlap. Buffers go
- * round in order; the sink sees them in the order they were filled. */
+ * round in order; the sink sees them in the order they were filled. A sink
+ * may keep a buffer past its return (snap_export_hold: gRPC sends it without
+ * a copy); it rejoins the round when the sink lets it go. */
+
+static export_buf_t *
+buf_of (const uint8_t *data)
+{
+  return (export_buf_t *) (void *) (data - offsetof (export_buf_t, data));
+}
+
+/* A buffer nobody holds any more: back on the free list, or freed once the
+ * export is over (the last one frees the stream). st->mu held; returns
+ * true when the stream itself was freed (and its mutex with it). */
+static bool
+buf_unheld_locked (export_stream_t *st, export_buf_t *b)
+{
+  if (!st->closed)
+    {
+      st->free_[st->n_free++] = b;
+      pthread_cond_broadcast (&st->cv);
+      return false;
+    }
+  free (b);
+  if (--st->live > 0)
+    return false;
+  pthread_mutex_unlock (&st->mu);
+  pthread_mutex_destroy (&st->mu);
+  pthread_cond_destroy (&st->cv);
+  err_release (&st->err);
+  free (st);
+  return true;
+}
+
+void
+snap_export_hold (const uint8_t *data)
+{
+  export_buf_t *b = buf_of (data);
+  pthread_mutex_lock (&b->st->mu);
+  b->holds++;
+  pthread_mutex_unlock (&b->st->mu);
+}
+
+void
+snap_export_release (const uint8_t *data)
+{
+  export_buf_t *b = buf_of (data);
+  export_stream_t *st = b->st;
+  pthread_mutex_lock (&st->mu);
+  if (--b->holds == 0 && buf_unheld_locked (st, b))
+    return;
+  pthread_mutex_unlock (&st->mu);
+}
 
 static void *
 stream_main (void *arg)
 {
   export_t *x = arg;
-  export_stream_t *st = &x->stream;
+  export_stream_t *st = x->stream;
   pthread_mutex_lock (&st->mu);
   for (;;)
     {
@@ -40,22 +93,25 @@ stream_main (void *arg)
         pthread_cond_wait (&st->cv, &st->mu);
       if (st->n_queued == 0)
         break;
-      int i = st->queue[st->q_head];
+      export_buf_t *b = st->queue[st->q_head];
       st->q_head = (st->q_head + 1) % EXPORT_BUFFERS;
       st->n_queued--;
+      b->holds = 1;
       bool failed = st->failed;
       pthread_mutex_unlock (&st->mu);
       int rc = 0;
       if (!failed)
         {
-          EVP_DigestUpdate (x->sha, st->bufs[i], st->lens[i]);
-          x->total += st->lens[i];
-          rc = x->sink (x->sink_ctx, st->bufs[i], st->lens[i], &st->err);
+          if (x->sha != NULL)
+            EVP_DigestUpdate (x->sha, b->data, b->len);
+          x->total += b->len;
+          rc = x->sink (x->sink_ctx, b->data, b->len, &st->err);
         }
       pthread_mutex_lock (&st->mu);
       if (rc < 0)
         st->failed = true;
-      st->free_[st->n_free++] = i;
+      if (--b->holds == 0)
+        buf_unheld_locked (st, b); /* the export is running: never frees st */
       pthread_cond_broadcast (&st->cv);
     }
   pthread_mutex_unlock (&st->mu);
@@ -63,53 +119,72 @@ stream_main (void *arg)
 }
 
 /* Hands the current buffer to the stream thread and, unless `last`, takes
- * the next free one. -1 when the sink has failed. */
+ * the next free one. -1 when the sink has failed or the export was told to
+ * stop while it waited for a buffer its sink still held. */
 static int
 submit (export_t *x, bool last)
 {
-  export_stream_t *st = &x->stream;
+  export_stream_t *st = x->stream;
   pthread_mutex_lock (&st->mu);
   if (x->used > 0)
     {
-      st->lens[st->cur] = x->used;
+      st->cur->len = x->used;
       st->queue[(st->q_head + st->n_queued) % EXPORT_BUFFERS] = st->cur;
       st->n_queued++;
-      st->cur = -1;
+      st->cur = NULL;
       pthread_cond_broadcast (&st->cv);
     }
-  if (!last)
+  bool stopped = false;
+  if (!last && st->cur == NULL)
     {
-      if (st->cur < 0)
+      /* A sink's held buffers come back when the consumer takes the
+       * bytes; one that never does is stopped through `abort`, which is
+       * looked at every 100 ms. */
+      while (st->n_free == 0 && !st->failed && !(stopped = st->abort != NULL && atomic_load (st->abort)))
         {
-          while (st->n_free == 0 && !st->failed)
-            pthread_cond_wait (&st->cv, &st->mu);
-          if (st->n_free > 0)
-            st->cur = st->free_[--st->n_free];
+          struct timespec until;
+          clock_gettime (CLOCK_REALTIME, &until);
+          until.tv_nsec += 100 * 1000 * 1000;
+          if (until.tv_nsec >= 1000 * 1000 * 1000)
+            {
+              until.tv_sec++;
+              until.tv_nsec -= 1000 * 1000 * 1000;
+            }
+          pthread_cond_timedwait (&st->cv, &st->mu, &until);
         }
+      if (st->n_free > 0 && !st->failed && !stopped)
+        st->cur = st->free_[--st->n_free];
     }
-  bool failed = st->failed;
+  bool failed = st->failed || stopped;
   pthread_mutex_unlock (&st->mu);
   x->used = 0;
-  x->buf = st->cur >= 0 ? st->bufs[st->cur] : NULL;
+  x->buf = st->cur != NULL ? st->cur->data : NULL;
   return failed || (!last && x->buf == NULL) ? -1 : 0;
 }
 
 int
-export_stream_start (export_t *x)
+export_stream_start (export_t *x, const atomic_bool *abort)
 {
-  export_stream_t *st = &x->stream;
+  export_stream_t *st = calloc (1, sizeof *st);
+  if (st == NULL)
+    return -1;
+  x->stream = st;
   pthread_mutex_init (&st->mu, NULL);
   pthread_cond_init (&st->cv, NULL);
   st->err = (err_t) ERR_INIT;
+  st->abort = abort;
   for (int i = 0; i < EXPORT_BUFFERS; i++)
     {
-      st->bufs[i] = malloc (x->chunk);
-      if (st->bufs[i] == NULL)
+      export_buf_t *b = malloc (sizeof *b + x->chunk);
+      if (b == NULL)
         return -1;
-      st->free_[st->n_free++] = i;
+      b->st = st;
+      b->holds = 0;
+      st->live++;
+      st->free_[st->n_free++] = b;
     }
   st->cur = st->free_[--st->n_free];
-  x->buf = st->bufs[st->cur];
+  x->buf = st->cur->data;
   if (pthread_create (&st->thread, NULL, stream_main, x) != 0)
     return -1;
   st->started = true;
@@ -121,7 +196,9 @@ export_stream_start (export_t *x)
 int
 export_stream_finish (export_t *x)
 {
-  export_stream_t *st = &x->stream;
+  export_stream_t *st = x->stream;
+  if (st == NULL)
+    return 0;
   if (st->started)
     {
       pthread_mutex_lock (&st->mu);
@@ -141,16 +218,40 @@ export_stream_finish (export_t *x)
   return rc;
 }
 
+/* Finishes, frees every buffer nobody holds, and leaves those a sink still
+ * holds to free themselves (and, the last of them, the stream). */
 void
 export_stream_release (export_t *x)
 {
-  export_stream_t *st = &x->stream;
+  export_stream_t *st = x->stream;
+  if (st == NULL)
+    return;
   export_stream_finish (x);
-  err_release (&st->err);
-  for (int i = 0; i < EXPORT_BUFFERS; i++)
-    free (st->bufs[i]);
-  pthread_mutex_destroy (&st->mu);
-  pthread_cond_destroy (&st->cv);
+  x->stream = NULL;
+  x->buf = NULL;
+  pthread_mutex_lock (&st->mu);
+  st->closed = true;
+  if (st->cur != NULL)
+    st->free_[st->n_free++] = st->cur;
+  st->cur = NULL;
+  for (size_t i = 0; i < st->n_queued; i++) /* left behind by a failed sink */
+    st->free_[st->n_free++] = st->queue[(st->q_head + i) % EXPORT_BUFFERS];
+  st->n_queued = 0;
+  size_t n = st->n_free;
+  st->n_free = 0;
+  for (size_t i = 0; i < n; i++)
+    if (buf_unheld_locked (st, st->free_[i]))
+      return;
+  if (st->live == 0) /* nothing was allocated, or start failed half-way */
+    {
+      pthread_mutex_unlock (&st->mu);
+      pthread_mutex_destroy (&st->mu);
+      pthread_cond_destroy (&st->cv);
+      err_release (&st->err);
+      free (st);
+      return;
+    }
+  pthread_mutex_unlock (&st->mu);
 }
 
 static la_ssize_t
@@ -428,7 +529,7 @@ walk (export_t *x, int root)
 }
 
 int
-snap_export (const snap_layer_t *layer, snap_compression_t compression, size_t chunk, snap_sink_fn sink, void *ctx,
+snap_export (const snap_layer_t *layer, const snap_export_opts_t *opts, size_t chunk, snap_sink_fn sink, void *ctx,
              snap_export_result_t *res, err_t *err)
 {
   memset (res, 0, sizeof *res);
@@ -447,24 +548,26 @@ snap_export (const snap_layer_t *layer, snap_compression_t compression, size_t c
   x.path = malloc (PATH_MAX + 1);
   void *holes = mmap (NULL, EXPORT_HOLE_CHUNK, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   x.holes = holes != MAP_FAILED ? holes : NULL;
-  x.sha = EVP_MD_CTX_new ();
+  if (!opts->skip_digest)
+    x.sha = EVP_MD_CTX_new ();
   x.a = archive_write_new ();
   int rc = -1;
-  if (x.io == NULL || x.path == NULL || x.holes == NULL || x.sha == NULL || x.a == NULL
-      || export_stream_start (&x) < 0)
+  if (x.io == NULL || x.path == NULL || x.holes == NULL || (x.sha == NULL && !opts->skip_digest) || x.a == NULL
+      || export_stream_start (&x, opts->abort) < 0)
     {
       err_make (err, ENOMEM, "export: out of memory");
       goto out;
     }
-  EVP_DigestInit_ex (x.sha, EVP_sha256 (), NULL);
+  if (x.sha != NULL)
+    EVP_DigestInit_ex (x.sha, EVP_sha256 (), NULL);
   archive_write_set_format_pax (x.a);
   /* No zero padding after the end of the archive: it would trail a
    * compressed stream as garbage. */
   archive_write_set_bytes_in_last_block (x.a, 1);
   int frc = ARCHIVE_OK;
-  if (compression == SNAP_COMPRESSION_GZIP)
+  if (opts->compression == SNAP_COMPRESSION_GZIP)
     frc = archive_write_add_filter_gzip (x.a);
-  else if (compression == SNAP_COMPRESSION_ZSTD)
+  else if (opts->compression == SNAP_COMPRESSION_ZSTD)
     frc = archive_write_add_filter_zstd (x.a);
   if (frc != ARCHIVE_OK)
     {
@@ -483,11 +586,14 @@ snap_export (const snap_layer_t *layer, snap_compression_t compression, size_t c
       export_fail (&x, "finish the archive");
       goto out;
     }
-  unsigned char md[32];
-  unsigned int mdlen = 0;
-  EVP_DigestFinal_ex (x.sha, md, &mdlen);
-  for (unsigned i = 0; i < mdlen; i++)
-    snprintf (res->sha256 + 2 * i, 3, "%02x", md[i]);
+  if (x.sha != NULL)
+    {
+      unsigned char md[32];
+      unsigned int mdlen = 0;
+      EVP_DigestFinal_ex (x.sha, md, &mdlen);
+      for (unsigned i = 0; i < mdlen; i++)
+        snprintf (res->sha256 + 2 * i, 3, "%02x", md[i]);
+    }
   res->total_bytes = x.total;
   res->entries = x.entries;
   rc = 0;
@@ -498,7 +604,8 @@ out:
   if (export_stream_finish (&x) < 0)
     rc = -1;
   export_stream_release (&x);
-  EVP_MD_CTX_free (x.sha);
+  if (x.sha != NULL)
+    EVP_MD_CTX_free (x.sha);
   free (x.io);
   free (x.path);
   if (x.holes != NULL)

@@ -11,14 +11,19 @@
  * cannot be restored and are left out.
  *
  * The stream goes to a sink in chunks of at most `chunk` bytes as it is
- * produced, with its SHA-256 computed on the way: memory stays flat
- * whatever the layer's size.
+ * produced, with its SHA-256 computed on the way (unless asked not to):
+ * memory stays flat whatever the layer's size. A sink that passes the bytes
+ * on without copying them may keep them past its return (snap_export_hold)
+ * and give them back later from any thread (snap_export_release); the
+ * export reuses a buffer only once it is given back.
  *
- * Threading: no shared state; one export per calling thread.
+ * Threading: no shared state; one export per calling thread. Hold and
+ * release may be called from any thread.
  */
 #ifndef SBX_GATEWAY_SNAP_EXPORT_H
 #define SBX_GATEWAY_SNAP_EXPORT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -55,8 +60,25 @@ typedef struct snap_layer_s
   bool userxattr; /* overlay mounted with `userxattr`: its marks are user.overlay.* */
 } snap_layer_t;
 
+typedef struct snap_export_opts_s
+{
+  snap_compression_t compression;
+  /* No SHA-256 of the stream (res->sha256 stays empty): for a consumer
+   * that does not check it, the hash (about 2 GB/s per core) is then off
+   * the stream's path. */
+  bool skip_digest;
+  /* Set from another thread to stop an export that waits for buffers its
+   * sink still holds (a consumer that stopped taking bytes); may be NULL. */
+  const atomic_bool *abort;
+} snap_export_opts_t;
+
 /* Streams the layer's tree to `sink`. */
-int snap_export (const snap_layer_t *layer, snap_compression_t compression, size_t chunk, snap_sink_fn sink,
+int snap_export (const snap_layer_t *layer, const snap_export_opts_t *opts, size_t chunk, snap_sink_fn sink,
                  void *ctx, snap_export_result_t *res, err_t *err);
+
+/* A sink keeps the bytes it was handed (`data` as given to it, the start
+ * of its piece) past its return; each hold is ended by one release. */
+void snap_export_hold (const uint8_t *data);
+void snap_export_release (const uint8_t *data);
 
 #endif

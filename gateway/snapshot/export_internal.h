@@ -9,6 +9,7 @@
 #include <archive_entry.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <sys/stat.h>
 
@@ -33,16 +34,26 @@ typedef struct link_s
 /* Buffers going round between the walk and the stream thread. */
 #define EXPORT_BUFFERS 3
 
+typedef struct export_buf_s
+{
+  struct export_stream_s *st;
+  size_t len;
+  unsigned holds; /* the stream thread's while the sink has it, and the sink's own */
+  uint8_t data[];
+} export_buf_t;
+
+/* On the heap: a buffer a sink keeps (snap_export_hold) may come back after
+ * the export has returned, and then finds the stream here to free itself. */
 typedef struct export_stream_s
 {
-  uint8_t *bufs[EXPORT_BUFFERS];
-  size_t lens[EXPORT_BUFFERS];
-  int queue[EXPORT_BUFFERS]; /* filled, oldest at q_head */
+  export_buf_t *queue[EXPORT_BUFFERS]; /* filled, oldest at q_head */
   size_t q_head, n_queued;
-  int free_[EXPORT_BUFFERS];
+  export_buf_t *free_[EXPORT_BUFFERS];
   size_t n_free;
-  int cur; /* the walk's buffer; -1 none */
-  bool done, failed, started;
+  export_buf_t *cur; /* the walk's buffer; NULL none */
+  unsigned live;     /* buffers allocated and not yet freed */
+  bool done, failed, started, closed;
+  const atomic_bool *abort;
   err_t err; /* the sink's, once it failed */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -57,8 +68,8 @@ typedef struct export_s
   void *sink_ctx;
   uint8_t *buf; /* the walk's current buffer (the stream's) */
   size_t used, chunk;
-  export_stream_t stream;
-  EVP_MD_CTX *sha;
+  export_stream_t *stream;
+  EVP_MD_CTX *sha; /* NULL: no digest */
   uint64_t total;
   err_t *err;
   bool failed;
@@ -82,7 +93,7 @@ typedef struct export_s
 /* export.c: the stream thread. start: 0 or -1 (out of memory); finish:
  * waits for what is queued, 0 or -1 when the sink failed (its error moved
  * to *x->err); release frees (finishing first). */
-int export_stream_start (export_t *x);
+int export_stream_start (export_t *x, const atomic_bool *abort);
 int export_stream_finish (export_t *x);
 void export_stream_release (export_t *x);
 

@@ -3,6 +3,7 @@
 #include "gateway/snapshot/session.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "common/cleanup.h"
@@ -13,10 +14,12 @@
 
 typedef struct export_job_s
 {
-  snap_compression_t compression;
+  snap_export_opts_t opts;
   snap_sink_fn sink;
   void *ctx;
   snap_export_result_t *res;
+  const snap_canceller_t *stop;
+  atomic_bool aborted;
 } export_job_t;
 
 static int
@@ -27,23 +30,35 @@ export_layer (const sbx_layer_t *layer, void *ctx, err_t *err)
                     .id_base = layer->uid_base,
                     .id_range = layer->uid_range,
                     .userxattr = layer->userxattr};
-  return snap_export (&l, j->compression, SNAP_CHUNK, j->sink, j->ctx, j->res, err);
+  return snap_export (&l, &j->opts, SNAP_CHUNK, j->sink, j->ctx, j->res, err);
+}
+
+/* The runtime stops the export: the caller's canceller ends its stream,
+ * and the export itself gives up waiting for buffers that stream held. */
+static void
+stop_export (void *ctx, int status, const char *why)
+{
+  export_job_t *j = ctx;
+  atomic_store (&j->aborted, true);
+  j->stop->fn (j->stop->ctx, status, why);
 }
 
 int
-snap_export_stoppable (sbx_runtime_t *rt, const char *id, snap_compression_t compression, snap_sink_fn sink,
+snap_export_stoppable (sbx_runtime_t *rt, const char *id, const snap_export_opts_t *opts, snap_sink_fn sink,
                        void *ctx, const snap_canceller_t *stop, snap_export_result_t *res, err_t *err)
 {
-  export_job_t j = {.compression = compression, .sink = sink, .ctx = ctx, .res = res};
-  return sbx_with_layer (rt, id, true, export_layer, &j, stop != NULL ? stop->fn : NULL,
-                         stop != NULL ? stop->ctx : NULL, err);
+  export_job_t j = {.opts = *opts, .sink = sink, .ctx = ctx, .res = res, .stop = stop};
+  atomic_init (&j.aborted, false);
+  j.opts.abort = &j.aborted;
+  return sbx_with_layer (rt, id, true, export_layer, &j, stop != NULL ? stop_export : NULL, &j, err);
 }
 
 int
 snap_export_sandbox (sbx_runtime_t *rt, const char *id, snap_compression_t compression, snap_sink_fn sink, void *ctx,
                      snap_export_result_t *res, err_t *err)
 {
-  return snap_export_stoppable (rt, id, compression, sink, ctx, NULL, res, err);
+  snap_export_opts_t opts = {.compression = compression};
+  return snap_export_stoppable (rt, id, &opts, sink, ctx, NULL, res, err);
 }
 
 typedef struct persist_job_s
@@ -91,7 +106,9 @@ snap_persist (sbx_runtime_t *rt, snap_store_t *store, const char *id, snap_progr
   persist_job_t p = {.store = store, .progress = progress, .ctx = ctx};
   if (store->ops->writer_open (store, object, &p.w, err) < 0)
     return -1;
-  if (snap_export_stoppable (rt, id, SNAP_COMPRESSION_NONE, persist_sink, &p, stop, &out->export, err) < 0)
+  if (snap_export_stoppable (rt, id, &(snap_export_opts_t){.compression = SNAP_COMPRESSION_NONE}, persist_sink, &p,
+                             stop, &out->export, err)
+      < 0)
     {
       store->ops->writer_abort (p.w);
       return -1;

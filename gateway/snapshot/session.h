@@ -34,8 +34,9 @@ typedef struct snap_canceller_s
   void *ctx;
 } snap_canceller_t;
 
-/* As snap_export_sandbox, stoppable through `stop`. */
-int snap_export_stoppable (sbx_runtime_t *rt, const char *id, snap_compression_t compression, snap_sink_fn sink,
+/* As snap_export_sandbox, with `opts` (its `abort` is the export's own),
+ * stoppable through `stop`. */
+int snap_export_stoppable (sbx_runtime_t *rt, const char *id, const snap_export_opts_t *opts, snap_sink_fn sink,
                            void *ctx, const snap_canceller_t *stop, snap_export_result_t *res, err_t *err);
 
 /* Told of the bytes stored so far, every SNAP_PROGRESS_EVERY bytes; -1

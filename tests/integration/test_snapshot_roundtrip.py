@@ -104,6 +104,18 @@ def _comparable(d: dict) -> dict:
     return {k: (strip(v) if isinstance(v, dict) else v) for k, v in d.items()}
 
 
+def test_an_export_without_its_digest_is_the_same_stream(source):
+    """skip_sha256 leaves the last chunk's sha256 empty and changes nothing
+    else: the same bytes as an export with the digest, which is theirs."""
+    c, src, _ = source
+    hashed = c.export(src, timeout=120)
+    plain = c.export(src, timeout=120, skip_sha256=True)
+    assert plain.last.sha256 == ""
+    assert hashed.last.sha256 == hashlib.sha256(plain.data).hexdigest()
+    assert plain.data == hashed.data
+    assert plain.last.total_bytes == hashed.last.total_bytes == len(plain.data)
+
+
 @pytest.mark.parametrize("compression", list(COMPRESSIONS))
 def test_export_restore_round_trip_keeps_everything(source, snap, compression):
     c, src, before = source

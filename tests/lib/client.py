@@ -191,20 +191,21 @@ class SandboxClient:
 
     # --- snapshots -------------------------------------------------------------
     def export_stream(self, sid: str, compression=pb.COMPRESSION_NONE,
-                      timeout: float = STREAM_TIMEOUT_S):
+                      timeout: float = STREAM_TIMEOUT_S, skip_sha256: bool = False):
         return self.stub.ExportSnapshot(
-            pb.ExportSnapshotRequest(sandbox_id=sid, compression=compression),
+            pb.ExportSnapshotRequest(sandbox_id=sid, compression=compression, skip_sha256=skip_sha256),
             metadata=self.md, timeout=timeout)
 
     def export(self, sid: str, compression=pb.COMPRESSION_NONE, keep: bool = True,
-               sink: Optional[BinaryIO] = None, timeout: float = STREAM_TIMEOUT_S) -> Export:
+               sink: Optional[BinaryIO] = None, timeout: float = STREAM_TIMEOUT_S,
+               skip_sha256: bool = False) -> Export:
         """Consumes a whole export: hashes every piece, writes it to `sink`
         when given, keeps the bytes when `keep`. Checks the stream's shape:
         data chunks, then one last chunk with no data."""
         ex = Export()
         h = hashlib.sha256()
         kept = [] if keep else None
-        for chunk in self.export_stream(sid, compression, timeout):
+        for chunk in self.export_stream(sid, compression, timeout, skip_sha256):
             if ex.last is not None:
                 ex.messages_after_last += 1
                 continue
