@@ -93,12 +93,19 @@ rpc_call_recv_raw (rpc_call_t *c, grpc_byte_buffer **out, err_t *err)
   *out = NULL;
   if (c->half_closed)
     return 0;
+  /* Receives have a tag of their own (the one a receive started ahead
+   * uses): a handler may receive on one thread while it sends on another. */
+  rpc_call_recv_ahead (c);
   grpc_byte_buffer *bb = NULL;
-  grpc_op op;
-  memset (&op, 0, sizeof op);
-  op.op = GRPC_OP_RECV_MESSAGE;
-  op.data.recv_message.recv_message = &bb;
-  bool ok = rpc_call_run_batch (c, &op, 1);
+  bool ok = false;
+  if (c->ahead)
+    {
+      grpc_event ev = grpc_completion_queue_pluck (c->cq, &c->ahead_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+      ok = ev.type == GRPC_OP_COMPLETE && ev.success;
+      bb = c->ahead_bb;
+      c->ahead_bb = NULL;
+      c->ahead = false;
+    }
   rpc_call_first_message_done (c);
   if (!ok)
     {
@@ -135,6 +142,30 @@ rpc_call_recv_raw (rpc_call_t *c, grpc_byte_buffer **out, err_t *err)
     }
   *out = bb;
   return 1;
+}
+
+void
+rpc_call_recv_ahead (rpc_call_t *c)
+{
+  if (c->ahead || c->half_closed || c->finished || c->peer_gone)
+    return;
+  grpc_op op;
+  memset (&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_MESSAGE;
+  op.data.recv_message.recv_message = &c->ahead_bb;
+  c->ahead = rpc_call_start_batch (c, &op, 1, &c->ahead_tag) == GRPC_CALL_OK;
+}
+
+void
+rpc_call_drain_ahead (rpc_call_t *c)
+{
+  if (!c->ahead)
+    return;
+  grpc_completion_queue_pluck (c->cq, &c->ahead_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+  if (c->ahead_bb != NULL)
+    grpc_byte_buffer_destroy (c->ahead_bb);
+  c->ahead_bb = NULL;
+  c->ahead = false;
 }
 
 size_t

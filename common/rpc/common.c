@@ -82,6 +82,7 @@ static const struct
     {EPERM, GRPC_STATUS_PERMISSION_DENIED},
     {EACCES, GRPC_STATUS_PERMISSION_DENIED},
     {EBUSY, GRPC_STATUS_FAILED_PRECONDITION},
+    {EFBIG, GRPC_STATUS_FAILED_PRECONDITION}, /* the sandbox holds something a snapshot cannot carry */
 };
 
 grpc_status_code

@@ -53,6 +53,10 @@ typedef struct rpc_slot_s
   grpc_completion_queue *cq;
 } rpc_slot_t;
 
+/* call.c: waits for a receive started ahead and drops its message (the
+ * handler has returned; the call has finished, so it completes). */
+void rpc_call_drain_ahead (rpc_call_t *c);
+
 struct rpc_call_s
 {
   rpc_server_t *server;
@@ -64,6 +68,9 @@ struct rpc_call_s
   grpc_metadata_array md;
   int close_tag; /* its address tags RECV_CLOSE_ON_SERVER */
   int batch_tag; /* its address tags every other batch */
+  int ahead_tag; /* its address tags every receive (started ahead or not) */
+  bool ahead;    /* such a receive is in flight; its message lands in ahead_bb */
+  grpc_byte_buffer *ahead_bb;
   int cancelled; /* written by RECV_CLOSE_ON_SERVER */
   bool closed;   /* RECV_CLOSE_ON_SERVER has completed */
   bool md_sent;  /* initial metadata has gone out */

@@ -115,6 +115,7 @@ call_run (rpc_call_t *c)
       else
         rpc_call_finish (c, GRPC_STATUS_OK, NULL);
     }
+  rpc_call_drain_ahead (c);
   err_release (&err);
   if (!c->closed)
     {

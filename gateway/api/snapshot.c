@@ -65,29 +65,35 @@ restore_src_clear (restore_src_t *s)
   s->raw = NULL;
 }
 
-static ssize_t
-restore_next (void *ctx, const uint8_t **data, err_t *err)
+static int
+restore_next (void *ctx, struct iovec *iov, int *n, err_t *err)
 {
   restore_src_t *s = ctx;
+  int max = *n;
   for (;;)
     {
-      /* The rest of a message read in place, a slice at a time. */
-      while (s->raw != NULL && s->slice < s->raw->data.raw.slice_buffer.count)
+      /* The rest of a message read in place, as many slices as fit. */
+      int k = 0;
+      while (s->raw != NULL && s->slice < s->raw->data.raw.slice_buffer.count && k < max)
         {
           const grpc_slice *sl = &s->raw->data.raw.slice_buffer.slices[s->slice++];
           size_t len = GRPC_SLICE_LENGTH (*sl), skip = s->skip < len ? s->skip : len;
           s->skip -= skip;
           if (len > skip)
-            {
-              *data = GRPC_SLICE_START_PTR (*sl) + skip;
-              return (ssize_t) (len - skip);
-            }
+            iov[k++] = (struct iovec){(void *) (GRPC_SLICE_START_PTR (*sl) + skip), len - skip};
+        }
+      if (k > 0)
+        {
+          *n = k;
+          return 1;
         }
       restore_src_clear (s);
       grpc_byte_buffer *bb = NULL;
       int rc = rpc_call_recv_raw (s->call, &bb, err);
       if (rc <= 0)
         return rc;
+      /* The next message arrives while this one goes to the unpacker. */
+      rpc_call_recv_ahead (s->call);
       size_t framing = chunk_framing (bb);
       if (framing > 0)
         {
@@ -105,8 +111,9 @@ restore_next (void *ctx, const uint8_t **data, err_t *err)
         return err_make (err, EINVAL, "only the first Restore message may carry a header");
       if (m->tar_chunk.len == 0)
         continue;
-      *data = m->tar_chunk.data;
-      return (ssize_t) m->tar_chunk.len;
+      iov[0] = (struct iovec){m->tar_chunk.data, m->tar_chunk.len};
+      *n = 1;
+      return 1;
     }
 }
 

@@ -136,7 +136,16 @@ serve_request (int ctl, const sbx_confine_t *confine, char *buf)
   if (pid < 0)
     helper_report (fds[3], SBX_REPORT_ERROR, errno, 0, 0, "fork the command (process limit reached?)");
   else
-    running[n_running++] = (running_t){pid, fds[3]};
+    {
+      running[n_running++] = (running_t){pid, fds[3]};
+      /* Its pidfd: the gateway signals the command's process group through
+       * it (no pid of this namespace means anything outside it). */
+      int pidfd = (int) syscall (SYS_pidfd_open, pid, 0);
+      sbx_report_t r = {.type = SBX_REPORT_STARTED, .a = pid};
+      sbx_send_fds (fds[3], &r, sizeof r, &pidfd, pidfd >= 0 ? 1 : 0); /* a gateway gone: nothing to tell */
+      if (pidfd >= 0)
+        close (pidfd);
+    }
   for (int i = 0; i < SBX_EXEC_FDS; i++)
     if (i != 3 || pid < 0)
       close (fds[i]);

@@ -420,6 +420,52 @@ sbx_cg_remove (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t 
   return rc;
 }
 
+int
+sbx_cg_move_all (const sbx_cg_layout_t *l, const char *id, const char *sub, const char *to, err_t *err)
+{
+  char from[300], dest[300];
+  path_of (from, sizeof from, l->roots[0], id, sub, "cgroup.procs");
+  for (int round = 0; round < 16; round++)
+    {
+      FILE *f = fopen (from, "re");
+      if (f == NULL)
+        return errno == ENOENT ? 0 : err_make_sys (err, errno, "open `%s`", from);
+      long pid;
+      int seen = 0, dfd = -1;
+      while (fscanf (f, "%ld", &pid) == 1)
+        {
+          if (seen++ == 0)
+            {
+              path_of (dest, sizeof dest, l->roots[0], id, to, NULL);
+              if (mkdir (dest, 0755) < 0 && errno != EEXIST)
+                {
+                  fclose (f);
+                  return err_make_sys (err, errno, "mkdir `%s`", dest);
+                }
+              path_of (dest, sizeof dest, l->roots[0], id, to, "cgroup.procs");
+              dfd = open (dest, O_WRONLY | O_CLOEXEC);
+              if (dfd < 0)
+                {
+                  fclose (f);
+                  return err_make_sys (err, errno, "open `%s`", dest);
+                }
+            }
+          char val[24];
+          int len = snprintf (val, sizeof val, "%ld", pid);
+          /* A failure (ESRCH: it exited meanwhile) shows as a process
+           * still listed in the next round. */
+          if (write (dfd, val, (size_t) len) < 0)
+            continue;
+        }
+      fclose (f);
+      if (dfd >= 0)
+        close (dfd);
+      if (seen == 0)
+        return 0;
+    }
+  return err_make (err, EBUSY, "processes keep appearing in `%s`", from);
+}
+
 long
 sbx_cg_count (const sbx_cg_layout_t *l, const char *id, const char *sub)
 {

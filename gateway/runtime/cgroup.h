@@ -89,6 +89,16 @@ int sbx_cg_kill (const sbx_cg_layout_t *l, const char *id, const char *sub, err_
  * hierarchy. Groups that still hold processes are left (EBUSY). */
 int sbx_cg_remove (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t *err);
 
+/* The sub-group of a sandbox where processes an exec left running live on. */
+#define SBX_CG_BACKGROUND "background"
+
+/* Moves every process of sub-group `sub` of sandbox `id` (tracking
+ * hierarchy: the only one where sub-groups exist) into sub-group `to`
+ * (made when missing), so that `sub` can be removed while they live on.
+ * Repeats while a fork races it, a bounded number of times; EBUSY when
+ * `sub` still has processes then. */
+int sbx_cg_move_all (const sbx_cg_layout_t *l, const char *id, const char *sub, const char *to, err_t *err);
+
 /* Freezes (true) or thaws (false) the whole sandbox. */
 int sbx_cg_freeze (const sbx_cg_layout_t *l, const char *id, bool frozen, err_t *err);
 

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -23,10 +24,13 @@
 
 /* Longest wait between looks at cancellation. */
 #define EXEC_POLL_MS 100
-/* After the exit report: how long output may still arrive, and how long
- * more once some did. */
+/* After the exit report: how long output may still arrive, how long more
+ * once some did, and the longest drain whatever keeps the pipes busy (a
+ * background child, or another process of the sandbox that opened the
+ * exec's pipe through /proc). */
 #define EXEC_DRAIN_MS 200
 #define EXEC_DRAIN_MORE_MS 50
+#define EXEC_DRAIN_MAX_MS 500
 /* Pipe buffers: fewer wake-ups for a chatty command. */
 #define EXEC_STDOUT_PIPE (1024 * 1024)
 #define EXEC_STDERR_PIPE (256 * 1024)
@@ -81,9 +85,10 @@ typedef struct exec_run_s
   char group[32];
   pump_t pumps[2]; /* stdout, stderr; fd -1 once closed */
   int stdin_fd;    /* -1 once all of stdin is written */
+  int stream_fd;   /* stdin_stream: the write end to hand over at STARTED */
   size_t stdin_off;
   int report_fd;
-  int64_t started, deadline, drain_until;
+  int64_t started, deadline, exited_at, drain_until;
   bool exited, killed, consumer_gone;
   char start_error[sizeof ((sbx_report_t *) 0)->text];
   uint8_t *buf;
@@ -92,7 +97,7 @@ typedef struct exec_run_s
 static void
 exec_run_close (exec_run_t *x)
 {
-  int *fds[] = {&x->pumps[0].fd, &x->pumps[1].fd, &x->stdin_fd, &x->report_fd};
+  int *fds[] = {&x->pumps[0].fd, &x->pumps[1].fd, &x->stdin_fd, &x->report_fd, &x->stream_fd};
   for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
     if (*fds[i] >= 0)
       close (take_fd (fds[i]));
@@ -170,7 +175,9 @@ start_command (exec_run_t *x, const char *state, err_t *err)
   x->pumps[1] = (pump_t){take_fd (&errp[0]), 2};
   fcntl (x->pumps[0].fd, F_SETFL, O_NONBLOCK);
   fcntl (x->pumps[1].fd, F_SETFL, O_NONBLOCK);
-  if (req->stdin_len > 0)
+  if (req->stdin_stream)
+    x->stream_fd = take_fd (&in[1]);
+  else if (req->stdin_len > 0)
     {
       x->stdin_fd = take_fd (&in[1]);
       fcntl (x->stdin_fd, F_SETFL, O_NONBLOCK);
@@ -182,7 +189,9 @@ start_command (exec_run_t *x, const char *state, err_t *err)
 static void
 kill_if_due (exec_run_t *x, int64_t now)
 {
-  if (x->killed || !(now >= x->deadline || x->consumer_gone || x->sink->cancelled (x->sink->ctx)))
+  /* Once the command has exited its status stands: what it left running
+   * is not killed for the deadline (see sbx_exec). */
+  if (x->killed || x->exited || !(now >= x->deadline || x->consumer_gone || x->sink->cancelled (x->sink->ctx)))
     return;
   if (now >= x->deadline)
     x->res->timed_out = true;
@@ -198,7 +207,25 @@ static void
 on_report (exec_run_t *x)
 {
   sbx_report_t r;
-  int g = sbx_read_report (x->report_fd, &r, 0, NULL, 0);
+  int pidfd = -1;
+  int g = sbx_read_report (x->report_fd, &r, 0, &pidfd, 1);
+  if (g == 1 && r.type == SBX_REPORT_STARTED)
+    {
+      sbx_exec_started_t st = {.pid = r.a, .pidfd = pidfd, .stdin_fd = x->stream_fd};
+      x->stream_fd = -1;
+      if (x->sink->started != NULL)
+        x->sink->started (x->sink->ctx, &st);
+      else
+        {
+          if (st.pidfd >= 0)
+            close (st.pidfd);
+          if (st.stdin_fd >= 0)
+            close (st.stdin_fd);
+        }
+      return;
+    }
+  if (pidfd >= 0)
+    close (pidfd);
   if (g == 1 && r.type == SBX_REPORT_ERROR)
     snprintf (x->start_error, sizeof x->start_error, "%s", r.text);
   else if (g == 1 && r.type == SBX_REPORT_EXIT)
@@ -215,7 +242,10 @@ on_report (exec_run_t *x)
       x->exited = true;
     }
   if (x->exited)
-    x->drain_until = sbx_mono_ms () + EXEC_DRAIN_MS;
+    {
+      x->exited_at = sbx_mono_ms ();
+      x->drain_until = x->exited_at + EXEC_DRAIN_MS;
+    }
 }
 
 static void
@@ -268,7 +298,10 @@ pump_once (exec_run_t *x, int64_t now, err_t *err)
   if (p[3].revents != 0)
     on_stdin (x);
   if (x->exited && got && sbx_mono_ms () + EXEC_DRAIN_MORE_MS > x->drain_until)
-    x->drain_until = sbx_mono_ms () + EXEC_DRAIN_MORE_MS;
+    {
+      int64_t more = sbx_mono_ms () + EXEC_DRAIN_MORE_MS, cap = x->exited_at + EXEC_DRAIN_MAX_MS;
+      x->drain_until = more < cap ? more : cap;
+    }
   return 0;
 }
 
@@ -281,7 +314,7 @@ pump_all (exec_run_t *x, err_t *err)
       int64_t now = sbx_mono_ms ();
       kill_if_due (x, now);
       bool drained = x->pumps[0].fd < 0 && x->pumps[1].fd < 0;
-      if (x->exited && (drained || now >= x->drain_until || x->consumer_gone))
+      if (x->exited && (drained || now >= x->drain_until || x->consumer_gone || x->sink->cancelled (x->sink->ctx)))
         return 0;
       if (pump_once (x, now, err) < 0)
         {
@@ -328,6 +361,25 @@ describe_limits (sbx_runtime_t *rt, const sbx_cg_events_t *before, const sbx_cg_
               rt->cfg.pids_max);
 }
 
+#ifndef PIDFD_SIGNAL_PROCESS_GROUP
+#define PIDFD_SIGNAL_PROCESS_GROUP (1U << 2)
+#endif
+
+int
+sbx_exec_signal (int pidfd, int sig, err_t *err)
+{
+  if (sig <= 0 || sig >= NSIG)
+    return err_make (err, EINVAL, "%d is not a signal number", sig);
+  if (pidfd < 0)
+    return err_make (err, ESRCH, "the process cannot be signalled");
+  if (syscall (SYS_pidfd_send_signal, pidfd, sig, NULL, PIDFD_SIGNAL_PROCESS_GROUP) == 0)
+    return 0;
+  /* A kernel before 6.9 signals the process itself only. */
+  if (errno == EINVAL && syscall (SYS_pidfd_send_signal, pidfd, sig, NULL, 0) == 0)
+    return 0;
+  return err_make_sys (err, errno, "signal %d", sig);
+}
+
 int
 sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *sink, sbx_exec_result_t *res,
           err_t *err)
@@ -340,8 +392,14 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
   if (s == NULL)
     return err_make (err, ENOENT, "sandbox `%s` not found", req->id);
 
-  exec_run_t x = {
-      .rt = rt, .req = req, .sink = sink, .res = res, .pumps = {{-1, 1}, {-1, 2}}, .stdin_fd = -1, .report_fd = -1};
+  exec_run_t x = {.rt = rt,
+                  .req = req,
+                  .sink = sink,
+                  .res = res,
+                  .pumps = {{-1, 1}, {-1, 2}},
+                  .stdin_fd = -1,
+                  .stream_fd = -1,
+                  .report_fd = -1};
   pthread_mutex_lock (&rt->mu);
   snprintf (x.group, sizeof x.group, "exec-%u", ++s->exec_seq);
   char state[sizeof s->state];
@@ -362,9 +420,14 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
       describe_limits (rt, &before, &after, res);
     }
   exec_run_close (&x);
-  /* The exec's cgroup goes when nothing it started is left. */
+  /* The exec's cgroup goes with it. What the command left running (a
+   * server started with `&`) lives on in the sandbox's background group,
+   * as it would after a shell's exit, and dies with the sandbox. */
   err_t rerr = ERR_INIT;
-  sbx_cg_remove (&rt->cg, req->id, x.group, &rerr);
+  if ((!x.exited || sbx_cg_move_all (&rt->cg, req->id, x.group, SBX_CG_BACKGROUND, &rerr) < 0
+       || sbx_cg_remove (&rt->cg, req->id, x.group, &rerr) < 0)
+      && rerr.msg != NULL)
+    err_warn_release (&rerr, "exec in `%s`", req->id);
   err_release (&rerr);
   sbx_release (rt, s);
   return rc;

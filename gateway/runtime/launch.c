@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "common/cleanup.h"
@@ -149,6 +150,10 @@ helper_argv (sbx_runtime_t *rt, const sbx_t *s, bool restore, launch_numbers_t *
   return a->oom ? err_make (err, ENOMEM, "launch: out of memory") : 0;
 }
 
+/* Spans a source may hand over at once (a 1 MiB gRPC message arrives in
+ * frames of 16 KiB or more). */
+#define FEED_SPANS 128
+
 /* Feeds the tar from `src` into the helper's stdin until the source ends,
  * watching the report socket: an early report means the helper refused the
  * stream (its reason comes with it). 0 fed; -1 with *err. */
@@ -157,15 +162,21 @@ feed_tar (int pipe_fd, int report_fd, sbx_source_fn src, void *src_ctx, sbx_repo
           err_t *err)
 {
   *got_early = false;
+  struct iovec iov[FEED_SPANS];
   for (;;)
     {
-      const uint8_t *data = NULL;
-      ssize_t n = src (src_ctx, &data, err);
-      if (n <= 0)
-        return (int) n;
-      size_t off = 0;
-      while (off < (size_t) n)
+      int n = FEED_SPANS;
+      int rc = src (src_ctx, iov, &n, err);
+      if (rc <= 0)
+        return rc;
+      int i = 0;
+      while (i < n)
         {
+          if (iov[i].iov_len == 0)
+            {
+              i++;
+              continue;
+            }
           struct pollfd p[2] = {{.fd = pipe_fd, .events = POLLOUT}, {.fd = report_fd, .events = POLLIN}};
           if (TEMP_FAILURE_RETRY (poll (p, 2, -1)) < 0)
             return err_make_sys (err, errno, "restore: poll");
@@ -174,7 +185,7 @@ feed_tar (int pipe_fd, int report_fd, sbx_source_fn src, void *src_ctx, sbx_repo
               *got_early = sbx_read_report (report_fd, early, 0, NULL, 0) == 1;
               return 0;
             }
-          ssize_t w = TEMP_FAILURE_RETRY (write (pipe_fd, data + off, (size_t) n - off));
+          ssize_t w = TEMP_FAILURE_RETRY (writev (pipe_fd, iov + i, n - i));
           if (w < 0 && errno == EAGAIN)
             continue;
           if (w < 0)
@@ -183,7 +194,15 @@ feed_tar (int pipe_fd, int report_fd, sbx_source_fn src, void *src_ctx, sbx_repo
               *got_early = sbx_read_report (report_fd, early, RESTORE_REASON_TIMEOUT_MS, NULL, 0) == 1;
               return 0;
             }
-          off += (size_t) w;
+          for (size_t left = (size_t) w; left > 0 && i < n;)
+            {
+              size_t k = left < iov[i].iov_len ? left : iov[i].iov_len;
+              iov[i].iov_base = (uint8_t *) iov[i].iov_base + k;
+              iov[i].iov_len -= k;
+              left -= k;
+              if (iov[i].iov_len == 0)
+                i++;
+            }
         }
     }
 }

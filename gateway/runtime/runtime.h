@@ -15,6 +15,7 @@
 #define SBX_GATEWAY_RUNTIME_H
 
 #include <stdbool.h>
+#include <sys/uio.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -87,9 +88,12 @@ void sbx_runtime_destroy (sbx_runtime_t *rt);
 /* Creates an empty sandbox. EINVAL bad id, EEXIST live id, EAGAIN too many. */
 int sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *out, err_t *err);
 
-/* Pulls the next piece of a tar stream: >0 bytes at *data (valid until the
- * next call), 0 at the end, -1 with *err. */
-typedef ssize_t (*sbx_source_fn) (void *ctx, const uint8_t **data, err_t *err);
+/* Pulls the next piece of a tar stream: 1 with its bytes in `iov[0..*n)`
+ * (at most *n spans; valid until the next call; *n is set to the number
+ * used), 0 at the end, -1 with *err. A piece of several spans (a gRPC
+ * message as it arrived, frame by frame) goes to the unpacker in one
+ * writev. */
+typedef int (*sbx_source_fn) (void *ctx, struct iovec *iov, int *n, err_t *err);
 
 /* Creates a sandbox whose writable layer is unpacked from the tar stream
  * `src` (plain, gzip or zstd; OCI whiteouts become overlay whiteouts) before
@@ -140,8 +144,22 @@ typedef struct sbx_exec_req_s
   const char *cwd;   /* absolute; NULL or "": /root */
   const uint8_t *stdin_data;
   size_t stdin_len;
+  /* stdin comes from the caller as it goes (stdin_data is then unused):
+   * the write end of the command's stdin is handed over through
+   * sink->started, and EOF is the caller closing it. */
+  bool stdin_stream;
   uint32_t timeout_seconds; /* 0: default */
 } sbx_exec_req_t;
+
+/* What a started command hands its caller; the descriptors are the
+ * caller's to close. */
+typedef struct sbx_exec_started_s
+{
+  int pid;      /* in the sandbox's pid namespace */
+  int pidfd;    /* of the command, -1 when the kernel has none: signals go
+                   to its process group (sbx_exec_signal) */
+  int stdin_fd; /* with stdin_stream, else -1; blocking */
+} sbx_exec_started_t;
 
 /* Where an exec's output goes, as it is produced. */
 typedef struct sbx_exec_sink_s
@@ -152,6 +170,9 @@ typedef struct sbx_exec_sink_s
   int (*output) (void *ctx, int stream, const uint8_t *data, size_t len);
   /* True when the consumer has gone away (polled a few times a second). */
   bool (*cancelled) (void *ctx);
+  /* Told once the command runs (may be NULL: the descriptors are then
+   * closed). Called on the exec's thread, before any output. */
+  void (*started) (void *ctx, const sbx_exec_started_t *st);
   void *ctx;
 } sbx_exec_sink_t;
 
@@ -171,6 +192,10 @@ typedef struct sbx_exec_result_s
  * could not be run (ENOENT unknown sandbox, EINVAL bad request). */
 int sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *sink, sbx_exec_result_t *res,
               err_t *err);
+
+/* Sends `sig` to the process group of a started command (its pidfd).
+ * ESRCH once it has exited, EINVAL for a signal number Linux has not. */
+int sbx_exec_signal (int pidfd, int sig, err_t *err);
 
 /* Number of live sandboxes (launching ones included). */
 size_t sbx_count (sbx_runtime_t *rt);

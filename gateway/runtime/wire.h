@@ -26,9 +26,10 @@
 
 typedef enum sbx_report_type_e
 {
-  SBX_REPORT_READY = 1, /* launch: the sandbox is up; a = holder pid; fd = its disk */
-  SBX_REPORT_ERROR = 2, /* status = errno, text = what failed */
-  SBX_REPORT_EXIT = 3,  /* exec: the command ended; a = exit code or -1, b = signal */
+  SBX_REPORT_READY = 1,   /* launch: the sandbox is up; a = holder pid; fd = its disk */
+  SBX_REPORT_ERROR = 2,   /* status = errno, text = what failed */
+  SBX_REPORT_EXIT = 3,    /* exec: the command ended; a = exit code or -1, b = signal */
+  SBX_REPORT_STARTED = 4, /* exec: the command was forked; a = its pid in the sandbox; fd = its pidfd */
 } sbx_report_type_t;
 
 typedef struct sbx_report_s

@@ -172,7 +172,8 @@ data_extents (export_t *x, int fd, off_t size, const char *path, extent_t **out,
       if (h < 0 || h > size)
         h = size;
       if (*n == EXPORT_MAX_EXTENTS)
-        return err_make (x->err, E2BIG, "`%s` has more than %d separate data regions", path, EXPORT_MAX_EXTENTS);
+        return err_make (x->err, EFBIG, "`%s` has more than %d separate data regions: it cannot be exported", path,
+                         EXPORT_MAX_EXTENTS);
       if (*n == cap)
         {
           cap = cap ? cap * 2 : 8;

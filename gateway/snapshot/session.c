@@ -138,13 +138,16 @@ typedef struct store_src_s
   uint8_t *buf;
 } store_src_t;
 
-static ssize_t
-store_next (void *ctx, const uint8_t **data, err_t *err)
+static int
+store_next (void *ctx, struct iovec *iov, int *n, err_t *err)
 {
   store_src_t *s = ctx;
-  ssize_t n = s->store->ops->reader_read (s->r, s->buf, SNAP_CHUNK, err);
-  *data = s->buf;
-  return n;
+  ssize_t got = s->store->ops->reader_read (s->r, s->buf, SNAP_CHUNK, err);
+  if (got <= 0)
+    return (int) got;
+  iov[0] = (struct iovec){s->buf, (size_t) got};
+  *n = 1;
+  return 1;
 }
 
 /* Restores `id` from the store. ENOENT when there is no snapshot. */

@@ -451,7 +451,9 @@ snap_unpack (int fd, long max_entries, bool userxattr, err_t *err)
                                            | ARCHIVE_EXTRACT_SECURE_NODOTDOT
                                            | ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS);
   int rc = -1;
-  if (archive_read_open_fd (u.a, fd, 256 * 1024) != ARCHIVE_OK)
+  /* Reads as large as the restore pipe (1 MiB): fewer reads, and file
+   * writes large enough for the disk's large folios. */
+  if (archive_read_open_fd (u.a, fd, 1024 * 1024) != ARCHIVE_OK)
     extract_fail (u.a, "(start)", err);
   else if (unpack_all (&u, max_entries, err) == 0)
     {

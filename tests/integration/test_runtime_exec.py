@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from pathlib import Path
 
 import grpc
 import pytest
@@ -282,3 +283,61 @@ def test_exec_whose_deadline_passes_kills_the_command(sbx, fresh):
             pass
     assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert wait_until(lambda: _no_sleep_left(sbx, fresh), timeout=10.0, interval=0.2), ps_comms(sbx, fresh)
+
+
+# --- the end of an exec ----------------------------------------------------------
+
+def test_exec_ends_with_its_command_though_a_child_it_left_keeps_writing(sbx, fresh):
+    """The answer comes when the command exits (plus a short drain), with the
+    command's own status, even though a background child still writes to
+    the exec's stdout: not at the timeout, not as timed out."""
+    res = sbx.sh(fresh, "(while :; do echo x; sleep 0.02; done) & echo done", timeout_seconds=6, rpc_timeout=30)
+    assert (res.code, res.exit.timed_out, res.exit.signal) == (0, False, 0), res.describe()
+    assert "done" in res.out.splitlines(), res.describe()
+
+
+INTRUDER = """
+import os, socket, time
+s = socket.socket(socket.AF_UNIX)
+s.bind("/tmp/intruder.sock")
+s.listen(1)
+c, _ = s.accept()
+_, fds, _, _ = socket.recv_fds(c, 1, 1)
+while True:
+    os.write(fds[0], b"y\\n")
+    time.sleep(0.01)
+"""
+
+VICTIM = ("import socket, time; s = socket.socket(socket.AF_UNIX); s.connect('/tmp/intruder.sock'); "
+          "socket.send_fds(s, [b'x'], [1]); time.sleep(1.5); print('end', flush=True)")
+
+
+def test_another_process_writing_into_an_exec_pipe_cannot_hold_it_open(sbx, fresh):
+    """A process of the sandbox outside the exec gets the exec's stdout (the
+    command hands it over a Unix socket) and writes into it forever: the
+    exec still ends when its command does, with its status."""
+    sbx.ok(fresh, f"cat > /tmp/intruder.py <<'EOF'\n{INTRUDER}\nEOF\n"
+                  "setsid nohup python3 /tmp/intruder.py >/dev/null 2>&1 </dev/null & "
+                  "while [ ! -S /tmp/intruder.sock ]; do sleep 0.05; done")
+    res = sbx.exec(fresh, ["python3", "-c", VICTIM], timeout_seconds=6, rpc_timeout=30)
+    assert (res.code, res.exit.timed_out) == (0, False), res.describe()
+    lines = res.out.splitlines()
+    assert "end" in lines and "y" in lines, res.describe()  # the intruder did write into the pipe
+
+
+def _exec_groups(gw, sid) -> list[str]:
+    found = []
+    for root in Path("/sys/fs/cgroup").iterdir():
+        g = root / gw.cgroup_group / sid
+        if g.is_dir():
+            found += [p.name for p in g.iterdir() if p.is_dir() and p.name.startswith("exec-")]
+    return found
+
+
+def test_each_exec_cgroup_goes_with_its_exec_and_what_it_left_running_lives_on(sbx, fresh):
+    for _ in range(5):
+        sbx.ok(fresh, "true")
+    sbx.ok(fresh, "nohup sleep 1000 >/dev/null 2>&1 & echo started")
+    assert _exec_groups(sbx.gw, fresh) == []
+    assert [p for p in ps_comms(sbx, fresh) if "sleep 1000" in p], "the background sleep was killed"
+    assert _exec_groups(sbx.gw, fresh) == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tempfile
 
+import grpc
 import pytest
 
 from tests.lib.client import SandboxClient, new_id, pb
@@ -68,5 +69,46 @@ def test_one_gib_round_trip_keeps_content_and_gateway_memory_flat(gw):
         print(detail)
         assert export_growth < RSS_GROWTH_LIMIT_MIB, f"export grew the gateway: {detail}"
         assert restore_growth < RSS_GROWTH_LIMIT_MIB, f"restore grew the gateway: {detail}"
+    finally:
+        c.cleanup()
+
+
+# Export's cap on the data regions of one file (gateway/snapshot/entries.c):
+# every region is a line of the pax sparse map, held in memory and written
+# in the entry's header.
+MAX_EXTENTS = 262144
+
+
+def test_a_file_with_more_data_regions_than_the_cap_fails_the_persist_and_keeps_the_stored_snapshot(gw):
+    """One byte every other page of a sparse file: one region more than the
+    cap (1 GiB of pages). The export refuses it with a clear error naming
+    the file, instead of writing a header of megabytes; the persist fails,
+    the snapshot stored before stays, and the gateway serves on."""
+    c = SandboxClient(gw)
+    try:
+        sid = new_id("extents")
+        c.launch(sid)
+        c.ok(sid, "echo first > /root/state")
+        assert c.persist(sid, timeout=120)[-1].done
+        c.py_out(sid, "import os\n"
+                 "fd = os.open('/root/holes', os.O_WRONLY | os.O_CREAT, 0o644)\n"
+                 f"for i in range({MAX_EXTENTS + 1}):\n"
+                 "    os.pwrite(fd, b'x', i * 8192)\n"
+                 "os.close(fd)\n", timeout_seconds=300)
+        c.ok(sid, "echo second > /root/state")
+        with pytest.raises(grpc.RpcError) as e:
+            c.persist(sid, timeout=300)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value
+        assert "root/holes" in e.value.details() and str(MAX_EXTENTS) in e.value.details(), e.value
+        with pytest.raises(grpc.RpcError) as e:
+            c.export(sid, keep=False, timeout=300)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value
+        assert "separate data regions" in e.value.details(), e.value
+        # The sandbox was thawed and still runs; the stored snapshot is the first.
+        assert c.sh_out(sid, "cat /root/state") == "second\n"
+        c.delete(sid)
+        r = c.connect(sid)
+        assert r.outcome == pb.ConnectResponse.OUTCOME_RESTORED
+        assert c.sh_out(sid, "cat /root/state") == "first\n"
     finally:
         c.cleanup()
