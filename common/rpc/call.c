@@ -255,6 +255,17 @@ rpc_call_cancelled (rpc_call_t *c)
   return c->closed && c->cancelled != 0;
 }
 
+bool
+rpc_call_wait_closed (rpc_call_t *c)
+{
+  if (!c->closed)
+    {
+      grpc_completion_queue_pluck (c->cq, &c->close_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+      c->closed = true;
+    }
+  return c->cancelled != 0;
+}
+
 const char *
 rpc_call_method (const rpc_call_t *c)
 {

@@ -231,6 +231,12 @@ int rpc_call_finish (rpc_call_t *call, grpc_status_code code, const char *detail
  * server is cancelling calls at shutdown. Cheap; does not block. */
 bool rpc_call_cancelled (rpc_call_t *call);
 
+/* Waits until the call is over (finished by the handler, or cancelled);
+ * true when it was cancelled. For a handler's second thread that watches a
+ * stream whose input has ended: it must be the only one looking (no
+ * rpc_call_cancelled meanwhile). */
+bool rpc_call_wait_closed (rpc_call_t *call);
+
 /* The full method path of the call. Owned by the call. */
 const char *rpc_call_method (const rpc_call_t *call);
 

@@ -61,29 +61,46 @@ api_env_free (char **env)
   free (env);
 }
 
+/* One variable of a request's env map: the entry types of ExecRequest and
+ * ProcessStart differ only in name. */
+static int
+env_add (char **env, size_t i, const char *key, const char *val, err_t *err)
+{
+  if (key[0] == '\0' || strchr (key, '=') != NULL)
+    return err_make (err, EINVAL, "env: `%s` is not a variable name", key);
+  if (asprintf (&env[i], "%s=%s", key, val) < 0)
+    {
+      env[i] = NULL;
+      return err_make (err, ENOMEM, "env: out of memory");
+    }
+  return 0;
+}
+
+#define ENV_FROM(entries, n, out, err)                                                                               \
+  do                                                                                                                 \
+    {                                                                                                                \
+      char **env_ = calloc ((n) + 1, sizeof *env_);                                                                  \
+      if (env_ == NULL)                                                                                              \
+        return err_make (err, ENOMEM, "env: out of memory");                                                         \
+      for (size_t i_ = 0; i_ < (n); i_++)                                                                            \
+        if (env_add (env_, i_, (entries)[i_]->key, (entries)[i_]->value, err) < 0)                                   \
+          {                                                                                                          \
+            api_env_free (env_);                                                                                     \
+            return -1;                                                                                               \
+          }                                                                                                          \
+      *(out) = env_;                                                                                                 \
+      return 0;                                                                                                      \
+    }                                                                                                                \
+  while (0)
+
 int
 api_env_from_proto (Sandbox__V1__ExecRequest__EnvEntry **entries, size_t n, char ***out, err_t *err)
 {
-  char **env = calloc (n + 1, sizeof *env);
-  if (env == NULL)
-    return err_make (err, ENOMEM, "Exec: out of memory");
-  for (size_t i = 0; i < n; i++)
-    {
-      const char *key = entries[i]->key, *val = entries[i]->value;
-      int rc = 0;
-      if (key[0] == '\0' || strchr (key, '=') != NULL)
-        rc = err_make (err, EINVAL, "env: `%s` is not a variable name", key);
-      else if (asprintf (&env[i], "%s=%s", key, val) < 0)
-        {
-          env[i] = NULL;
-          rc = err_make (err, ENOMEM, "Exec: out of memory");
-        }
-      if (rc < 0)
-        {
-          api_env_free (env);
-          return -1;
-        }
-    }
-  *out = env;
-  return 0;
+  ENV_FROM (entries, n, out, err);
+}
+
+int
+api_env_from_start (Sandbox__V1__ProcessStart__EnvEntry **entries, size_t n, char ***out, err_t *err)
+{
+  ENV_FROM (entries, n, out, err);
 }

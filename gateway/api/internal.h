@@ -19,6 +19,9 @@ int api_list (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_exec (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_status (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 
+/* process.c */
+int api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+
 /* snapshot.c */
 int api_restore (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_export (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
@@ -46,6 +49,7 @@ int api_compression_from_proto (Sandbox__V1__Compression c, snap_compression_t *
 /* A request's env map as "KEY=VALUE" strings (NULL-terminated; free each
  * and the array with api_env_free). EINVAL for a bad name. */
 int api_env_from_proto (Sandbox__V1__ExecRequest__EnvEntry **entries, size_t n, char ***out, err_t *err);
+int api_env_from_start (Sandbox__V1__ProcessStart__EnvEntry **entries, size_t n, char ***out, err_t *err);
 void api_env_free (char **env);
 
 #endif

@@ -90,6 +90,7 @@ typedef struct exec_run_s
   int report_fd;
   int64_t started, deadline, exited_at, drain_until;
   bool exited, killed, consumer_gone;
+  bool started_seen; /* the STARTED report came (or never will) */
   char start_error[sizeof ((sbx_report_t *) 0)->text];
   uint8_t *buf;
 } exec_run_t;
@@ -211,6 +212,7 @@ on_report (exec_run_t *x)
   int g = sbx_read_report (x->report_fd, &r, 0, &pidfd, 1);
   if (g == 1 && r.type == SBX_REPORT_STARTED)
     {
+      x->started_seen = true;
       sbx_exec_started_t st = {.pid = r.a, .pidfd = pidfd, .stdin_fd = x->stream_fd};
       x->stream_fd = -1;
       if (x->sink->started != NULL)
@@ -227,7 +229,10 @@ on_report (exec_run_t *x)
   if (pidfd >= 0)
     close (pidfd);
   if (g == 1 && r.type == SBX_REPORT_ERROR)
-    snprintf (x->start_error, sizeof x->start_error, "%s", r.text);
+    {
+      snprintf (x->start_error, sizeof x->start_error, "%s", r.text);
+      x->started_seen = true;
+    }
   else if (g == 1 && r.type == SBX_REPORT_EXIT)
     {
       x->res->exit_code = r.a;
@@ -243,6 +248,7 @@ on_report (exec_run_t *x)
     }
   if (x->exited)
     {
+      x->started_seen = true;
       x->exited_at = sbx_mono_ms ();
       x->drain_until = x->exited_at + EXEC_DRAIN_MS;
     }
@@ -281,8 +287,10 @@ pump_once (exec_run_t *x, int64_t now, err_t *err)
 {
   struct pollfd p[4];
   int np = 0;
+  /* A streamed run's caller hears of the start before any output. */
+  bool hold = x->req->stdin_stream && !x->started_seen;
   for (int i = 0; i < 2; i++)
-    p[np++] = (struct pollfd){.fd = x->pumps[i].fd, .events = POLLIN}; /* fd -1: ignored */
+    p[np++] = (struct pollfd){.fd = hold ? -1 : x->pumps[i].fd, .events = POLLIN}; /* fd -1: ignored */
   p[np++] = (struct pollfd){.fd = x->exited ? -1 : x->report_fd, .events = POLLIN};
   p[np++] = (struct pollfd){.fd = x->stdin_fd, .events = POLLOUT};
   int64_t wait = x->exited ? x->drain_until - now : x->deadline - now;

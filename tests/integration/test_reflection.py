@@ -10,7 +10,7 @@ from tests.lib.grpc_clients import (DynamicService, ReflectionClient, file_proto
 
 VERSIONS = ["v1", "v1alpha"]
 SANDBOX_FILE = "sandbox/v1/sandbox.proto"
-SANDBOX_METHODS = ["Launch", "Restore", "Exec", "ExportSnapshot", "PersistSnapshot",
+SANDBOX_METHODS = ["Launch", "Restore", "Exec", "Run", "ExportSnapshot", "PersistSnapshot",
                    "Connect", "Delete", "Get", "List", "Status"]
 NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]  # 5
 
@@ -137,6 +137,7 @@ def test_client_without_proto_copy_calls_sandbox_via_reflection(reflection, gate
     assert [m.name for m in service.descriptor.methods] == SANDBOX_METHODS
     flags = {m.name: streaming_flags(m) for m in service.descriptor.methods}
     assert flags["Restore"] == (True, False)
+    assert flags["Run"] == (True, True)
     for name in ["Exec", "ExportSnapshot", "PersistSnapshot"]:
         assert flags[name] == (False, True), name
     for name in ["Launch", "Connect", "Delete", "Get", "List", "Status"]:
