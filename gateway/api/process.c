@@ -2,7 +2,8 @@
  * stream (see internal.h). The call's thread runs the command through the
  * runtime's exec (output out as ProcessEvents, its exit last); a second
  * thread reads the input stream: stdin bytes into the command's stdin,
- * close_stdin (or a half-close) as EOF, signals to its process group. Input
+ * close_stdin (or a half-close) as EOF, signals to its process group, the
+ * terminal's size when the command runs on one. Input
  * is applied in order: while the command does not read its stdin, later
  * messages wait behind the bytes it has not taken. State: per call. */
 #include <errno.h>
@@ -13,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -28,7 +31,8 @@ typedef struct run_s
   bool reader_started;
   int stdin_fd; /* the reader's once it runs */
   int pidfd;
-  int wake; /* eventfd: the command has ended, the reader stops waiting */
+  int pty_fd; /* the terminal's master, -1 without one */
+  int wake;   /* eventfd: the command has ended, the reader stops waiting */
   /* Written by the reader, read by the call's thread. */
   atomic_bool stop; /* kill the command: the client went away or broke the protocol */
   pthread_mutex_t mu;
@@ -56,6 +60,23 @@ close_stdin (run_t *r)
 {
   if (r->stdin_fd >= 0)
     close (take_fd (&r->stdin_fd));
+}
+
+static void write_stdin (run_t *r, const uint8_t *data, size_t len);
+
+/* End of input: on a terminal, its EOF character (closing the master would
+ * hang the terminal up); else the pipe closes. */
+static void
+end_input (run_t *r)
+{
+  if (r->pty_fd >= 0)
+    {
+      struct termios t;
+      uint8_t eof = tcgetattr (r->pty_fd, &t) == 0 ? t.c_cc[VEOF] : 0x04;
+      write_stdin (r, &eof, 1);
+      return;
+    }
+  close_stdin (r);
 }
 
 /* Writes all of `data` to the command's stdin, waiting while the pipe is
@@ -97,7 +118,26 @@ apply_input (run_t *r, const Sandbox__V1__ProcessInput *in)
     case SANDBOX__V1__PROCESS_INPUT__INPUT_STDIN: write_stdin (r, in->stdin.data, in->stdin.len); break;
     case SANDBOX__V1__PROCESS_INPUT__INPUT_CLOSE_STDIN:
       if (in->close_stdin)
-        close_stdin (r);
+        end_input (r);
+      break;
+    case SANDBOX__V1__PROCESS_INPUT__INPUT_RESIZE:
+      if (r->pty_fd < 0)
+        {
+          err_make (&e, EINVAL, "Run: resize of a command that has no terminal");
+          run_fail (r, &e);
+        }
+      else if (in->resize == NULL || in->resize->rows == 0 || in->resize->cols == 0 || in->resize->rows > 65535
+               || in->resize->cols > 65535)
+        {
+          err_make (&e, EINVAL, "Run: resize needs rows and cols from 1 to 65535");
+          run_fail (r, &e);
+        }
+      else
+        {
+          struct winsize ws
+              = {.ws_row = (unsigned short) in->resize->rows, .ws_col = (unsigned short) in->resize->cols};
+          ioctl (r->pty_fd, TIOCSWINSZ, &ws); /* the kernel sends SIGWINCH */
+        }
       break;
     case SANDBOX__V1__PROCESS_INPUT__INPUT_SIGNAL:
       /* ESRCH: it has just exited; its exit event says so. */
@@ -141,6 +181,8 @@ reader_main (void *arg)
     }
   /* The input has ended: EOF for the command. A client that cancels later
    * still kills it: watch the call until it is over. */
+  if (!atomic_load (&r->stop))
+    end_input (r);
   close_stdin (r);
   if (!atomic_load (&r->stop) && rpc_call_wait_closed (r->call))
     atomic_store (&r->stop, true);
@@ -163,6 +205,7 @@ run_started (void *ctx, const sbx_exec_started_t *st)
   run_t *r = ctx;
   r->pidfd = st->pidfd;
   r->stdin_fd = st->stdin_fd;
+  r->pty_fd = st->pty_fd;
   if (r->stdin_fd >= 0)
     fcntl (r->stdin_fd, F_SETFL, O_NONBLOCK);
   Sandbox__V1__ProcessInfo info = SANDBOX__V1__PROCESS_INFO__INIT;
@@ -171,6 +214,7 @@ run_started (void *ctx, const sbx_exec_started_t *st)
   info.argv = r->start->argv;
   info.running = true;
   info.started_at_ms = now_ms ();
+  info.pty = r->start->pty;
   Sandbox__V1__ProcessEvent ev = SANDBOX__V1__PROCESS_EVENT__INIT;
   ev.event_case = SANDBOX__V1__PROCESS_EVENT__EVENT_STARTED;
   ev.started = &info;
@@ -230,6 +274,10 @@ api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   const Sandbox__V1__ProcessStart *start = in->start;
   if (start->n_argv == 0)
     return err_make (err, EINVAL, "argv must have at least one element");
+  const Sandbox__V1__PtySize *pty = start->pty;
+  if (pty != NULL && (pty->rows > 0 || pty->cols > 0)
+      && (pty->rows == 0 || pty->cols == 0 || pty->rows > 65535 || pty->cols > 65535))
+    return err_make (err, EINVAL, "pty needs rows and cols from 1 to 65535");
   cleanup_free char **argv = calloc (start->n_argv + 1, sizeof *argv);
   if (argv == NULL)
     return err_make (err, ENOMEM, "Run: out of memory");
@@ -240,7 +288,8 @@ api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   cleanup_close int wake = eventfd (0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0)
     return err_make_sys (err, errno, "Run: eventfd");
-  run_t r = {.call = call, .start = start, .stdin_fd = -1, .pidfd = -1, .wake = wake, .error = ERR_INIT};
+  run_t r
+      = {.call = call, .start = start, .stdin_fd = -1, .pidfd = -1, .pty_fd = -1, .wake = wake, .error = ERR_INIT};
   atomic_init (&r.stop, false);
   pthread_mutex_init (&r.mu, NULL);
   sbx_exec_req_t xr = {
@@ -249,6 +298,8 @@ api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
       .env = env,
       .cwd = start->cwd,
       .stdin_stream = true,
+      .pty_rows = pty != NULL ? (uint16_t) pty->rows : 0,
+      .pty_cols = pty != NULL ? (uint16_t) pty->cols : 0,
       .timeout_seconds = start->timeout_seconds,
   };
   sbx_exec_sink_t sink = {.output = run_output, .cancelled = run_cancelled, .started = run_started, .ctx = &r};
@@ -287,6 +338,8 @@ api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   close_stdin (&r);
   if (r.pidfd >= 0)
     close (r.pidfd);
+  if (r.pty_fd >= 0)
+    close (r.pty_fd);
   err_release (&r.error);
   pthread_mutex_destroy (&r.mu);
   return rc;

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdint.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -23,6 +24,7 @@
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "common/cleanup.h"
@@ -38,8 +40,27 @@ typedef struct running_s
 static running_t *running;
 static size_t n_running, cap_running;
 
-static void __attribute__ ((noreturn))
-command_child (const sbx_confine_t *confine, const int *fds, const char *cwd, char **argv, char **env)
+/* Tells the gateway the command runs, from the command's own process once
+ * its signals are back to their defaults (a signal the gateway sends after
+ * this is never lost to the holder's dispositions): its pidfd and, on a
+ * terminal, the master (this process's copy closes at exec). */
+static void
+report_started (int report, int master)
+{
+  int pidfd = (int) syscall (SYS_pidfd_open, getpid (), 0);
+  int pass[2], n_pass = 0;
+  sbx_report_t r = {.type = SBX_REPORT_STARTED, .a = getpid (), .b = (pidfd >= 0 ? 1 : 0) | (master >= 0 ? 2 : 0)};
+  if (pidfd >= 0)
+    pass[n_pass++] = pidfd;
+  if (master >= 0)
+    pass[n_pass++] = master;
+  sbx_send_fds (report, &r, sizeof r, pass, (size_t) n_pass); /* a gateway gone: nothing to tell */
+  if (pidfd >= 0)
+    close (pidfd);
+}
+
+static void __attribute__ ((noreturn)) command_child (const sbx_confine_t *confine, const int *fds, int tty,
+                                                      int master, const char *cwd, char **argv, char **env)
 {
   err_t err = ERR_INIT;
   int report = fds[3];
@@ -50,17 +71,35 @@ command_child (const sbx_confine_t *confine, const int *fds, const char *cwd, ch
       err_make_sys (&err, errno, "setsid");
       goto fail;
     }
-  if (dup2 (fds[0], 0) < 0 || dup2 (fds[1], 1) < 0 || dup2 (fds[2], 2) < 0)
-    {
-      err_make_sys (&err, errno, "set up stdio");
-      goto fail;
-    }
   /* Into the exec's own cgroup: a timeout kills all this command starts. */
   if (TEMP_FAILURE_RETRY (write (fds[4], "0", 1)) != 1)
     {
       err_make_sys (&err, errno, "join the exec's cgroup");
       goto fail;
     }
+  sigset_t none;
+  sigemptyset (&none);
+  sigprocmask (SIG_SETMASK, &none, NULL);
+  for (int s = 1; s < NSIG; s++)
+    signal (s, SIG_DFL);
+  /* In its own session and cgroup, with default signals: from here on the
+   * gateway may signal it and kill what it starts. */
+  report_started (report, master);
+  /* On a terminal: it becomes the session's controlling terminal and the
+   * command's stdio (the pipes go unused). */
+  if (tty >= 0 && ioctl (tty, TIOCSCTTY, 0) < 0)
+    {
+      err_make_sys (&err, errno, "make the terminal the controlling one");
+      goto fail;
+    }
+  int in = tty >= 0 ? tty : fds[0], out = tty >= 0 ? tty : fds[1], errfd = tty >= 0 ? tty : fds[2];
+  if (dup2 (in, 0) < 0 || dup2 (out, 1) < 0 || dup2 (errfd, 2) < 0)
+    {
+      err_make_sys (&err, errno, "set up stdio");
+      goto fail;
+    }
+  if (tty > 2)
+    close (tty);
   if (chdir (cwd) < 0)
     {
       err_make_sys (&err, errno, "working directory `%s`", cwd);
@@ -70,11 +109,6 @@ command_child (const sbx_confine_t *confine, const int *fds, const char *cwd, ch
    * what one sandbox can hold. */
   struct rlimit nofile = {.rlim_cur = 1024, .rlim_max = 1024};
   setrlimit (RLIMIT_NOFILE, &nofile);
-  sigset_t none;
-  sigemptyset (&none);
-  sigprocmask (SIG_SETMASK, &none, NULL);
-  for (int s = 1; s < NSIG; s++)
-    signal (s, SIG_DFL);
   if (sbx_confine_apply (confine, &err) < 0)
     goto fail;
   /* Only stdio and the report socket (close-on-exec) cross over. */
@@ -87,6 +121,27 @@ command_child (const sbx_confine_t *confine, const int *fds, const char *cwd, ch
 fail:
   helper_report_err (report, &err);
   _exit (err.status == ENOENT ? 127 : 126);
+}
+
+/* A pseudo-terminal of the sandbox's own devpts, `rows` x `cols`: its
+ * master in *master, its slave (opened through the master, no path) in
+ * *slave. -1 with *err. */
+static int
+open_pty (uint16_t rows, uint16_t cols, int *master, int *slave, err_t *err)
+{
+  *master = open ("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (*master < 0)
+    return err_make_sys (err, errno, "open /dev/ptmx");
+  int unlock = 0;
+  struct winsize ws = {.ws_row = rows, .ws_col = cols};
+  if (ioctl (*master, TIOCSPTLCK, &unlock) < 0 || ioctl (*master, TIOCSWINSZ, &ws) < 0
+      || (*slave = ioctl (*master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0)
+    {
+      err_make_sys (err, errno, "set up the terminal");
+      close (take_fd (master));
+      return -1;
+    }
+  return 0;
 }
 
 /* Serves the one exec request of connection `ctl`. */
@@ -113,6 +168,18 @@ serve_request (int ctl, const sbx_confine_t *confine, char *buf)
         close (fds[i]);
       return;
     }
+  uint16_t rows, cols;
+  sbx_exec_get_pty (buf, &rows, &cols);
+  int master = -1, slave = -1;
+  err_t perr = ERR_INIT;
+  if (rows > 0 && cols > 0 && open_pty (rows, cols, &master, &slave, &perr) < 0)
+    {
+      helper_report_err (fds[3], &perr);
+      err_release (&perr);
+      for (int i = 0; i < SBX_EXEC_FDS; i++)
+        close (fds[i]);
+      return;
+    }
   if (n_running == cap_running)
     {
       size_t cap = cap_running ? cap_running * 2 : 16;
@@ -131,24 +198,19 @@ serve_request (int ctl, const sbx_confine_t *confine, char *buf)
   if (pid == 0)
     {
       close (ctl);
-      command_child (confine, fds, cwd, argv, env);
+      command_child (confine, fds, slave, master, cwd, argv, env);
     }
   if (pid < 0)
     helper_report (fds[3], SBX_REPORT_ERROR, errno, 0, 0, "fork the command (process limit reached?)");
   else
-    {
-      running[n_running++] = (running_t){pid, fds[3]};
-      /* Its pidfd: the gateway signals the command's process group through
-       * it (no pid of this namespace means anything outside it). */
-      int pidfd = (int) syscall (SYS_pidfd_open, pid, 0);
-      sbx_report_t r = {.type = SBX_REPORT_STARTED, .a = pid};
-      sbx_send_fds (fds[3], &r, sizeof r, &pidfd, pidfd >= 0 ? 1 : 0); /* a gateway gone: nothing to tell */
-      if (pidfd >= 0)
-        close (pidfd);
-    }
+    running[n_running++] = (running_t){pid, fds[3]};
   for (int i = 0; i < SBX_EXEC_FDS; i++)
     if (i != 3 || pid < 0)
       close (fds[i]);
+  if (master >= 0)
+    close (master);
+  if (slave >= 0)
+    close (slave);
 }
 
 /* Reaps every child that ended; reports those that were commands. */

@@ -41,10 +41,11 @@ static const char *const default_env[] = {
     "LANG=C.UTF-8",
     "TERM=dumb",
 };
+#define TERM_ON_A_PTY "TERM=xterm-256color"
 
 /* Builds the command's environment: defaults overridden by the request. */
 static char **
-build_env (char *const *extra)
+build_env (char *const *extra, bool pty)
 {
   size_t n_extra = 0;
   while (extra != NULL && extra[n_extra] != NULL)
@@ -61,7 +62,8 @@ build_env (char *const *extra)
       for (size_t j = 0; j < n_extra && !overridden; j++)
         overridden = strncmp (extra[j], default_env[i], klen) == 0;
       if (!overridden)
-        env[k++] = (char *) default_env[i];
+        env[k++]
+            = pty && strncmp (default_env[i], "TERM=", 5) == 0 ? (char *) TERM_ON_A_PTY : (char *) default_env[i];
     }
   for (size_t j = 0; j < n_extra; j++)
     env[k++] = extra[j];
@@ -117,6 +119,10 @@ check_request (const sbx_exec_req_t *req, err_t *err)
                      SBX_EXEC_MAX_TIMEOUT);
   if (req->cwd != NULL && req->cwd[0] != '\0' && req->cwd[0] != '/')
     return err_make (err, EINVAL, "cwd `%s` is not an absolute path", req->cwd);
+  if ((req->pty_rows > 0) != (req->pty_cols > 0))
+    return err_make (err, EINVAL, "a terminal needs both rows and cols");
+  if (req->pty_rows > 0 && !req->stdin_stream)
+    return err_make (err, EINVAL, "a terminal needs streamed stdin");
   return 0;
 }
 
@@ -144,7 +150,8 @@ start_command (exec_run_t *x, const char *state, err_t *err)
 {
   const sbx_exec_req_t *req = x->req;
   const char *cwd = req->cwd != NULL && req->cwd[0] != '\0' ? req->cwd : "/root";
-  cleanup_free char **env = build_env (req->env);
+  bool pty = req->pty_rows > 0 && req->pty_cols > 0;
+  cleanup_free char **env = build_env (req->env, pty);
   cleanup_free char *msg = malloc (SBX_EXEC_MAX);
   x->buf = malloc (SBX_EXEC_CHUNK);
   if (msg == NULL || env == NULL || x->buf == NULL)
@@ -152,6 +159,8 @@ start_command (exec_run_t *x, const char *state, err_t *err)
   ssize_t msg_len = sbx_exec_encode (msg, SBX_EXEC_MAX, cwd, req->argv, env);
   if (msg_len < 0)
     return err_make (err, E2BIG, "argv and env together exceed %d KiB", SBX_EXEC_MAX / 1024);
+  if (pty)
+    sbx_exec_set_pty (msg, req->pty_rows, req->pty_cols);
   cleanup_close int procs_fd = -1;
   if (sbx_cg_open_track (&x->rt->cg, req->id, x->group, &procs_fd, err) < 0)
     return -1;
@@ -208,26 +217,42 @@ static void
 on_report (exec_run_t *x)
 {
   sbx_report_t r;
-  int pidfd = -1;
-  int g = sbx_read_report (x->report_fd, &r, 0, &pidfd, 1);
+  int got[2] = {-1, -1};
+  int g = sbx_read_report (x->report_fd, &r, 0, got, 2);
   if (g == 1 && r.type == SBX_REPORT_STARTED)
     {
       x->started_seen = true;
-      sbx_exec_started_t st = {.pid = r.a, .pidfd = pidfd, .stdin_fd = x->stream_fd};
+      int k = 0, pidfd = (r.b & 1) ? got[k++] : -1, master = (r.b & 2) ? got[k++] : -1;
+      sbx_exec_started_t st = {.pid = r.a, .pidfd = pidfd, .stdin_fd = x->stream_fd, .pty_fd = -1};
       x->stream_fd = -1;
+      if (master >= 0)
+        {
+          /* On a terminal: its master is the output (stream 1) and the
+           * input; the pipes stay unused and close. */
+          if (x->pumps[0].fd >= 0)
+            close (x->pumps[0].fd);
+          x->pumps[0].fd = fcntl (master, F_DUPFD_CLOEXEC, 3);
+          if (x->pumps[0].fd >= 0)
+            fcntl (x->pumps[0].fd, F_SETFL, O_NONBLOCK);
+          if (st.stdin_fd >= 0)
+            close (st.stdin_fd);
+          st.stdin_fd = fcntl (master, F_DUPFD_CLOEXEC, 3);
+          st.pty_fd = master;
+        }
       if (x->sink->started != NULL)
         x->sink->started (x->sink->ctx, &st);
       else
         {
-          if (st.pidfd >= 0)
-            close (st.pidfd);
-          if (st.stdin_fd >= 0)
-            close (st.stdin_fd);
+          int own[] = {st.pidfd, st.stdin_fd, st.pty_fd};
+          for (size_t i = 0; i < 3; i++)
+            if (own[i] >= 0)
+              close (own[i]);
         }
       return;
     }
-  if (pidfd >= 0)
-    close (pidfd);
+  for (size_t i = 0; i < 2; i++)
+    if (got[i] >= 0)
+      close (got[i]);
   if (g == 1 && r.type == SBX_REPORT_ERROR)
     {
       snprintf (x->start_error, sizeof x->start_error, "%s", r.text);

@@ -111,8 +111,8 @@ void sbx_spawn_attr_init (posix_spawnattr_t *attr);
  * as fd 3. *report_fd is the gateway's end. */
 int sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int errfd, pid_t *pid, int *report_fd,
                       err_t *err);
-/* Most descriptors a report carries (READY: the sandbox's disk). */
-#define SBX_REPORT_MAX_FDS 1
+/* Most descriptors a report carries (READY: the sandbox's disk; STARTED: a pidfd and a terminal). */
+#define SBX_REPORT_MAX_FDS 2
 /* Waits up to timeout_ms for one report, and the descriptors it carries
  * (fds[0..max_fds), -1 where none came). 1 got one, 0 EOF, -1 timeout or
  * error. */

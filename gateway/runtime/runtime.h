@@ -148,6 +148,10 @@ typedef struct sbx_exec_req_s
    * the write end of the command's stdin is handed over through
    * sink->started, and EOF is the caller closing it. */
   bool stdin_stream;
+  /* Both > 0: the command runs on a pseudo-terminal this size (stdin,
+   * stdout and stderr are the terminal; its output comes as stream 1;
+   * TERM defaults to xterm-256color). Needs stdin_stream. */
+  uint16_t pty_rows, pty_cols;
   uint32_t timeout_seconds; /* 0: default */
 } sbx_exec_req_t;
 
@@ -159,6 +163,7 @@ typedef struct sbx_exec_started_s
   int pidfd;    /* of the command, -1 when the kernel has none: signals go
                    to its process group (sbx_exec_signal) */
   int stdin_fd; /* with stdin_stream, else -1; blocking */
+  int pty_fd;   /* the terminal's master (for its size), else -1 */
 } sbx_exec_started_t;
 
 /* Where an exec's output goes, as it is produced. */

@@ -110,6 +110,25 @@ sbx_exec_encode (char *buf, size_t cap, const char *cwd, char *const *argv, char
   return (ssize_t) off;
 }
 
+void
+sbx_exec_set_pty (char *buf, uint16_t rows, uint16_t cols)
+{
+  sbx_exec_hdr_t h;
+  memcpy (&h, buf, sizeof h);
+  h.pty_rows = rows;
+  h.pty_cols = cols;
+  memcpy (buf, &h, sizeof h);
+}
+
+void
+sbx_exec_get_pty (const char *buf, uint16_t *rows, uint16_t *cols)
+{
+  sbx_exec_hdr_t h;
+  memcpy (&h, buf, sizeof h);
+  *rows = h.pty_rows;
+  *cols = h.pty_cols;
+}
+
 int
 sbx_exec_decode (char *buf, size_t len, const char **cwd, char **argv, size_t argv_cap, char **env, size_t env_cap)
 {

@@ -26,10 +26,13 @@
 
 typedef enum sbx_report_type_e
 {
-  SBX_REPORT_READY = 1,   /* launch: the sandbox is up; a = holder pid; fd = its disk */
-  SBX_REPORT_ERROR = 2,   /* status = errno, text = what failed */
-  SBX_REPORT_EXIT = 3,    /* exec: the command ended; a = exit code or -1, b = signal */
-  SBX_REPORT_STARTED = 4, /* exec: the command was forked; a = its pid in the sandbox; fd = its pidfd */
+  SBX_REPORT_READY = 1, /* launch: the sandbox is up; a = holder pid; fd = its disk */
+  SBX_REPORT_ERROR = 2, /* status = errno, text = what failed */
+  SBX_REPORT_EXIT = 3,  /* exec: the command ended; a = exit code or -1, b = signal */
+  /* exec: the command is in its session and cgroup with default signals
+   * (sent by it); a = its pid in the sandbox; b = 1 (a pidfd comes) | 2 (a
+   * terminal's master comes after it) */
+  SBX_REPORT_STARTED = 4,
 } sbx_report_type_t;
 
 typedef struct sbx_report_s
@@ -62,11 +65,18 @@ typedef struct sbx_exec_hdr_s
   uint32_t argc;
   uint32_t envc;
   uint32_t len; /* bytes of strings after the header */
+  /* A terminal's size: both > 0 runs the command on a pseudo-terminal of
+   * the sandbox's devpts (its master comes back with STARTED). */
+  uint16_t pty_rows, pty_cols;
 } sbx_exec_hdr_t;
 
 /* Encodes a request into buf (cap bytes). Returns its length, or -1 when it
  * does not fit. */
 ssize_t sbx_exec_encode (char *buf, size_t cap, const char *cwd, char *const *argv, char *const *env);
+
+/* Sets / reads the terminal size of an encoded request (0 0: none). */
+void sbx_exec_set_pty (char *buf, uint16_t rows, uint16_t cols);
+void sbx_exec_get_pty (const char *buf, uint16_t *rows, uint16_t *cols);
 
 /* Decodes a request in place: *cwd, argv[] and env[] point into buf, each
  * array NULL-terminated (argv and env must have argc+1 / envc+1 slots, from

@@ -24,6 +24,7 @@ def _requests(pb2):
             pb2.RestoreRequest(tar_chunk=b"\0" * 512),
         ]),
         "Exec": lambda: pb2.ExecRequest(sandbox_id=MISSING_ID, argv=["true"]),
+        "Run": lambda: iter([pb2.ProcessInput(start=pb2.ProcessStart(sandbox_id=MISSING_ID, argv=["true"]))]),
         "ExportSnapshot": lambda: pb2.ExportSnapshotRequest(sandbox_id=MISSING_ID),
         "PersistSnapshot": lambda: pb2.PersistSnapshotRequest(sandbox_id=MISSING_ID),
         "Connect": lambda: pb2.ConnectRequest(sandbox_id=BAD_ID),
@@ -34,7 +35,7 @@ def _requests(pb2):
     }
 
 
-METHODS = ["Launch", "Restore", "Exec", "ExportSnapshot", "PersistSnapshot",
+METHODS = ["Launch", "Restore", "Exec", "Run", "ExportSnapshot", "PersistSnapshot",
            "Connect", "Delete", "Get", "List", "Status"]
 
 

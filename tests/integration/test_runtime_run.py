@@ -141,7 +141,7 @@ def test_env_and_cwd_are_the_commands(sbx, box):
 def test_a_signal_goes_to_the_whole_process_group(sbx, fresh):
     s = start(sbx, fresh, ["sh", "-c", "sleep 1000 & echo ready; wait"])
     s.read_until(b"ready\n")
-    assert len(_sleeps(sbx, fresh)) == 1
+    assert wait_until(lambda: len(_sleeps(sbx, fresh)) == 1, timeout=10.0, interval=0.05)
     s.send(signal=15)
     ex = s.finish()
     assert (ex.exit_code, ex.signal) == (-1, 15), ex
@@ -161,7 +161,7 @@ def test_sigint_interrupts_and_the_exit_says_so(sbx, box):
 def test_cancelling_the_call_kills_everything_it_started(sbx, fresh):
     s = start(sbx, fresh, ["sh", "-c", "sleep 1000 & sleep 1000 & echo ready; wait"])
     s.read_until(b"ready\n")
-    assert len(_sleeps(sbx, fresh)) == 2
+    assert wait_until(lambda: len(_sleeps(sbx, fresh)) == 2, timeout=10.0, interval=0.05)
     s.call.cancel()
     with pytest.raises(grpc.RpcError) as ei:
         while True:
@@ -244,3 +244,80 @@ def test_many_runs_at_once_each_get_their_own_input(sbx, box):
     for t in threads:
         t.join(60)
     assert results == {i: (0, f"run {i}\n".encode()) for i in range(8)}
+
+
+# --- on a terminal -------------------------------------------------------------
+
+def on_pty(client, sid, argv, rows=24, cols=80, **kw) -> Session:
+    return start(client, sid, argv, pty=pb.PtySize(rows=rows, cols=cols), **kw)
+
+
+def test_a_pty_is_a_terminal_of_the_sandbox_with_its_term(sbx, box):
+    s = on_pty(sbx, box, ["sh", "-c", "tty; echo TERM=$TERM; test -t 0 && test -t 1 && test -t 2 && echo all-ttys"])
+    ex = s.finish()
+    assert ex.exit_code == 0, (ex, s.stdout)
+    assert b"/dev/pts/" in s.stdout and b"TERM=xterm-256color" in s.stdout and b"all-ttys" in s.stdout, s.stdout
+    assert s.stderr == b"", "on a terminal all output is one stream"
+    assert (s.started.pty.rows, s.started.pty.cols) == (24, 80)
+    s.close()
+
+
+def test_resize_changes_what_stty_size_says(sbx, box):
+    s = on_pty(sbx, box, ["sh"], rows=24, cols=80)
+    s.send(stdin=b"stty size\n")
+    s.read_until(b"24 80")
+    s.send(resize=pb.PtySize(rows=40, cols=120))
+    s.send(stdin=b"stty size\n")
+    s.read_until(b"40 120")
+    s.send(stdin=b"exit 0\n")
+    assert s.finish().exit_code == 0
+    s.close()
+
+
+def test_ctrl_c_interrupts_the_foreground_job_and_the_shell_answers_on(sbx, fresh):
+    s = on_pty(sbx, fresh, ["bash", "--norc", "-i"], env={"PS1": "ready> "})
+    s.read_until(b"ready> ")  # bash has set its signals up
+    s.send(stdin=b"sleep 100; echo slept\n")
+    assert wait_until(lambda: _sleeps(sbx, fresh), timeout=10.0, interval=0.05)
+    s.send(stdin=b"\x03")
+    s.send(stdin=b"echo alive-$((6*7))\n")
+    s.read_until(b"alive-42")
+    assert b"slept" not in s.stdout.split(b"\r\n"), s.stdout  # the line after the sleep never ran
+    s.send(stdin=b"exit 0\n")
+    assert s.finish().exit_code == 0
+    s.close()
+
+
+def test_bash_job_control_works_on_the_terminal(sbx, box):
+    s = on_pty(sbx, box, ["bash", "--norc", "-i"], env={"PS1": "ready> "})
+    s.read_until(b"ready> ")
+    s.send(stdin=b"sleep 100 &\n")
+    s.send(stdin=b"jobs; echo jobs-$((1+1))\n")
+    s.read_until(b"jobs-2")
+    assert b"Running" in s.stdout and b"sleep 100 &" in s.stdout, s.stdout
+    s.send(stdin=b"kill %1; wait; exit 0\n")
+    assert s.finish().exit_code == 0
+    s.close()
+
+
+def test_close_stdin_on_a_terminal_is_its_eof_character(sbx, box):
+    s = on_pty(sbx, box, ["cat"])
+    s.send(stdin=b"typed\n")
+    s.read_until(b"typed\r\n")
+    s.send(close_stdin=True)
+    assert s.finish().exit_code == 0
+    s.close()
+
+
+def test_resize_without_a_terminal_is_invalid_argument(sbx, fresh):
+    s = start(sbx, fresh, ["sleep", "1000"])
+    s.next_event()
+    s.send(resize=pb.PtySize(rows=10, cols=10))
+    e = _error_of(s)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "terminal" in e.details(), e
+    assert wait_until(lambda: not _sleeps(sbx, fresh), timeout=10.0, interval=0.2)
+
+
+def test_half_a_terminal_size_is_invalid_argument(sbx, box):
+    s = on_pty(sbx, box, ["true"], rows=24, cols=0)
+    assert _error_of(s).code() == grpc.StatusCode.INVALID_ARGUMENT
