@@ -17,7 +17,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 37
+#define N_VARS 41
 
 /* The table of variables, with targets in *c. */
 static void
@@ -109,6 +109,17 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
       {"SANDBOX_UID_RANGE", CFG_INT, "65536", "host uids per sandbox: its ids 0..RANGE-1 map onto its own range",
        65536, 16777216, &c->uid_range, NULL, false},
       {"SANDBOX_HELPER", CFG_STRING, NULL, "path of sandbox-helper; unset: next to this program", 0, 0, &c->helper,
+       NULL, false},
+      {"SANDBOX_MAX_PROCESSES", CFG_INT, "64", "most detached processes running at once in one sandbox", 1, 4096,
+       &c->max_processes, NULL, false},
+      {"SANDBOX_PROCESS_RETAIN", CFG_INT, "16",
+       "exited detached processes whose status one sandbox keeps (the oldest go first)", 0, 4096, &c->process_retain,
+       NULL, false},
+      {"SANDBOX_PROCESS_BUFFER_BYTES", CFG_INT, "1048576",
+       "output a detached process keeps for attachers, per stream (the newest bytes)", 4096, 268435456,
+       &c->process_buffer_bytes, NULL, false},
+      {"SANDBOX_IDLE_TTL_COUNTS_PROCESSES", CFG_BOOL, "false",
+       "a running detached process keeps its sandbox from being deleted as idle", 0, 0, &c->idle_counts_processes,
        NULL, false},
   };
   _Static_assert(sizeof table / sizeof table[0] == N_VARS, "N_VARS matches the table");
@@ -314,5 +325,9 @@ gw_config_runtime (const gw_config_t *c, sbx_config_t *out)
       .userns = c->userns,
       .uid_base = c->uid_base,
       .uid_range = c->uid_range,
+      .max_processes = c->max_processes,
+      .process_retain = c->process_retain,
+      .process_buffer_bytes = c->process_buffer_bytes,
+      .idle_counts_processes = c->idle_counts_processes,
   };
 }

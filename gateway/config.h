@@ -62,6 +62,10 @@ typedef struct gw_config_s
   bool userns;
   long uid_base;
   long uid_range;
+  long max_processes;
+  long process_retain;
+  long process_buffer_bytes;
+  bool idle_counts_processes;
 
   /* Derived by gw_config_load. */
   long cpu_millis;                     /* 0: unlimited */

@@ -21,6 +21,8 @@ int api_status (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 
 /* process.c */
 int api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_list_processes (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_signal_process (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 
 /* snapshot.c */
 int api_restore (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);

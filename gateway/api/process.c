@@ -25,6 +25,8 @@
 typedef struct run_s
 {
   rpc_call_t *call;
+  sbx_runtime_t *rt;
+  sbx_proc_t *proc; /* attached to a detached process; NULL: a command of this call */
   const Sandbox__V1__ProcessStart *start;
   /* Set once the command runs (the runtime's started callback). */
   pthread_t reader;
@@ -69,6 +71,11 @@ static void write_stdin (run_t *r, const uint8_t *data, size_t len);
 static void
 end_input (run_t *r)
 {
+  if (r->proc != NULL)
+    {
+      sbx_proc_end_input (r->rt, r->proc, r->wake);
+      return;
+    }
   if (r->pty_fd >= 0)
     {
       struct termios t;
@@ -115,13 +122,18 @@ apply_input (run_t *r, const Sandbox__V1__ProcessInput *in)
   err_t e = ERR_INIT;
   switch (in->input_case)
     {
-    case SANDBOX__V1__PROCESS_INPUT__INPUT_STDIN: write_stdin (r, in->stdin.data, in->stdin.len); break;
+    case SANDBOX__V1__PROCESS_INPUT__INPUT_STDIN:
+      if (r->proc != NULL)
+        sbx_proc_write (r->rt, r->proc, in->stdin.data, in->stdin.len, r->wake, &e); /* EPIPE: it has exited */
+      else
+        write_stdin (r, in->stdin.data, in->stdin.len);
+      break;
     case SANDBOX__V1__PROCESS_INPUT__INPUT_CLOSE_STDIN:
       if (in->close_stdin)
         end_input (r);
       break;
     case SANDBOX__V1__PROCESS_INPUT__INPUT_RESIZE:
-      if (r->pty_fd < 0)
+      if (r->proc == NULL && r->pty_fd < 0)
         {
           err_make (&e, EINVAL, "Run: resize of a command that has no terminal");
           run_fail (r, &e);
@@ -132,6 +144,11 @@ apply_input (run_t *r, const Sandbox__V1__ProcessInput *in)
           err_make (&e, EINVAL, "Run: resize needs rows and cols from 1 to 65535");
           run_fail (r, &e);
         }
+      else if (r->proc != NULL)
+        {
+          if (sbx_proc_resize (r->rt, r->proc, (uint16_t) in->resize->rows, (uint16_t) in->resize->cols, &e) < 0)
+            run_fail (r, &e);
+        }
       else
         {
           struct winsize ws
@@ -140,12 +157,16 @@ apply_input (run_t *r, const Sandbox__V1__ProcessInput *in)
         }
       break;
     case SANDBOX__V1__PROCESS_INPUT__INPUT_SIGNAL:
-      /* ESRCH: it has just exited; its exit event says so. */
-      if (sbx_exec_signal (r->pidfd, in->signal, &e) < 0 && e.status != ESRCH)
+      /* ESRCH, EBUSY: it has just exited; its exit event says so. */
+      if ((r->proc != NULL ? sbx_proc_signal_proc (r->rt, r->proc, in->signal, &e)
+                           : sbx_exec_signal (r->pidfd, in->signal, &e))
+              < 0
+          && e.status != ESRCH && e.status != EBUSY)
         run_fail (r, &e);
       break;
     case SANDBOX__V1__PROCESS_INPUT__INPUT_START:
-      err_make (&e, EINVAL, "Run: only the first message may be `start`");
+    case SANDBOX__V1__PROCESS_INPUT__INPUT_ATTACH:
+      err_make (&e, EINVAL, "Run: only the first message may be `start` or `attach`");
       run_fail (r, &e);
       break;
     default:
@@ -262,6 +283,152 @@ cleanup_env_fn (char ***env)
   api_env_free (*env);
 }
 
+/* A ProcessInfo of a detached process (pointing into `in` and the two
+ * storages). */
+static void
+proc_info_to_proto (const sbx_proc_info_t *in, Sandbox__V1__ProcessInfo *out, Sandbox__V1__PtySize *pty,
+                    Sandbox__V1__ExitStatus *st)
+{
+  sandbox__v1__process_info__init (out);
+  out->process_id = (char *) in->id;
+  out->pid = in->pid;
+  size_t n = 0;
+  while (in->argv != NULL && in->argv[n] != NULL)
+    n++;
+  out->n_argv = n;
+  out->argv = (char **) in->argv;
+  if (in->rows > 0)
+    {
+      sandbox__v1__pty_size__init (pty);
+      pty->rows = in->rows;
+      pty->cols = in->cols;
+      out->pty = pty;
+    }
+  out->detached = true;
+  out->running = in->running;
+  if (in->exited)
+    {
+      api_exit_to_proto (&in->res, st);
+      out->exit = st;
+    }
+  out->started_at_ms = in->started_at_ms;
+  out->output_dropped_bytes = in->dropped_bytes;
+}
+
+/* The call as an attachment of detached process r->proc: started, its
+ * output from the cursor on, its exit. The process outlives the call. */
+static int
+run_attached (run_t *r, bool replay, err_t *err)
+{
+  sbx_proc_info_t info;
+  sbx_proc_info (r->rt, r->proc, &info);
+  Sandbox__V1__ProcessInfo pi;
+  Sandbox__V1__PtySize pty;
+  Sandbox__V1__ExitStatus st;
+  proc_info_to_proto (&info, &pi, &pty, &st);
+  Sandbox__V1__ProcessEvent ev = SANDBOX__V1__PROCESS_EVENT__INIT;
+  ev.event_case = SANDBOX__V1__PROCESS_EVENT__EVENT_STARTED;
+  ev.started = &pi;
+  sbx_proc_cursor_t cur;
+  sbx_proc_cursor_start (r->rt, r->proc, replay, &cur);
+  if (rpc_call_send (r->call, &ev.base, err) < 0)
+    return -1;
+  r->reader_started = pthread_create (&r->reader, NULL, reader_main, r) == 0;
+  if (!r->reader_started)
+    return err_make (err, EAGAIN, "Run: cannot start the input thread");
+  cleanup_free uint8_t *buf = malloc (SBX_EXEC_CHUNK);
+  if (buf == NULL)
+    return err_make (err, ENOMEM, "Run: out of memory");
+  for (;;)
+    {
+      int stream = 1;
+      sbx_exec_result_t res;
+      int n = sbx_proc_read (r->rt, r->proc, &cur, buf, SBX_EXEC_CHUNK, &stream, 100, &res);
+      if (atomic_load (&r->stop))
+        break;
+      if (n > 0 && run_output (r, stream, buf, (size_t) n) < 0)
+        return err_make (err, ECANCELED, "Run: the client has gone");
+      if (n == 0)
+        {
+          api_exit_to_proto (&res, &st);
+          Sandbox__V1__ProcessEvent end = SANDBOX__V1__PROCESS_EVENT__INIT;
+          end.event_case = SANDBOX__V1__PROCESS_EVENT__EVENT_EXIT;
+          end.exit = &st;
+          return rpc_call_send (r->call, &end.base, err);
+        }
+    }
+  /* Stopped: a protocol error, or the client went away (the process runs on). */
+  if (r->error.msg != NULL)
+    {
+      *err = r->error;
+      r->error = (err_t) ERR_INIT;
+      return -1;
+    }
+  return err_make (err, ECANCELED, "Run: the client went away");
+}
+
+/* The call runs its own command (not detached) through the runtime's exec:
+ * it dies with the call. */
+static int
+run_command (run_t *r, const sbx_exec_req_t *xr, err_t *err)
+{
+  sbx_exec_sink_t sink = {.output = run_output, .cancelled = run_cancelled, .started = run_started, .ctx = r};
+  sbx_exec_result_t res;
+  int rc = sbx_exec (r->rt, xr, &sink, &res, err);
+  if (rc == 0 && r->error.msg == NULL && !res.cancelled)
+    {
+      Sandbox__V1__ExitStatus st;
+      api_exit_to_proto (&res, &st);
+      Sandbox__V1__ProcessEvent ev = SANDBOX__V1__PROCESS_EVENT__INIT;
+      ev.event_case = SANDBOX__V1__PROCESS_EVENT__EVENT_EXIT;
+      ev.exit = &st;
+      return rpc_call_send (r->call, &ev.base, err);
+    }
+  if (rc == 0)
+    {
+      /* Killed: the client broke the protocol, or went away. */
+      if (r->error.msg != NULL)
+        {
+          *err = r->error;
+          r->error = (err_t) ERR_INIT;
+        }
+      else
+        err_make (err, ECANCELED, "Run cancelled: %s", res.message);
+      rc = -1;
+    }
+  return rc;
+}
+
+/* The command a `start` asks for, in *xr (argv and env owned by the caller
+ * through *argv and *env). */
+static int
+start_request (const Sandbox__V1__ProcessStart *start, sbx_exec_req_t *xr, char ***argv, char ***env, err_t *err)
+{
+  if (start->n_argv == 0)
+    return err_make (err, EINVAL, "argv must have at least one element");
+  const Sandbox__V1__PtySize *pty = start->pty;
+  if (pty != NULL && (pty->rows > 0 || pty->cols > 0)
+      && (pty->rows == 0 || pty->cols == 0 || pty->rows > 65535 || pty->cols > 65535))
+    return err_make (err, EINVAL, "pty needs rows and cols from 1 to 65535");
+  *argv = calloc (start->n_argv + 1, sizeof **argv);
+  if (*argv == NULL)
+    return err_make (err, ENOMEM, "Run: out of memory");
+  memcpy (*argv, start->argv, start->n_argv * sizeof **argv);
+  if (api_env_from_start (start->env, start->n_env, env, err) < 0)
+    return -1;
+  *xr = (sbx_exec_req_t){
+      .id = start->sandbox_id,
+      .argv = *argv,
+      .env = *env,
+      .cwd = start->cwd,
+      .stdin_stream = true,
+      .pty_rows = pty != NULL ? (uint16_t) pty->rows : 0,
+      .pty_cols = pty != NULL ? (uint16_t) pty->cols : 0,
+      .timeout_seconds = start->timeout_seconds,
+  };
+  return 0;
+}
+
 int
 api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
 {
@@ -269,63 +436,36 @@ api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   if (api_recv_request (call, &sandbox__v1__process_input__descriptor, &m, err) < 0)
     return -1;
   const Sandbox__V1__ProcessInput *in = (const Sandbox__V1__ProcessInput *) m;
-  if (in->input_case != SANDBOX__V1__PROCESS_INPUT__INPUT_START || in->start == NULL)
-    return err_make (err, EINVAL, "Run: the first message must be `start`");
-  const Sandbox__V1__ProcessStart *start = in->start;
-  if (start->n_argv == 0)
-    return err_make (err, EINVAL, "argv must have at least one element");
-  const Sandbox__V1__PtySize *pty = start->pty;
-  if (pty != NULL && (pty->rows > 0 || pty->cols > 0)
-      && (pty->rows == 0 || pty->cols == 0 || pty->rows > 65535 || pty->cols > 65535))
-    return err_make (err, EINVAL, "pty needs rows and cols from 1 to 65535");
-  cleanup_free char **argv = calloc (start->n_argv + 1, sizeof *argv);
-  if (argv == NULL)
-    return err_make (err, ENOMEM, "Run: out of memory");
-  memcpy (argv, start->argv, start->n_argv * sizeof *argv);
+  bool attach = in->input_case == SANDBOX__V1__PROCESS_INPUT__INPUT_ATTACH && in->attach != NULL;
+  if (!attach && (in->input_case != SANDBOX__V1__PROCESS_INPUT__INPUT_START || in->start == NULL))
+    return err_make (err, EINVAL, "Run: the first message must be `start` or `attach`");
+  cleanup_free char **argv = NULL;
   __attribute__ ((cleanup (cleanup_env_fn))) char **env = NULL;
-  if (api_env_from_start (start->env, start->n_env, &env, err) < 0)
+  sbx_exec_req_t xr;
+  if (!attach && start_request (in->start, &xr, &argv, &env, err) < 0)
     return -1;
   cleanup_close int wake = eventfd (0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0)
     return err_make_sys (err, errno, "Run: eventfd");
-  run_t r
-      = {.call = call, .start = start, .stdin_fd = -1, .pidfd = -1, .pty_fd = -1, .wake = wake, .error = ERR_INIT};
+  run_t r = {.call = call,
+             .rt = ctx->rt,
+             .start = attach ? NULL : in->start,
+             .stdin_fd = -1,
+             .pidfd = -1,
+             .pty_fd = -1,
+             .wake = wake,
+             .error = ERR_INIT};
   atomic_init (&r.stop, false);
   pthread_mutex_init (&r.mu, NULL);
-  sbx_exec_req_t xr = {
-      .id = start->sandbox_id,
-      .argv = argv,
-      .env = env,
-      .cwd = start->cwd,
-      .stdin_stream = true,
-      .pty_rows = pty != NULL ? (uint16_t) pty->rows : 0,
-      .pty_cols = pty != NULL ? (uint16_t) pty->cols : 0,
-      .timeout_seconds = start->timeout_seconds,
-  };
-  sbx_exec_sink_t sink = {.output = run_output, .cancelled = run_cancelled, .started = run_started, .ctx = &r};
-  sbx_exec_result_t res;
-  int rc = sbx_exec (ctx->rt, &xr, &sink, &res, err);
-  if (rc == 0 && r.error.msg == NULL && !res.cancelled)
-    {
-      Sandbox__V1__ExitStatus st;
-      api_exit_to_proto (&res, &st);
-      Sandbox__V1__ProcessEvent ev = SANDBOX__V1__PROCESS_EVENT__INIT;
-      ev.event_case = SANDBOX__V1__PROCESS_EVENT__EVENT_EXIT;
-      ev.exit = &st;
-      rc = rpc_call_send (call, &ev.base, err);
-    }
-  else if (rc == 0)
-    {
-      /* Killed: the client broke the protocol, or went away. */
-      if (r.error.msg != NULL)
-        {
-          *err = r.error;
-          r.error = (err_t) ERR_INIT;
-        }
-      else
-        err_make (err, ECANCELED, "Run cancelled: %s", res.message);
-      rc = -1;
-    }
+  int rc;
+  if (attach)
+    rc = sbx_proc_attach (ctx->rt, in->attach->sandbox_id, in->attach->process_id, &r.proc, err) < 0
+             ? -1
+             : run_attached (&r, in->attach->replay, err);
+  else if (in->start->detach)
+    rc = sbx_proc_start (ctx->rt, &xr, in->start->process_id, &r.proc, err) < 0 ? -1 : run_attached (&r, true, err);
+  else
+    rc = run_command (&r, &xr, err);
   /* End the call, then the reader: its receive or its watch of the call
    * returns once the call is over, its stdin wait on the wake. */
   rpc_call_finish (call, rc == 0 ? GRPC_STATUS_OK : rpc_status_from_errno (err->status),
@@ -335,6 +475,8 @@ api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   (void) woke;
   if (r.reader_started)
     pthread_join (r.reader, NULL);
+  if (r.proc != NULL)
+    sbx_proc_put (ctx->rt, r.proc);
   close_stdin (&r);
   if (r.pidfd >= 0)
     close (r.pidfd);
@@ -343,4 +485,61 @@ api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   err_release (&r.error);
   pthread_mutex_destroy (&r.mu);
   return rc;
+}
+
+/* ---- ListProcesses, SignalProcess ------------------------------------------- */
+
+int
+api_list_processes (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (api_recv_request (call, &sandbox__v1__list_processes_request__descriptor, &m, err) < 0)
+    return -1;
+  const Sandbox__V1__ListProcessesRequest *req = (const Sandbox__V1__ListProcessesRequest *) m;
+  cleanup_free sbx_proc_t **procs = NULL;
+  size_t n = 0;
+  if (sbx_proc_list (ctx->rt, req->sandbox_id, &procs, &n, err) < 0)
+    return -1;
+  sbx_proc_info_t *infos = calloc (n + 1, sizeof *infos);
+  Sandbox__V1__ProcessInfo *pis = calloc (n + 1, sizeof *pis);
+  Sandbox__V1__ProcessInfo **ptrs = calloc (n + 1, sizeof *ptrs);
+  Sandbox__V1__PtySize *ptys = calloc (n + 1, sizeof *ptys);
+  Sandbox__V1__ExitStatus *sts = calloc (n + 1, sizeof *sts);
+  int rc;
+  if (infos == NULL || pis == NULL || ptrs == NULL || ptys == NULL || sts == NULL)
+    rc = err_make (err, ENOMEM, "ListProcesses: out of memory");
+  else
+    {
+      for (size_t i = 0; i < n; i++)
+        {
+          sbx_proc_info (ctx->rt, procs[i], &infos[i]);
+          proc_info_to_proto (&infos[i], &pis[i], &ptys[i], &sts[i]);
+          ptrs[i] = &pis[i];
+        }
+      Sandbox__V1__ListProcessesResponse resp = SANDBOX__V1__LIST_PROCESSES_RESPONSE__INIT;
+      resp.n_processes = n;
+      resp.processes = ptrs;
+      rc = rpc_call_reply (call, &resp.base, err);
+    }
+  for (size_t i = 0; i < n; i++)
+    sbx_proc_put (ctx->rt, procs[i]);
+  free (infos);
+  free (pis);
+  free (ptrs);
+  free (ptys);
+  free (sts);
+  return rc;
+}
+
+int
+api_signal_process (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (api_recv_request (call, &sandbox__v1__signal_process_request__descriptor, &m, err) < 0)
+    return -1;
+  const Sandbox__V1__SignalProcessRequest *req = (const Sandbox__V1__SignalProcessRequest *) m;
+  if (sbx_proc_signal (ctx->rt, req->sandbox_id, req->process_id, req->signal, err) < 0)
+    return -1;
+  Sandbox__V1__SignalProcessResponse resp = SANDBOX__V1__SIGNAL_PROCESS_RESPONSE__INIT;
+  return rpc_call_reply (call, &resp.base, err);
 }

@@ -21,6 +21,8 @@ static const api_method_t api_methods[] = {
     {"/sandbox.v1.Sandbox/Restore", api_restore},
     {"/sandbox.v1.Sandbox/Exec", api_exec},
     {"/sandbox.v1.Sandbox/Run", api_run},
+    {"/sandbox.v1.Sandbox/ListProcesses", api_list_processes},
+    {"/sandbox.v1.Sandbox/SignalProcess", api_signal_process},
     {"/sandbox.v1.Sandbox/ExportSnapshot", api_export},
     {"/sandbox.v1.Sandbox/PersistSnapshot", api_persist},
     {"/sandbox.v1.Sandbox/Connect", api_connect},

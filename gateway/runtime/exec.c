@@ -422,6 +422,12 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
     return -1;
   uint32_t timeout = req->timeout_seconds ? req->timeout_seconds : SBX_EXEC_DEFAULT_TIMEOUT;
   sbx_t *s = sbx_acquire (rt, req->id);
+  if (s != NULL && req->background)
+    {
+      pthread_mutex_lock (&rt->mu);
+      s->bg_refs++;
+      pthread_mutex_unlock (&rt->mu);
+    }
   if (s == NULL)
     return err_make (err, ENOENT, "sandbox `%s` not found", req->id);
 
@@ -443,7 +449,7 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
   int rc = start_command (&x, state, err);
   if (rc == 0)
     {
-      x.deadline = x.started + (int64_t) timeout * 1000;
+      x.deadline = req->no_timeout ? INT64_MAX : x.started + (int64_t) timeout * 1000;
       rc = pump_all (&x, err);
     }
   if (rc == 0)
@@ -462,6 +468,12 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
       && rerr.msg != NULL)
     err_warn_release (&rerr, "exec in `%s`", req->id);
   err_release (&rerr);
+  if (req->background)
+    {
+      pthread_mutex_lock (&rt->mu);
+      s->bg_refs--;
+      pthread_mutex_unlock (&rt->mu);
+    }
   sbx_release (rt, s);
   return rc;
 }

@@ -61,6 +61,7 @@ typedef struct sbx_s
   sbx_layer_user_t *layer_users; /* under rt->mu */
   pthread_mutex_t freeze_mu;     /* orders freezes and thaws (held across their I/O) */
   int freezers;                  /* under freeze_mu: users holding the freeze */
+  int bg_refs;                   /* of refs: detached processes (do not keep it from idling) */
   struct sbx_s *next;
 } sbx_t;
 
@@ -88,7 +89,18 @@ struct sbx_runtime_s
   int egress_progs[2];
   bool egress_filtered;
   char egress_root[PATH_MAX];
+  /* Detached processes (proc.c). */
+  pthread_mutex_t proc_mu;
+  pthread_cond_t proc_cv; /* CLOCK_MONOTONIC */
+  struct sbx_proc_s *procs;
+  int proc_threads; /* detached processes' threads still running */
 };
+
+/* proc.c: drops every process record of sandbox `sid` (being deleted). */
+void sbx_proc_forget_sandbox (sbx_runtime_t *rt, const char *sid);
+/* proc.c: waits until every detached process's thread has ended (their
+ * sandboxes are gone), before the runtime is freed. */
+void sbx_proc_wait_threads (sbx_runtime_t *rt);
 
 /* Clocks: wall time for what clients see, monotonic for every duration. */
 int64_t sbx_wall_ms (void);

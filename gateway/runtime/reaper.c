@@ -100,7 +100,8 @@ find_idle_locked (sbx_runtime_t *rt, int64_t ttl_ms, char id[SBX_ID_MAX + 1])
 {
   int64_t now = sbx_mono_ms ();
   for (sbx_t *s = rt->list; s != NULL; s = s->next)
-    if (s->ready && !s->deleting && s->refs == 0 && now - s->last_used_ms >= ttl_ms)
+    if (s->ready && !s->deleting && s->refs - (rt->cfg.idle_counts_processes ? 0 : s->bg_refs) == 0
+        && now - s->last_used_ms >= ttl_ms)
       {
         snprintf (id, SBX_ID_MAX + 1, "%s", s->id);
         return true;

@@ -325,7 +325,9 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
   err_release (&terr);
   pthread_mutex_unlock (&s->freeze_mu);
 
-  /* Kill first: execs in flight see their command die and let go. */
+  /* Kill first: execs in flight see their command die and let go; the
+   * sandbox's detached processes are forgotten with it. */
+  sbx_proc_forget_sandbox (rt, id);
   sbx_net_stop (slirp, slirp_exit_fd);
   sbx_egress_release (rt, id);
   sbx_teardown (rt, id, state, holder);

@@ -22,6 +22,8 @@ runtime_free (sbx_runtime_t *rt)
       close (rt->egress_progs[i]);
   pthread_mutex_destroy (&rt->mu);
   pthread_cond_destroy (&rt->cv);
+  pthread_mutex_destroy (&rt->proc_mu);
+  pthread_cond_destroy (&rt->proc_cv);
   free (rt);
 }
 
@@ -64,6 +66,8 @@ sbx_runtime_new (const sbx_config_t *cfg, sbx_runtime_t **out, err_t *err)
   pthread_condattr_init (&ca);
   pthread_condattr_setclock (&ca, CLOCK_MONOTONIC);
   pthread_cond_init (&rt->cv, &ca);
+  pthread_mutex_init (&rt->proc_mu, NULL);
+  pthread_cond_init (&rt->proc_cv, &ca);
   pthread_condattr_destroy (&ca);
   if (runtime_init (rt, cfg, err) < 0)
     {
@@ -128,5 +132,6 @@ sbx_runtime_destroy (sbx_runtime_t *rt)
       sbx_delete (rt, id, &err);
       err_warn_release (&err, "delete `%s` at shutdown", id);
     }
+  sbx_proc_wait_threads (rt);
   runtime_free (rt);
 }

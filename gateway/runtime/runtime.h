@@ -50,6 +50,10 @@ typedef struct sbx_config_s
   bool userns;                /* SANDBOX_USERNS: each sandbox in its own user namespace */
   long uid_base;              /* SANDBOX_UID_BASE: the pool's first host uid */
   long uid_range;             /* SANDBOX_UID_RANGE: host uids per sandbox */
+  long max_processes;         /* SANDBOX_MAX_PROCESSES: detached processes running per sandbox */
+  long process_retain;        /* SANDBOX_PROCESS_RETAIN: exited ones kept per sandbox */
+  long process_buffer_bytes;  /* SANDBOX_PROCESS_BUFFER_BYTES: output kept per stream */
+  bool idle_counts_processes; /* SANDBOX_IDLE_TTL_COUNTS_PROCESSES */
 } sbx_config_t;
 
 typedef struct sbx_runtime_s sbx_runtime_t;
@@ -153,6 +157,10 @@ typedef struct sbx_exec_req_s
    * TERM defaults to xterm-256color). Needs stdin_stream. */
   uint16_t pty_rows, pty_cols;
   uint32_t timeout_seconds; /* 0: default */
+  bool no_timeout;          /* no deadline at all (detached processes) */
+  /* A detached process: it does not keep the sandbox from idling (unless
+   * idle_counts_processes). */
+  bool background;
 } sbx_exec_req_t;
 
 /* What a started command hands its caller; the descriptors are the
@@ -201,6 +209,56 @@ int sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_
 /* Sends `sig` to the process group of a started command (its pidfd).
  * ESRCH once it has exited, EINVAL for a signal number Linux has not. */
 int sbx_exec_signal (int pidfd, int sig, err_t *err);
+
+/* Detached processes (proc.c): commands that outlive the call that started
+ * them, their output kept in ring buffers for any number of attachers. */
+typedef struct sbx_proc_s sbx_proc_t;
+
+/* Starts a detached process (req->stdin_stream and the pty as given; its
+ * id `proc_id`, or a generated one when NULL or empty) and returns it held
+ * (sbx_proc_put) once it runs. EINVAL bad id, EEXIST id taken, EAGAIN
+ * SANDBOX_MAX_PROCESSES running, ENOENT no sandbox. */
+int sbx_proc_start (sbx_runtime_t *rt, const sbx_exec_req_t *req, const char *proc_id, sbx_proc_t **out, err_t *err);
+/* Holds process `proc_id` of sandbox `sid`. ENOENT unknown. */
+int sbx_proc_attach (sbx_runtime_t *rt, const char *sid, const char *proc_id, sbx_proc_t **out, err_t *err);
+void sbx_proc_put (sbx_runtime_t *rt, sbx_proc_t *p);
+
+/* Where one attacher is in the process's output. */
+typedef struct sbx_proc_cursor_s
+{
+  uint64_t out, err;
+} sbx_proc_cursor_t;
+/* From the oldest byte kept (`replay`) or from now. */
+void sbx_proc_cursor_start (sbx_runtime_t *rt, sbx_proc_t *p, bool replay, sbx_proc_cursor_t *c);
+/* The next output for cursor `c`: >0 bytes of *stream (1 or 2); 0 when the
+ * process has exited and everything was read (*res set); -1 when nothing
+ * came within timeout_ms. */
+int sbx_proc_read (sbx_runtime_t *rt, sbx_proc_t *p, sbx_proc_cursor_t *c, uint8_t *buf, size_t cap, int *stream,
+                   int timeout_ms, sbx_exec_result_t *res);
+/* Its stdin (waits while full; `wake` readable gives up with ECANCELED;
+ * EPIPE once closed), end of input (the EOF character on a terminal),
+ * its terminal's size, a signal to its process group (EBUSY once exited). */
+int sbx_proc_write (sbx_runtime_t *rt, sbx_proc_t *p, const uint8_t *data, size_t len, int wake, err_t *err);
+void sbx_proc_end_input (sbx_runtime_t *rt, sbx_proc_t *p, int wake);
+int sbx_proc_resize (sbx_runtime_t *rt, sbx_proc_t *p, uint16_t rows, uint16_t cols, err_t *err);
+int sbx_proc_signal_proc (sbx_runtime_t *rt, sbx_proc_t *p, int sig, err_t *err);
+int sbx_proc_signal (sbx_runtime_t *rt, const char *sid, const char *proc_id, int sig, err_t *err);
+
+typedef struct sbx_proc_info_s
+{
+  char id[SBX_ID_MAX + 1];
+  int pid;
+  char *const *argv; /* valid while the process is held */
+  uint16_t rows, cols;
+  bool running, exited;
+  sbx_exec_result_t res; /* once exited */
+  int64_t started_at_ms;
+  uint64_t dropped_bytes; /* output the ring buffers lost */
+} sbx_proc_info_t;
+void sbx_proc_info (sbx_runtime_t *rt, sbx_proc_t *p, sbx_proc_info_t *out);
+/* The processes of sandbox `sid`, oldest first, each held (put each, free
+ * the array). ENOENT no sandbox. */
+int sbx_proc_list (sbx_runtime_t *rt, const char *sid, sbx_proc_t ***out, size_t *n, err_t *err);
 
 /* Number of live sandboxes (launching ones included). */
 size_t sbx_count (sbx_runtime_t *rt);

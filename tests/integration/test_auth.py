@@ -25,6 +25,8 @@ def _requests(pb2):
         ]),
         "Exec": lambda: pb2.ExecRequest(sandbox_id=MISSING_ID, argv=["true"]),
         "Run": lambda: iter([pb2.ProcessInput(start=pb2.ProcessStart(sandbox_id=MISSING_ID, argv=["true"]))]),
+        "ListProcesses": lambda: pb2.ListProcessesRequest(sandbox_id=MISSING_ID),
+        "SignalProcess": lambda: pb2.SignalProcessRequest(sandbox_id=MISSING_ID, process_id="p", signal=15),
         "ExportSnapshot": lambda: pb2.ExportSnapshotRequest(sandbox_id=MISSING_ID),
         "PersistSnapshot": lambda: pb2.PersistSnapshotRequest(sandbox_id=MISSING_ID),
         "Connect": lambda: pb2.ConnectRequest(sandbox_id=BAD_ID),
@@ -35,7 +37,7 @@ def _requests(pb2):
     }
 
 
-METHODS = ["Launch", "Restore", "Exec", "Run", "ExportSnapshot", "PersistSnapshot",
+METHODS = ["Launch", "Restore", "Exec", "Run", "ListProcesses", "SignalProcess", "ExportSnapshot", "PersistSnapshot",
            "Connect", "Delete", "Get", "List", "Status"]
 
 

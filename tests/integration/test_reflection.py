@@ -10,7 +10,8 @@ from tests.lib.grpc_clients import (DynamicService, ReflectionClient, file_proto
 
 VERSIONS = ["v1", "v1alpha"]
 SANDBOX_FILE = "sandbox/v1/sandbox.proto"
-SANDBOX_METHODS = ["Launch", "Restore", "Exec", "Run", "ExportSnapshot", "PersistSnapshot",
+SANDBOX_METHODS = ["Launch", "Restore", "Exec", "Run", "ListProcesses", "SignalProcess", "ExportSnapshot",
+                   "PersistSnapshot",
                    "Connect", "Delete", "Get", "List", "Status"]
 NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]  # 5
 
@@ -140,7 +141,7 @@ def test_client_without_proto_copy_calls_sandbox_via_reflection(reflection, gate
     assert flags["Run"] == (True, True)
     for name in ["Exec", "ExportSnapshot", "PersistSnapshot"]:
         assert flags[name] == (False, True), name
-    for name in ["Launch", "Connect", "Delete", "Get", "List", "Status"]:
+    for name in ["Launch", "ListProcesses", "SignalProcess", "Connect", "Delete", "Get", "List", "Status"]:
         assert flags[name] == (False, False), name
 
     # A request built from the reflected descriptor is wire-compatible with
