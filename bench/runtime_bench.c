@@ -8,7 +8,8 @@
  *      `bwrap ... /bin/true` and `crun run` of a trivial bundle;
  *   2. exec round trip: an Exec of /bin/true on one long-lived sandbox, from
  *      the start of the call to its final status, against fork+exec+wait of
- *      /bin/true and `crun exec` into a running container;
+ *      /bin/true timed in a small single-threaded process (fork_exec_timer)
+ *      and `crun exec` into a running container;
  *   3. stdout throughput: `head -c <bytes> /dev/zero` through the Exec stream,
  *      against `dd if=/dev/zero bs=1M count=<MiB> | cat >/dev/null`;
  *   4. memory per idle sandbox: Pss and private memory of every sandbox's
@@ -27,6 +28,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +66,7 @@ typedef struct opts_s
   int scale_n;                /* the scale run's sandboxes */
   pid_t gateway_pid;
   bool hide_cgroup2;
+  const char *fork_timer; /* the fork_exec_timer program */
 } opts_t;
 
 static opts_t O = {
@@ -78,6 +81,7 @@ static opts_t O = {
     .density_levels = "10,1000,3000",
     .density_n = 30,
     .scale_n = 10000,
+    .fork_timer = "bazel-bin/bench/fork_exec_timer",
 };
 
 /* ---- processes ----------------------------------------------------------- */
@@ -103,25 +107,53 @@ have_tool (const char *name)
   return found;
 }
 
-/* fork + execv + waitpid, the plainest way to run a program. */
-static int
-fork_exec_timed (const char *path, double *ms)
+/* fork + execv + waitpid, the plainest way to run a program, timed by
+ * fork_exec_timer (a small single-threaded process, as a user's script is:
+ * a fork from this multi-threaded client costs several times more). */
+typedef struct fork_timer_s
 {
-  double t0 = bc_now_ms ();
-  pid_t pid = fork ();
-  if (pid < 0)
+  pid_t pid;
+  FILE *to, *from;
+} fork_timer_t;
+
+static int
+fork_timer_start (fork_timer_t *t, const char *program)
+{
+  int in[2], out[2];
+  if (pipe2 (in, O_CLOEXEC) < 0 || pipe2 (out, O_CLOEXEC) < 0)
     return -1;
-  if (pid == 0)
-    {
-      char *const argv[] = {(char *) path, NULL};
-      execv (path, argv);
-      _exit (127);
-    }
-  int status = bc_wait (pid);
-  if (status == -1)
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init (&fa);
+  posix_spawn_file_actions_adddup2 (&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2 (&fa, out[1], 1);
+  char *argv[] = {(char *) O.fork_timer, (char *) program, NULL};
+  int rc = posix_spawn (&t->pid, O.fork_timer, &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy (&fa);
+  close (in[0]);
+  close (out[1]);
+  if (rc != 0)
     return -1;
-  *ms = bc_now_ms () - t0;
-  return status;
+  t->to = fdopen (in[1], "w");
+  t->from = fdopen (out[0], "r");
+  return t->to != NULL && t->from != NULL ? 0 : -1;
+}
+
+/* One run: the milliseconds, or -1. */
+static double
+fork_timer_run (fork_timer_t *t)
+{
+  char line[64];
+  if (fputs ("go\n", t->to) == EOF || fflush (t->to) == EOF || fgets (line, sizeof line, t->from) == NULL)
+    return -1;
+  return strtod (line, NULL);
+}
+
+static void
+fork_timer_stop (fork_timer_t *t)
+{
+  fclose (t->to);
+  fclose (t->from);
+  bc_wait (t->pid);
 }
 
 /* A baseline: an argv (with "%d" in any word replaced by the iteration
@@ -406,6 +438,12 @@ bench_exec (void)
   baseline_check_tool (&crun_exec);
 
   char *argv[] = {"/bin/true"};
+  fork_timer_t timer;
+  if (fork_timer_start (&timer, "/bin/true") < 0)
+    {
+      fprintf (stderr, PROG ": cannot start %s\n", O.fork_timer);
+      exit (1);
+    }
   bc_series_t ours = {0}, fe = {0}, get = {0};
   int exec_failures = 0;
   fprintf (stderr, PROG ": exec: %d warm-up + %d runs of each\n", O.exec_warmup, O.exec_n);
@@ -429,10 +467,10 @@ bench_exec (void)
         }
       else if (rec)
         bc_series_add (&ours, ms);
-      int st = fork_exec_timed ("/bin/true", &ms);
-      if (st != 0)
+      ms = fork_timer_run (&timer);
+      if (ms < 0)
         {
-          fprintf (stderr, PROG ": fork+exec of /bin/true failed (%d)\n", st);
+          fprintf (stderr, PROG ": fork+exec of /bin/true failed\n");
           exit (1);
         }
       if (rec)
@@ -451,6 +489,7 @@ bench_exec (void)
   bc_row_add ("exec /bin/true round trip", "ms", &ours, 99, "fork+exec+wait", &fe);
   bc_row_add ("exec /bin/true round trip", "ms", &ours, 99, "crun exec", &crun_exec.s);
   bc_row_add ("for reference: unary Get round trip", "ms", &get, 99, NULL, NULL);
+  fork_timer_stop (&timer);
   pool_delete (id);
   pool_drain ();
 }
@@ -832,6 +871,7 @@ usage (FILE *f)
               "  --density LIST          live sandboxes at which launch is timed (default 10,1000,3000)\n"
               "  --density-launches N    launches timed at each of them (default 30)\n"
               "  --scale N               the scale run: N sandboxes, exec in 100, delete all (default 10000)\n"
+              "  --fork-timer PATH       the fork_exec_timer program (default bazel-bin/bench/fork_exec_timer)\n"
               "  --markdown FILE         also write the table to FILE in Markdown\n");
 }
 
@@ -856,6 +896,7 @@ main (int argc, char **argv)
       {"scale", required_argument, 0, 'X'},
       {"only", required_argument, 0, 'o'},
       {"markdown", required_argument, 0, 'm'},
+      {"fork-timer", required_argument, 0, 'F'},
       {"hide-cgroup2", no_argument, 0, 'H'},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0},
@@ -882,6 +923,7 @@ main (int argc, char **argv)
       case 'X': O.scale_n = atoi (optarg); break;
       case 'o': only = optarg; break;
       case 'm': O.markdown = optarg; break;
+      case 'F': O.fork_timer = optarg; break;
       case 'H': O.hide_cgroup2 = true; break;
       case 'h': usage (stdout); return 0;
       default: usage (stderr); return 2;
