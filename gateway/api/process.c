@@ -43,6 +43,22 @@ typedef struct run_s
 
 /* ---- the input side (the reader thread) ------------------------------------ */
 
+/* The input stream's error, if any (taken; *err keeps it). */
+static bool
+take_error (run_t *r, err_t *err)
+{
+  pthread_mutex_lock (&r->mu);
+  bool has = r->error.msg != NULL;
+  if (has)
+    {
+      err_release (err);
+      *err = r->error;
+      r->error = (err_t) ERR_INIT;
+    }
+  pthread_mutex_unlock (&r->mu);
+  return has;
+}
+
 /* Makes the call fail with `e` (taken) and the command be killed. */
 static void
 run_fail (run_t *r, err_t *e)
@@ -200,9 +216,10 @@ reader_main (void *arg)
       if (atomic_load (&r->stop))
         break;
     }
-  /* The input has ended: EOF for the command. A client that cancels later
-   * still kills it: watch the call until it is over. */
-  if (!atomic_load (&r->stop))
+  /* The input has ended: EOF for the call's own command (an attacher that
+   * is done sending leaves a detached process's stdin alone). A client that
+   * cancels later still stops the call: watch it until it is over. */
+  if (!atomic_load (&r->stop) && r->proc == NULL)
     end_input (r);
   close_stdin (r);
   if (!atomic_load (&r->stop) && rpc_call_wait_closed (r->call))
@@ -358,12 +375,8 @@ run_attached (run_t *r, bool replay, err_t *err)
         }
     }
   /* Stopped: a protocol error, or the client went away (the process runs on). */
-  if (r->error.msg != NULL)
-    {
-      *err = r->error;
-      r->error = (err_t) ERR_INIT;
-      return -1;
-    }
+  if (take_error (r, err))
+    return -1;
   return err_make (err, ECANCELED, "Run: the client went away");
 }
 
@@ -375,7 +388,7 @@ run_command (run_t *r, const sbx_exec_req_t *xr, err_t *err)
   sbx_exec_sink_t sink = {.output = run_output, .cancelled = run_cancelled, .started = run_started, .ctx = r};
   sbx_exec_result_t res;
   int rc = sbx_exec (r->rt, xr, &sink, &res, err);
-  if (rc == 0 && r->error.msg == NULL && !res.cancelled)
+  if (rc == 0 && !atomic_load (&r->stop) && !res.cancelled)
     {
       Sandbox__V1__ExitStatus st;
       api_exit_to_proto (&res, &st);
@@ -387,12 +400,7 @@ run_command (run_t *r, const sbx_exec_req_t *xr, err_t *err)
   if (rc == 0)
     {
       /* Killed: the client broke the protocol, or went away. */
-      if (r->error.msg != NULL)
-        {
-          *err = r->error;
-          r->error = (err_t) ERR_INIT;
-        }
-      else
+      if (!take_error (r, err))
         err_make (err, ECANCELED, "Run cancelled: %s", res.message);
       rc = -1;
     }

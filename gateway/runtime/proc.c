@@ -44,6 +44,7 @@ struct sbx_proc_s
   ring_t out, err;
   bool started, exited, stop, listed;
   char start_error[256];
+  int start_status; /* errno of a start that failed */
   sbx_exec_result_t res;
   int refs; /* the thread, and each attacher */
   pthread_t thread;
@@ -251,6 +252,7 @@ proc_main (void *arg)
   if (rc < 0)
     {
       snprintf (p->start_error, sizeof p->start_error, "%s", err_msg (&err));
+      p->start_status = err.status;
       memset (&res, 0, sizeof res);
       res.exit_code = -1;
       snprintf (res.message, sizeof res.message, "%s", err_msg (&err));
@@ -354,7 +356,8 @@ sbx_proc_start (sbx_runtime_t *rt, const sbx_exec_req_t *req, const char *proc_i
     pthread_cond_wait (&rt->proc_cv, &rt->proc_mu);
   if (!p->started)
     {
-      int rc = err_make (err, strstr (p->start_error, "not found") ? ENOENT : EIO, "%s", p->start_error);
+      int rc = err_make (err, p->start_status != 0 ? p->start_status : EIO, "%s",
+                         p->start_error[0] != '\0' ? p->start_error : "the process did not start");
       unlink_locked (rt, p);
       put_locked (p);
       pthread_mutex_unlock (&rt->proc_mu);

@@ -28,6 +28,16 @@ def detached(client, sid, argv, process_id="", **kw) -> Session:
     return start(client, sid, argv, detach=True, process_id=process_id, **kw)
 
 
+def background(client, sid, argv, process_id="", **kw) -> pb.ProcessInfo:
+    """Starts a detached process and leaves it: the starting call ends at
+    once (the process runs on). Its ProcessInfo."""
+    s = detached(client, sid, argv, process_id=process_id, **kw)
+    s.next_event()
+    s.call.cancel()
+    s.close()
+    return s.started
+
+
 def attach(client, sid, process_id, replay=False) -> Session:
     return Session(client, pb.ProcessInput(attach=pb.ProcessAttach(sandbox_id=sid, process_id=process_id,
                                                                    replay=replay)))
@@ -104,10 +114,7 @@ def test_attach_without_replay_sees_only_what_comes_after(sbx, fresh):
 
 
 def test_two_attachers_both_see_live_output(sbx, fresh):
-    s = detached(sbx, fresh, ["sh", "-c", "while :; do echo tick; sleep 0.05; done"], process_id="ticker")
-    s.next_event()
-    s.call.cancel()
-    s.close()
+    background(sbx, fresh, ["sh", "-c", "while :; do echo tick; sleep 0.05; done"], process_id="ticker")
     a, b = attach(sbx, fresh, "ticker"), attach(sbx, fresh, "ticker")
     a.read_until(b"tick\n")
     b.read_until(b"tick\n")
@@ -138,10 +145,7 @@ def test_the_ring_keeps_the_newest_output_and_counts_what_it_dropped(gateway_sec
         try:
             sid = new_id("ring")
             c.launch(sid)
-            s = detached(c, sid, ["seq", "1", "100000"], process_id="seq")
-            s.next_event()
-            s.call.cancel()
-            s.close()
+            background(c, sid, ["seq", "1", "100000"], process_id="seq")
             assert wait_until(lambda: not processes(c, sid)["seq"].running, timeout=30.0, interval=0.1)
             info = processes(c, sid)["seq"]
             total = sum(len(f"{i}\n") for i in range(1, 100001))
@@ -156,10 +160,7 @@ def test_the_ring_keeps_the_newest_output_and_counts_what_it_dropped(gateway_sec
 
 def test_output_nobody_reads_costs_bounded_memory(sbx, fresh):
     before = vm_rss_kib(sbx.gw.pid)
-    s = detached(sbx, fresh, ["yes", "spew"], process_id="spew")
-    s.next_event()
-    s.call.cancel()
-    s.close()
+    background(sbx, fresh, ["yes", "spew"], process_id="spew")
     time.sleep(2.0)  # `yes` writes hundreds of MiB meanwhile
     info = processes(sbx, fresh)["spew"]
     assert info.running and info.output_dropped_bytes > 64 << 20, info
@@ -170,10 +171,7 @@ def test_output_nobody_reads_costs_bounded_memory(sbx, fresh):
 
 def test_the_65th_running_process_is_refused(sbx, fresh):
     for i in range(64):
-        s = detached(sbx, fresh, ["sleep", "1000"], process_id=f"s{i}")
-        s.next_event()
-        s.call.cancel()
-        s.close()
+        background(sbx, fresh, ["sleep", "1000"], process_id=f"s{i}")
     e = _error_of(detached(sbx, fresh, ["sleep", "1000"], process_id="one-too-many"))
     assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "64" in e.details(), e
     assert sum(p.running for p in processes(sbx, fresh).values()) == 64
@@ -193,10 +191,7 @@ def test_ids_are_checked_and_unique(sbx, fresh):
 def test_another_sandboxs_process_is_not_found(sbx, fresh):
     other = new_id("proc-other")
     sbx.launch(other)
-    s = detached(sbx, other, ["sleep", "1000"], process_id="theirs")
-    s.next_event()
-    s.call.cancel()
-    s.close()
+    background(sbx, other, ["sleep", "1000"], process_id="theirs")
     assert _error_of(attach(sbx, fresh, "theirs")).code() == grpc.StatusCode.NOT_FOUND
     with pytest.raises(grpc.RpcError) as ei:
         signal(sbx, fresh, "theirs", 9)
@@ -206,10 +201,7 @@ def test_another_sandboxs_process_is_not_found(sbx, fresh):
 
 
 def test_delete_kills_detached_processes_and_forgets_them(sbx, fresh):
-    s = detached(sbx, fresh, ["sleep", "1000"], process_id="doomed")
-    s.next_event()
-    s.call.cancel()
-    s.close()
+    background(sbx, fresh, ["sleep", "1000"], process_id="doomed")
     sbx.delete(fresh)
     with pytest.raises(grpc.RpcError) as ei:
         processes(sbx, fresh)
@@ -226,11 +218,23 @@ def test_a_detached_process_keeps_its_sandbox_from_idling_only_when_configured(g
         try:
             sid = new_id("idle-proc")
             c.launch(sid)
-            s = detached(c, sid, ["sleep", "1000"], process_id="bg")
-            s.next_event()
-            s.call.cancel()
-            s.close()
+            background(c, sid, ["sleep", "1000"], process_id="bg")
             gone = wait_until(lambda: sid not in c.ids(), timeout=6.0, interval=0.2)  # List is no use
             assert bool(gone) == (not counts), c.ids()
         finally:
             c.cleanup()
+
+
+def test_an_attacher_that_stops_sending_leaves_the_process_stdin_open(sbx, fresh):
+    background(sbx, fresh, ["cat"], process_id="cat")
+    a = attach(sbx, fresh, "cat")
+    a.next_event()
+    a.close()  # half-close: this attacher has no more input
+    b = attach(sbx, fresh, "cat")
+    b.next_event()
+    b.send(stdin=b"still open\n")
+    b.read_until(b"still open\n")
+    b.send(close_stdin=True)  # only an explicit close ends it
+    assert b.finish().exit_code == 0
+    b.close()
+    a.call.cancel()
