@@ -197,9 +197,9 @@ int rpc_call_recv (rpc_call_t *call, const ProtobufCMessageDescriptor *desc, Pro
 int rpc_call_recv_raw (rpc_call_t *call, grpc_byte_buffer **out, err_t *err);
 
 /* Receiving and sending use separate tags: one thread may receive while
- * another sends on the same call (one of each at a time). */
-
-/* Starts receiving the next message now, so that it arrives (and gRPC
+ * another sends on the same call (one of each at a time).
+ *
+ * Starts receiving the next message now, so that it arrives (and gRPC
  * opens its flow-control window for the one after) while the handler is
  * busy with the last one; the next rpc_call_recv or rpc_call_recv_raw takes
  * it. A no-op when one is already under way or the stream has ended. */

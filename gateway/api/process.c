@@ -8,14 +8,11 @@
  * messages wait behind the bytes it has not taken. State: per call. */
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/ioctl.h>
-#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -80,8 +77,6 @@ close_stdin (run_t *r)
     close (take_fd (&r->stdin_fd));
 }
 
-static void write_stdin (run_t *r, const uint8_t *data, size_t len);
-
 /* End of input: on a terminal, its EOF character (closing the master would
  * hang the terminal up); else the pipe closes. */
 static void
@@ -92,43 +87,12 @@ end_input (run_t *r)
       sbx_proc_end_input (r->rt, r->proc, r->wake);
       return;
     }
+  err_t e = ERR_INIT;
   if (r->pty_fd >= 0)
-    {
-      struct termios t;
-      uint8_t eof = tcgetattr (r->pty_fd, &t) == 0 ? t.c_cc[VEOF] : 0x04;
-      write_stdin (r, &eof, 1);
-      return;
-    }
-  close_stdin (r);
-}
-
-/* Writes all of `data` to the command's stdin, waiting while the pipe is
- * full; gives up when the command has ended (EPIPE, or the wake). */
-static void
-write_stdin (run_t *r, const uint8_t *data, size_t len)
-{
-  size_t off = 0;
-  while (r->stdin_fd >= 0 && off < len)
-    {
-      ssize_t w = write (r->stdin_fd, data + off, len - off);
-      if (w > 0)
-        {
-          off += (size_t) w;
-          continue;
-        }
-      if (w < 0 && errno == EINTR)
-        continue;
-      if (w < 0 && errno == EAGAIN)
-        {
-          struct pollfd p[2] = {{.fd = r->stdin_fd, .events = POLLOUT}, {.fd = r->wake, .events = POLLIN}};
-          if (poll (p, 2, -1) < 0 && errno != EINTR)
-            break;
-          if (p[1].revents != 0)
-            break;
-          continue;
-        }
-      close_stdin (r); /* EPIPE: nobody reads it any more */
-    }
+    sbx_exec_end_input_pty (r->pty_fd, r->wake, &e);
+  else
+    close_stdin (r);
+  err_release (&e);
 }
 
 /* Applies one input message. */
@@ -139,10 +103,11 @@ apply_input (run_t *r, const Sandbox__V1__ProcessInput *in)
   switch (in->input_case)
     {
     case SANDBOX__V1__PROCESS_INPUT__INPUT_STDIN:
+      /* EPIPE: it has exited (its exit event says so); ECANCELED: the call is over. */
       if (r->proc != NULL)
-        sbx_proc_write (r->rt, r->proc, in->stdin.data, in->stdin.len, r->wake, &e); /* EPIPE: it has exited */
-      else
-        write_stdin (r, in->stdin.data, in->stdin.len);
+        sbx_proc_write (r->rt, r->proc, in->stdin.data, in->stdin.len, r->wake, &e);
+      else if (r->stdin_fd >= 0 && sbx_exec_write (r->stdin_fd, in->stdin.data, in->stdin.len, r->wake, &e) < 0)
+        close_stdin (r);
       break;
     case SANDBOX__V1__PROCESS_INPUT__INPUT_CLOSE_STDIN:
       if (in->close_stdin)
@@ -150,27 +115,20 @@ apply_input (run_t *r, const Sandbox__V1__ProcessInput *in)
       break;
     case SANDBOX__V1__PROCESS_INPUT__INPUT_RESIZE:
       if (r->proc == NULL && r->pty_fd < 0)
-        {
-          err_make (&e, EINVAL, "Run: resize of a command that has no terminal");
-          run_fail (r, &e);
-        }
+        err_make (&e, EINVAL, "Run: resize of a command that has no terminal");
       else if (in->resize == NULL || in->resize->rows == 0 || in->resize->cols == 0 || in->resize->rows > 65535
                || in->resize->cols > 65535)
-        {
-          err_make (&e, EINVAL, "Run: resize needs rows and cols from 1 to 65535");
-          run_fail (r, &e);
-        }
-      else if (r->proc != NULL)
-        {
-          if (sbx_proc_resize (r->rt, r->proc, (uint16_t) in->resize->rows, (uint16_t) in->resize->cols, &e) < 0)
-            run_fail (r, &e);
-        }
+        err_make (&e, EINVAL, "Run: resize needs rows and cols from 1 to 65535");
       else
         {
-          struct winsize ws
-              = {.ws_row = (unsigned short) in->resize->rows, .ws_col = (unsigned short) in->resize->cols};
-          ioctl (r->pty_fd, TIOCSWINSZ, &ws); /* the kernel sends SIGWINCH */
+          uint16_t rows = (uint16_t) in->resize->rows, cols = (uint16_t) in->resize->cols;
+          if (r->proc != NULL)
+            sbx_proc_resize (r->rt, r->proc, rows, cols, &e);
+          else
+            sbx_exec_resize (r->pty_fd, rows, cols, &e);
         }
+      if (e.status != 0)
+        run_fail (r, &e);
       break;
     case SANDBOX__V1__PROCESS_INPUT__INPUT_SIGNAL:
       /* ESRCH, EBUSY: it has just exited; its exit event says so. */

@@ -59,8 +59,9 @@ report_started (int report, int master)
     close (pidfd);
 }
 
-static void __attribute__ ((noreturn)) command_child (const sbx_confine_t *confine, const int *fds, int tty,
-                                                      int master, const char *cwd, char **argv, char **env)
+static void __attribute__ ((noreturn))
+command_child (const sbx_confine_t *confine, const int *fds, int tty, int master, bool started, const char *cwd,
+               char **argv, char **env)
 {
   err_t err = ERR_INIT;
   int report = fds[3];
@@ -84,7 +85,8 @@ static void __attribute__ ((noreturn)) command_child (const sbx_confine_t *confi
     signal (s, SIG_DFL);
   /* In its own session and cgroup, with default signals: from here on the
    * gateway may signal it and kill what it starts. */
-  report_started (report, master);
+  if (started)
+    report_started (report, master);
   /* On a terminal: it becomes the session's controlling terminal and the
    * command's stdio (the pipes go unused). */
   if (tty >= 0 && ioctl (tty, TIOCSCTTY, 0) < 0)
@@ -169,7 +171,8 @@ serve_request (int ctl, const sbx_confine_t *confine, char *buf)
       return;
     }
   uint16_t rows, cols;
-  sbx_exec_get_pty (buf, &rows, &cols);
+  uint32_t flags;
+  sbx_exec_get_options (buf, &rows, &cols, &flags);
   int master = -1, slave = -1;
   err_t perr = ERR_INIT;
   if (rows > 0 && cols > 0 && open_pty (rows, cols, &master, &slave, &perr) < 0)
@@ -198,7 +201,7 @@ serve_request (int ctl, const sbx_confine_t *confine, char *buf)
   if (pid == 0)
     {
       close (ctl);
-      command_child (confine, fds, slave, master, cwd, argv, env);
+      command_child (confine, fds, slave, master, (flags & SBX_EXEC_F_STARTED) != 0, cwd, argv, env);
     }
   if (pid < 0)
     helper_report (fds[3], SBX_REPORT_ERROR, errno, 0, 0, "fork the command (process limit reached?)");

@@ -12,10 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "common/cleanup.h"
@@ -159,8 +160,10 @@ start_command (exec_run_t *x, const char *state, err_t *err)
   ssize_t msg_len = sbx_exec_encode (msg, SBX_EXEC_MAX, cwd, req->argv, env);
   if (msg_len < 0)
     return err_make (err, E2BIG, "argv and env together exceed %d KiB", SBX_EXEC_MAX / 1024);
-  if (pty)
-    sbx_exec_set_pty (msg, req->pty_rows, req->pty_cols);
+  /* Only a caller that streams stdin uses the STARTED report: a plain
+   * exec spares the command a pidfd and the gateway a wake-up. */
+  sbx_exec_set_options (msg, pty ? req->pty_rows : 0, pty ? req->pty_cols : 0,
+                        req->stdin_stream ? SBX_EXEC_F_STARTED : 0);
   cleanup_close int procs_fd = -1;
   if (sbx_cg_open_track (&x->rt->cg, req->id, x->group, &procs_fd, err) < 0)
     return -1;
@@ -394,6 +397,45 @@ describe_limits (sbx_runtime_t *rt, const sbx_cg_events_t *before, const sbx_cg_
               rt->cfg.pids_max);
 }
 
+int
+sbx_exec_write (int fd, const uint8_t *data, size_t len, int wake, err_t *err)
+{
+  for (size_t off = 0; off < len;)
+    {
+      ssize_t w = write (fd, data + off, len - off);
+      if (w > 0)
+        off += (size_t) w;
+      else if (w < 0 && errno == EAGAIN)
+        {
+          struct pollfd p[2] = {{.fd = fd, .events = POLLOUT}, {.fd = wake, .events = POLLIN}};
+          if (poll (p, 2, -1) < 0 && errno != EINTR)
+            return err_make_sys (err, errno, "poll");
+          if (p[1].revents != 0)
+            return err_make (err, ECANCELED, "stopped");
+        }
+      else if (!(w < 0 && errno == EINTR))
+        return err_make (err, EPIPE, "the command's stdin is closed");
+    }
+  return 0;
+}
+
+int
+sbx_exec_end_input_pty (int pty_fd, int wake, err_t *err)
+{
+  struct termios t;
+  uint8_t eof = tcgetattr (pty_fd, &t) == 0 ? t.c_cc[VEOF] : 0x04;
+  return sbx_exec_write (pty_fd, &eof, 1, wake, err);
+}
+
+int
+sbx_exec_resize (int pty_fd, uint16_t rows, uint16_t cols, err_t *err)
+{
+  struct winsize ws = {.ws_row = rows, .ws_col = cols};
+  if (ioctl (pty_fd, TIOCSWINSZ, &ws) < 0)
+    return err_make_sys (err, errno, "resize the terminal");
+  return 0;
+}
+
 #ifndef PIDFD_SIGNAL_PROCESS_GROUP
 #define PIDFD_SIGNAL_PROCESS_GROUP (1U << 2)
 #endif
@@ -463,9 +505,8 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
    * server started with `&`) lives on in the sandbox's background group,
    * as it would after a shell's exit, and dies with the sandbox. */
   err_t rerr = ERR_INIT;
-  if ((!x.exited || sbx_cg_move_all (&rt->cg, req->id, x.group, SBX_CG_BACKGROUND, &rerr) < 0
-       || sbx_cg_remove (&rt->cg, req->id, x.group, &rerr) < 0)
-      && rerr.msg != NULL)
+  if ((x.exited && sbx_cg_move_all (&rt->cg, req->id, x.group, SBX_CG_BACKGROUND, &rerr) < 0)
+      || sbx_cg_remove (&rt->cg, req->id, x.group, &rerr) < 0)
     err_warn_release (&rerr, "exec in `%s`", req->id);
   err_release (&rerr);
   if (req->background)

@@ -8,12 +8,8 @@
  * proc_cv signals output, starts and exits. */
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
-#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -459,23 +455,7 @@ sbx_proc_write (sbx_runtime_t *rt, sbx_proc_t *p, const uint8_t *data, size_t le
   cleanup_close int fd = dup_of (rt, &p->stdin_fd);
   if (fd < 0)
     return err_make (err, EPIPE, "the process's stdin is closed");
-  for (size_t off = 0; off < len;)
-    {
-      ssize_t w = write (fd, data + off, len - off);
-      if (w > 0)
-        off += (size_t) w;
-      else if (w < 0 && errno == EAGAIN)
-        {
-          struct pollfd pf[2] = {{.fd = fd, .events = POLLOUT}, {.fd = wake, .events = POLLIN}};
-          if (poll (pf, 2, -1) < 0 && errno != EINTR)
-            return err_make_sys (err, errno, "poll");
-          if (pf[1].revents != 0)
-            return err_make (err, ECANCELED, "stopped");
-        }
-      else if (!(w < 0 && errno == EINTR))
-        return err_make (err, EPIPE, "the process's stdin is closed");
-    }
-  return 0;
+  return sbx_exec_write (fd, data, len, wake, err);
 }
 
 void
@@ -484,10 +464,8 @@ sbx_proc_end_input (sbx_runtime_t *rt, sbx_proc_t *p, int wake)
   cleanup_close int pty = dup_of (rt, &p->pty_fd);
   if (pty >= 0)
     {
-      struct termios t;
-      uint8_t eof = tcgetattr (pty, &t) == 0 ? t.c_cc[VEOF] : 0x04;
       err_t e = ERR_INIT;
-      sbx_proc_write (rt, p, &eof, 1, wake, &e);
+      sbx_exec_end_input_pty (pty, wake, &e);
       err_release (&e);
       return;
     }
@@ -503,10 +481,7 @@ sbx_proc_resize (sbx_runtime_t *rt, sbx_proc_t *p, uint16_t rows, uint16_t cols,
   cleanup_close int pty = dup_of (rt, &p->pty_fd);
   if (pty < 0)
     return err_make (err, EINVAL, "process `%s` has no terminal", p->id);
-  struct winsize ws = {.ws_row = rows, .ws_col = cols};
-  if (ioctl (pty, TIOCSWINSZ, &ws) < 0)
-    return err_make_sys (err, errno, "resize");
-  return 0;
+  return sbx_exec_resize (pty, rows, cols, err);
 }
 
 int

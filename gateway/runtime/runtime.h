@@ -206,6 +206,17 @@ typedef struct sbx_exec_result_s
 int sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *sink, sbx_exec_result_t *res,
               err_t *err);
 
+/* A started command's input, on the descriptors sbx_exec_started_t hands
+ * over (or duplicates of them), shared by Run and detached processes:
+ * write: all of `data`, waiting while the pipe or terminal is full (the
+ * descriptor is non-blocking); ECANCELED once `wake` is readable, EPIPE
+ * when nobody reads it any more. end_input_pty: the terminal's EOF
+ * character (closing a master would hang the terminal up). resize: the
+ * terminal's size (its foreground job gets SIGWINCH). */
+int sbx_exec_write (int fd, const uint8_t *data, size_t len, int wake, err_t *err);
+int sbx_exec_end_input_pty (int pty_fd, int wake, err_t *err);
+int sbx_exec_resize (int pty_fd, uint16_t rows, uint16_t cols, err_t *err);
+
 /* Sends `sig` to the process group of a started command (its pidfd).
  * ESRCH once it has exited, EINVAL for a signal number Linux has not. */
 int sbx_exec_signal (int pidfd, int sig, err_t *err);

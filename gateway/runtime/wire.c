@@ -111,22 +111,24 @@ sbx_exec_encode (char *buf, size_t cap, const char *cwd, char *const *argv, char
 }
 
 void
-sbx_exec_set_pty (char *buf, uint16_t rows, uint16_t cols)
+sbx_exec_set_options (char *buf, uint16_t rows, uint16_t cols, uint32_t flags)
 {
   sbx_exec_hdr_t h;
   memcpy (&h, buf, sizeof h);
   h.pty_rows = rows;
   h.pty_cols = cols;
+  h.flags = flags;
   memcpy (buf, &h, sizeof h);
 }
 
 void
-sbx_exec_get_pty (const char *buf, uint16_t *rows, uint16_t *cols)
+sbx_exec_get_options (const char *buf, uint16_t *rows, uint16_t *cols, uint32_t *flags)
 {
   sbx_exec_hdr_t h;
   memcpy (&h, buf, sizeof h);
   *rows = h.pty_rows;
   *cols = h.pty_cols;
+  *flags = h.flags;
 }
 
 int

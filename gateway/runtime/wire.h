@@ -68,15 +68,20 @@ typedef struct sbx_exec_hdr_s
   /* A terminal's size: both > 0 runs the command on a pseudo-terminal of
    * the sandbox's devpts (its master comes back with STARTED). */
   uint16_t pty_rows, pty_cols;
+  uint32_t flags; /* SBX_EXEC_F_* */
 } sbx_exec_hdr_t;
+
+/* The caller wants the STARTED report (a pidfd, a terminal's master). */
+#define SBX_EXEC_F_STARTED 1u
 
 /* Encodes a request into buf (cap bytes). Returns its length, or -1 when it
  * does not fit. */
 ssize_t sbx_exec_encode (char *buf, size_t cap, const char *cwd, char *const *argv, char *const *env);
 
-/* Sets / reads the terminal size of an encoded request (0 0: none). */
-void sbx_exec_set_pty (char *buf, uint16_t rows, uint16_t cols);
-void sbx_exec_get_pty (const char *buf, uint16_t *rows, uint16_t *cols);
+/* Sets / reads the terminal size (0 0: none) and the flags of an encoded
+ * request. */
+void sbx_exec_set_options (char *buf, uint16_t rows, uint16_t cols, uint32_t flags);
+void sbx_exec_get_options (const char *buf, uint16_t *rows, uint16_t *cols, uint32_t *flags);
 
 /* Decodes a request in place: *cwd, argv[] and env[] point into buf, each
  * array NULL-terminated (argv and env must have argc+1 / envc+1 slots, from
