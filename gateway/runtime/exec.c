@@ -91,7 +91,7 @@ typedef struct exec_run_s
   int stream_fd;   /* stdin_stream: the write end to hand over at STARTED */
   size_t stdin_off;
   int report_fd;
-  int64_t started, deadline, exited_at, drain_until;
+  int64_t started, deadline, exited_at, drain_until, killed_at;
   bool exited, killed, consumer_gone;
   bool started_seen; /* the STARTED report came (or never will) */
   char start_error[sizeof ((sbx_report_t *) 0)->text];
@@ -204,13 +204,27 @@ kill_if_due (exec_run_t *x, int64_t now)
 {
   /* Once the command has exited its status stands: what it left running
    * is not killed for the deadline (see sbx_exec). */
-  if (x->killed || x->exited || !(now >= x->deadline || x->consumer_gone || x->sink->cancelled (x->sink->ctx)))
+  if (x->exited)
+    return;
+  if (x->killed)
+    {
+      /* The command may join its cgroup after the kill found it empty (a
+       * holder slow to fork): kill again until its exit report comes. */
+      if (now - x->killed_at >= EXEC_POLL_MS)
+        {
+          x->killed_at = now;
+          sbx_cg_kill (&x->rt->cg, x->req->id, x->group, NULL);
+        }
+      return;
+    }
+  if (!(now >= x->deadline || x->consumer_gone || x->sink->cancelled (x->sink->ctx)))
     return;
   if (now >= x->deadline)
     x->res->timed_out = true;
   else
     x->res->cancelled = true;
   x->killed = true;
+  x->killed_at = now;
   err_t kerr = ERR_INIT;
   if (sbx_cg_kill (&x->rt->cg, x->req->id, x->group, &kerr) < 0)
     err_warn_release (&kerr, "exec in `%s`", x->req->id);
@@ -321,7 +335,7 @@ pump_once (exec_run_t *x, int64_t now, err_t *err)
     p[np++] = (struct pollfd){.fd = hold ? -1 : x->pumps[i].fd, .events = POLLIN}; /* fd -1: ignored */
   p[np++] = (struct pollfd){.fd = x->exited ? -1 : x->report_fd, .events = POLLIN};
   p[np++] = (struct pollfd){.fd = x->stdin_fd, .events = POLLOUT};
-  int64_t wait = x->exited ? x->drain_until - now : x->deadline - now;
+  int64_t wait = x->exited ? x->drain_until - now : x->killed ? EXEC_POLL_MS : x->deadline - now;
   wait = wait > EXEC_POLL_MS ? EXEC_POLL_MS : wait < 0 ? 0 : wait;
   if (TEMP_FAILURE_RETRY (poll (p, (nfds_t) np, (int) wait)) < 0)
     return err_make_sys (err, errno, "exec: poll");
