@@ -1,52 +1,92 @@
 /* router: path templates and route lookup (see router.h). No state. */
 #include "shim/router.h"
 
+#include <stdio.h>
 #include <string.h>
+
+/* Copies the component [start, start+len) into out (cap bytes, cut when
+ * longer, *too_long then set). */
+static void
+take_component (const char *start, size_t len, char *out, size_t cap, bool *too_long)
+{
+  if (len >= cap)
+    *too_long = true;
+  size_t n = len >= cap ? cap - 1 : len;
+  memcpy (out, start, n);
+  out[n] = '\0';
+}
+
+bool
+shim_match_path2 (const char *tmpl, const char *url, char *id, char *pid, size_t cap, bool *too_long)
+{
+  if (strstr (tmpl, "{id}") == NULL && strstr (tmpl, "{pid}") == NULL)
+    return strcmp (tmpl, url) == 0;
+  /* Component by component: literals must be equal, placeholders must be
+   * non-empty; the results are written only on a match. */
+  char got_id[256], got_pid[256];
+  bool tl_id = false, tl_pid = false, seen_pid = false;
+  const char *t = tmpl, *u = url;
+  for (;;)
+    {
+      size_t tl = strcspn (t, "/"), ul = strcspn (u, "/");
+      bool is_id = tl == 4 && strncmp (t, "{id}", 4) == 0;
+      bool is_pid = tl == 5 && strncmp (t, "{pid}", 5) == 0;
+      if (is_id || is_pid)
+        {
+          if (ul == 0 || (is_pid && pid == NULL))
+            return false;
+          size_t c = cap < sizeof got_id ? cap : sizeof got_id;
+          take_component (u, ul, is_id ? got_id : got_pid, c, is_id ? &tl_id : &tl_pid);
+          seen_pid |= is_pid;
+        }
+      else if (tl != ul || strncmp (t, u, tl) != 0)
+        return false;
+      t += tl;
+      u += ul;
+      if (*t == '\0' || *u == '\0')
+        {
+          if (*t != *u)
+            return false;
+          break;
+        }
+      t++;
+      u++;
+    }
+  *too_long = tl_id || tl_pid;
+  if (strstr (tmpl, "{id}") != NULL)
+    strcpy (id, got_id);
+  if (seen_pid)
+    strcpy (pid, got_pid);
+  return true;
+}
 
 bool
 shim_match_path (const char *tmpl, const char *url, char *id, size_t id_cap, bool *id_too_long)
 {
-  const char *brace = strstr (tmpl, "{id}");
-  if (brace == NULL)
-    return strcmp (tmpl, url) == 0;
-  size_t pre = (size_t) (brace - tmpl);
-  if (strncmp (tmpl, url, pre) != 0)
-    return false;
-  const char *start = url + pre;
-  const char *end = strchr (start, '/');
-  size_t len = end != NULL ? (size_t) (end - start) : strlen (start);
-  const char *suffix = brace + 4;
-  if (strcmp (end != NULL ? end : "", suffix) != 0)
-    return false;
-  if (len == 0)
-    return false;
-  *id_too_long = len >= id_cap;
-  size_t n = *id_too_long ? id_cap - 1 : len;
-  memcpy (id, start, n);
-  id[n] = '\0';
-  return true;
+  return shim_match_path2 (tmpl, url, id, NULL, id_cap, id_too_long);
 }
 
 const shim_route_t *
-shim_route_find (const shim_route_t *table, size_t n, const char *url, const char *method, char *id, bool *path_known,
-                 bool *id_too_long)
+shim_route_find (const shim_route_t *table, size_t n, const char *url, const char *method, char *id, char *pid,
+                 bool *path_known, bool *id_too_long)
 {
   *path_known = false;
   *id_too_long = false;
   id[0] = '\0';
+  pid[0] = '\0';
   for (size_t i = 0; i < n; i++)
     {
-      char got[SHIM_ID_MAX + 2] = "";
+      char got[SHIM_ID_MAX + 2] = "", got_pid[SHIM_ID_MAX + 2] = "";
       bool tl = false;
-      if (!shim_match_path (table[i].path, url, got, sizeof got, &tl))
+      if (!shim_match_path2 (table[i].path, url, got, got_pid, sizeof got, &tl))
         continue;
       *path_known = true;
       if (strcmp (table[i].method, method) != 0)
         continue;
-      *id_too_long = tl || strlen (got) > SHIM_ID_MAX;
-      size_t len = *id_too_long ? SHIM_ID_MAX : strlen (got); /* a too long id is refused by the caller */
-      memcpy (id, got, len);
-      id[len] = '\0';
+      /* a too long id is refused by the caller */
+      *id_too_long = tl || strlen (got) > SHIM_ID_MAX || strlen (got_pid) > SHIM_ID_MAX;
+      snprintf (id, SHIM_ID_MAX + 1, "%s", got);
+      snprintf (pid, SHIM_ID_MAX + 1, "%s", got_pid);
       return &table[i];
     }
   return NULL;

@@ -17,11 +17,18 @@
  * component does not match. `id_cap` must be at least 1. */
 bool shim_match_path (const char *tmpl, const char *url, char *id, size_t id_cap, bool *id_too_long);
 
+/* shim_match_path for templates that may also hold a "{pid}" component
+ * after "{id}" ("/sandboxes/{id}/processes/{pid}"), copied into `pid`
+ * (`cap` bytes too; *too_long when either was cut). A template with
+ * "{pid}" never matches when `pid` is NULL. */
+bool shim_match_path2 (const char *tmpl, const char *url, char *id, char *pid, size_t cap, bool *too_long);
+
 /* The route of `table` for `method` and `url`, with the path's id copied
- * to id (SHIM_ID_MAX + 1 bytes; cut, with *id_too_long, when longer).
+ * to id and its process id (if any) to pid (SHIM_ID_MAX + 1 bytes each;
+ * cut, with *id_too_long, when longer).
  * NULL when none matches; *path_known then says whether another method
  * would have matched (405 rather than 404). */
 const shim_route_t *shim_route_find (const shim_route_t *table, size_t n, const char *url, const char *method,
-                                     char *id, bool *path_known, bool *id_too_long);
+                                     char *id, char *pid, bool *path_known, bool *id_too_long);
 
 #endif

@@ -42,7 +42,7 @@ static void
 start_request (shim_req_t *r, const char *url, const char *method)
 {
   bool path_known = false, too_long = false;
-  r->route = shim_route_find (shim_routes, shim_n_routes, url, method, r->id, &path_known, &too_long);
+  r->route = shim_route_find (shim_routes, shim_n_routes, url, method, r->id, r->pid, &path_known, &too_long);
   if (r->route == NULL)
     {
       if (path_known)
@@ -72,7 +72,11 @@ start_request (shim_req_t *r, const char *url, const char *method)
       if (too_long)
         shim_errors_add (&e, "string_too_long", "path", "sandbox_id", "String should have at most 64 characters");
       else
-        shim_check_id (r->id, "path", "sandbox_id", &e);
+        {
+          shim_check_id (r->id, "path", "sandbox_id", &e);
+          if (r->pid[0] != '\0')
+            shim_check_id (r->pid, "path", "process_id", &e);
+        }
       if (shim_errors_any (&e))
         {
           shim_req_fail_json (r, 422, shim_errors_take (&e));

@@ -83,6 +83,7 @@ struct shim_req_s
   struct MHD_Connection *conn;
   const shim_route_t *route;
   char id[SHIM_ID_MAX + 1];
+  char pid[SHIM_ID_MAX + 1]; /* a "{pid}" path component (process id), or "" */
   char *body;
   size_t len, cap;
   uint64_t body_bytes;

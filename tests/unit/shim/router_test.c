@@ -98,12 +98,37 @@ test_id_longer_than_its_buffer_is_cut_and_flagged (void **state)
   assert_true (too_long);
 }
 
+static void
+test_second_component_is_copied_to_pid (void **state)
+{
+  char id[SHIM_ID_MAX + 1], pid[SHIM_ID_MAX + 1];
+  bool too_long = true;
+  assert_true (shim_match_path2 ("/s/{id}/p/{pid}/out", "/s/a1/p/web-1/out", id, pid, sizeof id, &too_long));
+  assert_string_equal (id, "a1");
+  assert_string_equal (pid, "web-1");
+  assert_false (too_long);
+  assert_true (shim_match_path2 ("/s/{id}/p/{pid}", "/s/a/p/b", id, pid, sizeof id, &too_long));
+  assert_string_equal (pid, "b");
+  /* Empty, missing or extra components do not match. */
+  assert_false (shim_match_path2 ("/s/{id}/p/{pid}", "/s/a/p/", id, pid, sizeof id, &too_long));
+  assert_false (shim_match_path2 ("/s/{id}/p/{pid}", "/s/a/p", id, pid, sizeof id, &too_long));
+  assert_false (shim_match_path2 ("/s/{id}/p/{pid}", "/s/a/p/b/", id, pid, sizeof id, &too_long));
+  assert_false (shim_match_path2 ("/s/{id}/p/{pid}", "/s/a/q/b", id, pid, sizeof id, &too_long));
+  /* Without a pid buffer a {pid} template never matches. */
+  assert_false (shim_match_path ("/s/{id}/p/{pid}", "/s/a/p/b", id, sizeof id, &too_long));
+  /* Too long: cut and flagged. */
+  char small[4];
+  assert_true (shim_match_path2 ("/s/{id}/p/{pid}", "/s/a/p/bcdefg", small, pid, sizeof small, &too_long));
+  assert_true (too_long);
+}
+
 /* ---- shim_route_find ------------------------------------------------------ */
 
 static const shim_route_t *
 find (const char *url, const char *method, char *id, bool *path_known, bool *too_long)
 {
-  return shim_route_find (table, N_ROUTES, url, method, id, path_known, too_long);
+  char pid[SHIM_ID_MAX + 1];
+  return shim_route_find (table, N_ROUTES, url, method, id, pid, path_known, too_long);
 }
 
 static void
@@ -214,6 +239,7 @@ main (void)
       cmocka_unit_test (test_empty_id_does_not_match),
       cmocka_unit_test (test_trailing_slash_or_extra_components_do_not_match),
       cmocka_unit_test (test_id_longer_than_its_buffer_is_cut_and_flagged),
+      cmocka_unit_test (test_second_component_is_copied_to_pid),
       cmocka_unit_test (test_route_is_found_by_method_and_path),
       cmocka_unit_test (test_unknown_path_is_404_and_known_path_with_another_method_is_405),
       cmocka_unit_test (test_empty_id_and_trailing_slash_are_404),
