@@ -33,9 +33,11 @@ typedef struct run_s
   int pty_fd; /* the terminal's master, -1 without one */
   int wake;   /* eventfd: the command has ended, the reader stops waiting */
   /* Written by the reader, read by the call's thread. */
-  atomic_bool stop; /* kill the command: the client went away or broke the protocol */
+  atomic_bool stop;       /* kill the command: the client went away or broke the protocol */
+  atomic_bool input_done; /* the client half-closed and all its input was applied */
   pthread_mutex_t mu;
-  err_t error; /* a protocol error of the input stream (mu) */
+  pthread_cond_t input_cv; /* input_done or stop set (mu) */
+  err_t error;             /* a protocol error of the input stream (mu) */
 } run_t;
 
 /* ---- the input side (the reader thread) ------------------------------------ */
@@ -66,8 +68,9 @@ run_fail (run_t *r, err_t *e)
   else
     err_release (e);
   *e = (err_t) ERR_INIT;
-  pthread_mutex_unlock (&r->mu);
   atomic_store (&r->stop, true);
+  pthread_cond_broadcast (&r->input_cv);
+  pthread_mutex_unlock (&r->mu);
 }
 
 static void
@@ -105,7 +108,16 @@ apply_input (run_t *r, const Sandbox__V1__ProcessInput *in)
     case SANDBOX__V1__PROCESS_INPUT__INPUT_STDIN:
       /* EPIPE: it has exited (its exit event says so); ECANCELED: the call is over. */
       if (r->proc != NULL)
-        sbx_proc_write (r->rt, r->proc, in->stdin.data, in->stdin.len, r->wake, &e);
+        {
+          /* A detached process past its input is the caller's mistake. */
+          if (sbx_proc_write (r->rt, r->proc, in->stdin.data, in->stdin.len, r->wake, &e) < 0
+              && e.status != ECANCELED)
+            {
+              err_release (&e);
+              err_make (&e, EBUSY, "the process takes no more input: it has exited or its stdin is closed");
+              run_fail (r, &e);
+            }
+        }
       else if (r->stdin_fd >= 0 && sbx_exec_write (r->stdin_fd, in->stdin.data, in->stdin.len, r->wake, &e) < 0)
         close_stdin (r);
       break;
@@ -165,8 +177,10 @@ reader_main (void *arg)
           if (rc < 0 && e.status != ECANCELED)
             run_fail (r, &e); /* a message that does not decode, or too large */
           err_release (&e);
-          if (rc < 0)
-            atomic_store (&r->stop, true);
+          pthread_mutex_lock (&r->mu);
+          atomic_store (rc < 0 ? &r->stop : &r->input_done, true);
+          pthread_cond_broadcast (&r->input_cv);
+          pthread_mutex_unlock (&r->mu);
           break;
         }
       apply_input (r, (const Sandbox__V1__ProcessInput *) m);
@@ -293,7 +307,7 @@ proc_info_to_proto (const sbx_proc_info_t *in, Sandbox__V1__ProcessInfo *out, Sa
 /* The call as an attachment of detached process r->proc: started, its
  * output from the cursor on, its exit. The process outlives the call. */
 static int
-run_attached (run_t *r, bool replay, err_t *err)
+run_attached (run_t *r, bool replay, bool follow, err_t *err)
 {
   sbx_proc_info_t info;
   sbx_proc_info (r->rt, r->proc, &info);
@@ -314,13 +328,24 @@ run_attached (run_t *r, bool replay, err_t *err)
   cleanup_free uint8_t *buf = malloc (SBX_EXEC_CHUNK);
   if (buf == NULL)
     return err_make (err, ENOMEM, "Run: out of memory");
+  if (!follow)
+    {
+      /* Not following: all input first (an error in it is the answer),
+       * then what output there is, then the end. */
+      pthread_mutex_lock (&r->mu);
+      while (!atomic_load (&r->input_done) && !atomic_load (&r->stop))
+        pthread_cond_wait (&r->input_cv, &r->mu);
+      pthread_mutex_unlock (&r->mu);
+    }
   for (;;)
     {
       int stream = 1;
       sbx_exec_result_t res;
-      int n = sbx_proc_read (r->rt, r->proc, &cur, buf, SBX_EXEC_CHUNK, &stream, 100, &res);
+      int n = sbx_proc_read (r->rt, r->proc, &cur, buf, SBX_EXEC_CHUNK, &stream, follow ? 100 : 0, &res);
       if (atomic_load (&r->stop))
         break;
+      if (n < 0 && !follow)
+        return 0;
       if (n > 0 && run_output (r, stream, buf, (size_t) n) < 0)
         return err_make (err, ECANCELED, "Run: the client has gone");
       if (n == 0)
@@ -423,13 +448,15 @@ api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
              .error = ERR_INIT};
   atomic_init (&r.stop, false);
   pthread_mutex_init (&r.mu, NULL);
+  pthread_cond_init (&r.input_cv, NULL);
   int rc;
   if (attach)
     rc = sbx_proc_attach (ctx->rt, in->attach->sandbox_id, in->attach->process_id, &r.proc, err) < 0
              ? -1
-             : run_attached (&r, in->attach->replay, err);
+             : run_attached (&r, in->attach->replay, !in->attach->no_follow, err);
   else if (in->start->detach)
-    rc = sbx_proc_start (ctx->rt, &xr, in->start->process_id, &r.proc, err) < 0 ? -1 : run_attached (&r, true, err);
+    rc = sbx_proc_start (ctx->rt, &xr, in->start->process_id, &r.proc, err) < 0 ? -1
+                                                                                : run_attached (&r, true, true, err);
   else
     rc = run_command (&r, &xr, err);
   /* End the call, then the reader: its receive or its watch of the call
@@ -449,6 +476,7 @@ api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   if (r.pty_fd >= 0)
     close (r.pty_fd);
   err_release (&r.error);
+  pthread_cond_destroy (&r.input_cv);
   pthread_mutex_destroy (&r.mu);
   return rc;
 }

@@ -452,6 +452,11 @@ dup_of (sbx_runtime_t *rt, const int *fd)
 int
 sbx_proc_write (sbx_runtime_t *rt, sbx_proc_t *p, const uint8_t *data, size_t len, int wake, err_t *err)
 {
+  pthread_mutex_lock (&rt->proc_mu);
+  bool exited = p->exited;
+  pthread_mutex_unlock (&rt->proc_mu);
+  if (exited)
+    return err_make (err, EPIPE, "the process has exited");
   cleanup_close int fd = dup_of (rt, &p->stdin_fd);
   if (fd < 0)
     return err_make (err, EPIPE, "the process's stdin is closed");

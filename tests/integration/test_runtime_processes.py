@@ -38,9 +38,25 @@ def background(client, sid, argv, process_id="", **kw) -> pb.ProcessInfo:
     return s.started
 
 
-def attach(client, sid, process_id, replay=False) -> Session:
+def attach(client, sid, process_id, replay=False, no_follow=False) -> Session:
     return Session(client, pb.ProcessInput(attach=pb.ProcessAttach(sandbox_id=sid, process_id=process_id,
-                                                                   replay=replay)))
+                                                                   replay=replay, no_follow=no_follow)))
+
+
+def drain(s: Session) -> Session:
+    """Reads a call to its end (OK), exit event or not."""
+    while True:
+        try:
+            s.next_event()
+        except StopIteration:
+            return s
+
+
+def buffered(client, sid, process_id) -> Session:
+    """The process's buffered output, read once (no follow)."""
+    s = attach(client, sid, process_id, replay=True, no_follow=True)
+    s.close()
+    return drain(s)
 
 
 def processes(client, sid) -> dict:
@@ -238,3 +254,44 @@ def test_an_attacher_that_stops_sending_leaves_the_process_stdin_open(sbx, fresh
     assert b.finish().exit_code == 0
     b.close()
     a.call.cancel()
+
+
+def test_stdin_to_an_exited_or_closed_process_is_failed_precondition(sbx, fresh):
+    background(sbx, fresh, ["true"], process_id="gone")
+    assert wait_until(lambda: not processes(sbx, fresh)["gone"].running, 10.0)
+    a = attach(sbx, fresh, "gone", no_follow=True)
+    a.send(stdin=b"late\n")
+    a.close()
+    e = _error_of(a)
+    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, e
+    assert "no more input" in e.details()
+
+    background(sbx, fresh, ["sleep", "100"], process_id="shut")
+    b = attach(sbx, fresh, "shut")
+    b.send(close_stdin=True)
+    b.send(stdin=b"after close\n")
+    b.close()
+    e = _error_of(b)
+    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, e
+    assert processes(sbx, fresh)["shut"].running  # refused input changes nothing
+
+
+def test_attach_without_follow_sends_the_buffer_and_ends(sbx, fresh):
+    background(sbx, fresh, ["sh", "-c", "echo one; echo two >&2; exec cat"], process_id="log")
+    assert wait_until(lambda: b"two" in buffered(sbx, fresh, "log").stderr, 10.0)
+    a = buffered(sbx, fresh, "log")
+    assert a.started.running and a.exit is None  # it runs on: no exit event
+    assert a.stdout == b"one\n" and a.stderr == b"two\n"
+
+    # Input through a call that does not follow: taken, then the call ends OK.
+    w = attach(sbx, fresh, "log", no_follow=True)
+    w.send(stdin=b"three\n")
+    w.close()
+    drain(w)
+    assert wait_until(lambda: b"three" in buffered(sbx, fresh, "log").stdout, 10.0)
+
+    # Once exited, the buffer then the exit event.
+    signal(sbx, fresh, "log", 15)
+    assert wait_until(lambda: not processes(sbx, fresh)["log"].running, 10.0)
+    z = buffered(sbx, fresh, "log")
+    assert z.stdout == b"one\nthree\n" and z.exit is not None and z.exit.signal == 15
