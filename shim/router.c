@@ -1,7 +1,6 @@
 /* router: path templates and route lookup (see router.h). No state. */
 #include "shim/router.h"
 
-#include <stdio.h>
 #include <string.h>
 
 /* Copies the component [start, start+len) into out (cap bytes, cut when
@@ -85,8 +84,8 @@ shim_route_find (const shim_route_t *table, size_t n, const char *url, const cha
         continue;
       /* a too long id is refused by the caller */
       *id_too_long = tl || strlen (got) > SHIM_ID_MAX || strlen (got_pid) > SHIM_ID_MAX;
-      snprintf (id, SHIM_ID_MAX + 1, "%s", got);
-      snprintf (pid, SHIM_ID_MAX + 1, "%s", got_pid);
+      take_component (got, strnlen (got, SHIM_ID_MAX), id, SHIM_ID_MAX + 1, &tl);
+      take_component (got_pid, strnlen (got_pid, SHIM_ID_MAX), pid, SHIM_ID_MAX + 1, &tl);
       return &table[i];
     }
   return NULL;

@@ -83,6 +83,7 @@ struct rpc_call_s
   bool waiting;        /* on the server's list of calls awaiting their first message */
   int64_t accepted_ms; /* monotonic */
   struct rpc_call_s *wait_prev, *wait_next;
+  struct rpc_call_s *handoff_next; /* on the server's list for idle threads */
 };
 
 struct rpc_server_s
@@ -105,6 +106,13 @@ struct rpc_server_s
   int64_t first_message_ms;
   rpc_call_t *waiting; /* calls awaiting their first message, oldest last */
   int64_t last_sweep_ms;
+  /* Handler threads (server.c; `mu`): idle ones wait on `work_cv` for a
+   * call handed to them. */
+  pthread_cond_t work_cv;
+  size_t threads; /* alive, busy or idle */
+  size_t idle;    /* waiting, not yet handed a call */
+  rpc_call_t *handoff;
+  bool pool_closed;
   atomic_bool shutting_down;
   bool shutdown_called;
   bool shutdown_done;

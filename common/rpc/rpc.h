@@ -218,8 +218,9 @@ int rpc_call_send (rpc_call_t *call, const ProtobufCMessage *msg, err_t *err);
  * itself and lends gRPC its bytes instead of copying them. */
 int rpc_call_send_raw (rpc_call_t *call, grpc_slice *slices, size_t n, err_t *err);
 
-/* In a handler: sets the final message of a unary or client-streaming call;
- * it is sent with the OK status in one batch when the handler returns 0. */
+/* In a handler: sets the final message of a call (of a streaming one, its
+ * last); it is sent with the OK status in one batch when the handler
+ * returns 0 or calls rpc_call_finish. */
 int rpc_call_reply (rpc_call_t *call, const ProtobufCMessage *msg, err_t *err);
 
 /* In a handler: sends the final status now (and the rpc_call_reply message

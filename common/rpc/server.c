@@ -6,7 +6,8 @@
  * for unregistered ones, answered UNIMPLEMENTED) a few accept slots are kept
  * outstanding; each slot brings its own "pluck" completion queue, which
  * becomes the call's private queue. An accepted call is handed to a thread
- * of its own that runs the handler; all operations of that call are plucked
+ * of its own that runs the handler (a few idle threads are kept for the
+ * next calls, sparing each call a thread's start); all operations of that call are plucked
  * from its queue by that thread, so handlers are plain blocking code and a
  * slow call never holds up another.
  *
@@ -37,6 +38,8 @@
 
 /* Stack of a handler thread. */
 #define RPC_HANDLER_STACK (2u * 1024u * 1024u)
+/* Handler threads kept waiting for the next call once theirs is done. */
+#define RPC_IDLE_THREADS 4
 
 gpr_timespec
 rpc_deadline_in_ms (int64_t ms)
@@ -257,9 +260,49 @@ call_thread (void *arg)
 {
   rpc_call_t *c = arg;
   rpc_server_t *s = c->server;
-  call_run (c);
-  call_done (s, c);
+  for (;;)
+    {
+      call_run (c);
+      call_done (s, c);
+      /* Wait for the next call, unless enough threads already do. */
+      pthread_mutex_lock (&s->mu);
+      if (s->idle >= RPC_IDLE_THREADS || s->pool_closed)
+        break;
+      s->idle++;
+      while (s->handoff == NULL && !s->pool_closed)
+        pthread_cond_wait (&s->work_cv, &s->mu);
+      c = s->handoff;
+      if (c == NULL)
+        {
+          s->idle--;
+          break;
+        }
+      s->handoff = c->handoff_next; /* idle was counted down by the hand-off */
+      pthread_mutex_unlock (&s->mu);
+    }
+  s->threads--;
+  pthread_cond_broadcast (&s->cv);
+  pthread_mutex_unlock (&s->mu);
   return NULL;
+}
+
+/* Gives `c` to an idle handler thread: false when none waits. */
+static bool
+hand_off (rpc_server_t *s, rpc_call_t *c)
+{
+  pthread_mutex_lock (&s->mu);
+  bool taken = s->idle > 0 && !s->pool_closed;
+  if (taken)
+    {
+      s->idle--;
+      c->handoff_next = s->handoff;
+      s->handoff = c;
+      pthread_cond_signal (&s->work_cv);
+    }
+  else
+    s->threads++; /* the caller starts one */
+  pthread_mutex_unlock (&s->mu);
+  return taken;
 }
 
 /* Turns a completed accept slot into a call and starts its thread. */
@@ -300,6 +343,8 @@ call_start (rpc_server_t *s, rpc_slot_t *slot)
   if (!admit (s, c))
     return;
 
+  if (hand_off (s, c))
+    return;
   pthread_attr_t attr;
   pthread_attr_init (&attr);
   pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
@@ -309,6 +354,9 @@ call_start (rpc_server_t *s, rpc_slot_t *slot)
   pthread_attr_destroy (&attr);
   if (rc != 0)
     {
+      pthread_mutex_lock (&s->mu);
+      s->threads--;
+      pthread_mutex_unlock (&s->mu);
       log_msg (SEV_ERROR, "rpc: cannot start a handler thread for %s: %s", c->path, strerror (rc));
       grpc_call_cancel_with_status (c->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "server out of threads", NULL);
       c->finished = true;
@@ -367,6 +415,7 @@ rpc_server_new (const rpc_opts_t *opts, rpc_server_t **out, err_t *err)
   pthread_condattr_setclock (&ca, CLOCK_MONOTONIC);
   pthread_cond_init (&s->cv, &ca);
   pthread_condattr_destroy (&ca);
+  pthread_cond_init (&s->work_cv, NULL);
   atomic_init (&s->shutting_down, false);
   s->max_calls = s->opts.max_calls > 0 ? s->opts.max_calls : RPC_DEFAULT_MAX_CALLS;
   s->max_open_calls = s->opts.max_open_calls > 0 ? s->opts.max_open_calls : RPC_DEFAULT_MAX_OPEN_CALLS;
@@ -545,6 +594,13 @@ rpc_server_shutdown (rpc_server_t *s, int64_t grace_ms)
   grpc_completion_queue_shutdown (s->cq);
   pthread_join (s->poller, NULL);
   s->destroyed_grpc = true;
+  /* No call comes any more: the idle handler threads go. */
+  pthread_mutex_lock (&s->mu);
+  s->pool_closed = true;
+  pthread_cond_broadcast (&s->work_cv);
+  while (s->threads > 0)
+    pthread_cond_wait (&s->cv, &s->mu);
+  pthread_mutex_unlock (&s->mu);
 }
 
 void
@@ -560,6 +616,7 @@ rpc_server_destroy (rpc_server_t *s)
   free (s->tls_cert_file);
   free (s->tls_key_file);
   free (s->tls_ca_file);
+  pthread_cond_destroy (&s->work_cv);
   pthread_cond_destroy (&s->cv);
   pthread_mutex_destroy (&s->mu);
   free (s);

@@ -104,3 +104,38 @@ api_env_from_start (Sandbox__V1__ProcessStart__EnvEntry **entries, size_t n, cha
 {
   ENV_FROM (entries, n, out, err);
 }
+
+size_t
+api_field_header (uint8_t *head, uint32_t field, size_t len)
+{
+  size_t n = 0;
+  head[n++] = (uint8_t) ((field << 3) | 2); /* fields below 16: one byte */
+  for (; len >= 0x80; len >>= 7)
+    head[n++] = (uint8_t) (len | 0x80);
+  head[n++] = (uint8_t) len;
+  return n;
+}
+
+static void
+release_lent (void *data)
+{
+  sbx_exec_release (data);
+}
+
+int
+api_send_bytes_field (rpc_call_t *call, uint32_t field, const uint8_t *data, size_t len, bool lent, err_t *err)
+{
+  uint8_t head[11];
+  size_t n = api_field_header (head, field, len);
+  if (!lent)
+    {
+      grpc_slice one = grpc_slice_malloc (n + len);
+      memcpy (GRPC_SLICE_START_PTR (one), head, n);
+      memcpy (GRPC_SLICE_START_PTR (one) + n, data, len);
+      return rpc_call_send_raw (call, &one, 1, err);
+    }
+  sbx_exec_hold (data);
+  grpc_slice slices[2] = {grpc_slice_from_copied_buffer ((const char *) head, n),
+                          grpc_slice_new_with_user_data ((void *) data, len, release_lent, (void *) data)};
+  return rpc_call_send_raw (call, slices, 2, err);
+}

@@ -46,6 +46,14 @@ void api_info_to_proto (const sbx_info_t *in, Sandbox__V1__SandboxInfo *out);
 /* Replies to a unary call with a SandboxInfo. */
 int api_reply_info (rpc_call_t *call, const sbx_info_t *info, err_t *err);
 /* The exec result as an ExitStatus (pointing into `in`). */
+/* Sends a message whose only field is `field` (length-delimited) holding
+ * `data`, without packing it: `lent` data (an exec's output buffer) goes
+ * to gRPC as is and is kept until sent (sbx_exec_hold); else it is copied
+ * once, into the message. */
+int api_send_bytes_field (rpc_call_t *call, uint32_t field, const uint8_t *data, size_t len, bool lent, err_t *err);
+/* The field header (tag and varint length) of a length-delimited field:
+ * its size, at most 11 bytes. */
+size_t api_field_header (uint8_t *head, uint32_t field, size_t len);
 void api_exit_to_proto (const sbx_exec_result_t *in, Sandbox__V1__ExitStatus *out);
 int api_compression_from_proto (Sandbox__V1__Compression c, snap_compression_t *out, err_t *err);
 /* A request's env map as "KEY=VALUE" strings (NULL-terminated; free each

@@ -237,26 +237,21 @@ run_started (void *ctx, const sbx_exec_started_t *st)
     atomic_store (&r->stop, true); /* cannot follow the input: do not run blind */
 }
 
+/* Output as a ProcessEvent (stdout field 2, stderr 3): an exec's lent
+ * buffer or, for an attachment, a copy of the ring's bytes. */
+static int
+send_output (run_t *r, int stream, const uint8_t *data, size_t len, bool lent)
+{
+  err_t e = ERR_INIT;
+  int rc = api_send_bytes_field (r->call, stream == 1 ? 2 : 3, data, len, lent, &e);
+  err_release (&e);
+  return rc;
+}
+
 static int
 run_output (void *ctx, int stream, const uint8_t *data, size_t len)
 {
-  run_t *r = ctx;
-  Sandbox__V1__ProcessEvent ev = SANDBOX__V1__PROCESS_EVENT__INIT;
-  ProtobufCBinaryData bytes = {.len = len, .data = (uint8_t *) data};
-  if (stream == 1)
-    {
-      ev.event_case = SANDBOX__V1__PROCESS_EVENT__EVENT_STDOUT;
-      ev.stdout = bytes;
-    }
-  else
-    {
-      ev.event_case = SANDBOX__V1__PROCESS_EVENT__EVENT_STDERR;
-      ev.stderr = bytes;
-    }
-  err_t e = ERR_INIT;
-  int rc = rpc_call_send (r->call, &ev.base, &e);
-  err_release (&e);
-  return rc;
+  return send_output (ctx, stream, data, len, true);
 }
 
 static bool
@@ -346,7 +341,7 @@ run_attached (run_t *r, bool replay, bool follow, err_t *err)
         break;
       if (n < 0 && !follow)
         return 0;
-      if (n > 0 && run_output (r, stream, buf, (size_t) n) < 0)
+      if (n > 0 && send_output (r, stream, buf, (size_t) n, false) < 0)
         return err_make (err, ECANCELED, "Run: the client has gone");
       if (n == 0)
         {

@@ -89,25 +89,21 @@ api_list (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   return rpc_call_reply (call, &resp.base, err);
 }
 
-/* Exec's sink: output chunks become ExecEvents on the call. */
+/* Exec's sink. */
+typedef struct exec_call_s
+{
+  rpc_call_t *call;
+  bool answered; /* the exit and the status have gone out */
+} exec_call_t;
+
+/* Output chunks become ExecEvents on the call, sent from the exec's own
+ * buffers. */
 static int
 exec_output (void *ctx, int stream, const uint8_t *data, size_t len)
 {
-  rpc_call_t *call = ctx;
-  Sandbox__V1__ExecEvent ev = SANDBOX__V1__EXEC_EVENT__INIT;
-  ProtobufCBinaryData bytes = {.len = len, .data = (uint8_t *) data};
-  if (stream == 1)
-    {
-      ev.event_case = SANDBOX__V1__EXEC_EVENT__EVENT_STDOUT;
-      ev.stdout = bytes;
-    }
-  else
-    {
-      ev.event_case = SANDBOX__V1__EXEC_EVENT__EVENT_STDERR;
-      ev.stderr = bytes;
-    }
   err_t err = ERR_INIT;
-  int rc = rpc_call_send (call, &ev.base, &err);
+  /* ExecEvent.stdout is field 1, stderr field 2 */
+  int rc = api_send_bytes_field (((exec_call_t *) ctx)->call, stream == 1 ? 1 : 2, data, len, true, &err);
   err_release (&err);
   return rc;
 }
@@ -117,10 +113,11 @@ exec_cancelled (void *ctx)
 {
   /* At shutdown, calls still running after the grace period are cancelled,
    * which this sees too. */
-  return rpc_call_cancelled ((rpc_call_t *) ctx);
+  return rpc_call_cancelled (((exec_call_t *) ctx)->call);
 }
 
-/* Sends the final ExecEvent: how the command ended. */
+/* Answers with the final ExecEvent, how the command ended, and the status
+ * in one go. */
 static int
 send_exit (rpc_call_t *call, const sbx_exec_result_t *res, err_t *err)
 {
@@ -131,7 +128,24 @@ send_exit (rpc_call_t *call, const sbx_exec_result_t *res, err_t *err)
   Sandbox__V1__ExecEvent ev = SANDBOX__V1__EXEC_EVENT__INIT;
   ev.event_case = SANDBOX__V1__EXEC_EVENT__EVENT_EXIT;
   ev.exit = &st;
-  return rpc_call_send (call, &ev.base, err);
+  if (rpc_call_reply (call, &ev.base, err) < 0)
+    return -1;
+  rpc_call_finish (call, GRPC_STATUS_OK, NULL);
+  return 0;
+}
+
+/* The command's end: the caller has its answer before the exec cleans up. */
+static void
+exec_ended (void *ctx, const sbx_exec_result_t *res)
+{
+  exec_call_t *x = ctx;
+  err_t err = ERR_INIT;
+  if (!res->cancelled)
+    {
+      x->answered = true;
+      send_exit (x->call, res, &err);
+    }
+  err_release (&err);
 }
 
 static void
@@ -165,11 +179,12 @@ api_exec (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
       .stdin_len = req->stdin.len,
       .timeout_seconds = req->timeout_seconds,
   };
-  sbx_exec_sink_t sink = {.output = exec_output, .cancelled = exec_cancelled, .ctx = call};
+  exec_call_t xc = {.call = call};
+  sbx_exec_sink_t sink = {.output = exec_output, .cancelled = exec_cancelled, .ended = exec_ended, .ctx = &xc};
   sbx_exec_result_t res;
   if (sbx_exec (ctx->rt, &xr, &sink, &res, err) < 0)
     return -1;
-  return send_exit (call, &res, err);
+  return xc.answered ? 0 : send_exit (call, &res, err);
 }
 
 int

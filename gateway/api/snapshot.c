@@ -150,13 +150,8 @@ release_piece (void *data)
 static int
 export_sink (void *ctx, const uint8_t *data, size_t len, err_t *err)
 {
-  uint8_t head[1 + 10];
-  size_t n = 0;
-  head[n++] = (1 << 3) | 2; /* field 1 (data), length-delimited */
-  size_t v = len;
-  for (; v >= 0x80; v >>= 7)
-    head[n++] = (uint8_t) (v | 0x80);
-  head[n++] = (uint8_t) v;
+  uint8_t head[11];
+  size_t n = api_field_header (head, 1, len); /* SnapshotChunk.data */
   snap_export_hold (data);
   grpc_slice slices[2] = {grpc_slice_from_copied_buffer ((const char *) head, n),
                           grpc_slice_new_with_user_data ((void *) data, len, release_piece, (void *) data)};

@@ -9,6 +9,8 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,10 +74,42 @@ build_env (char *const *extra, bool pty)
   return env;
 }
 
+/* An output buffer, lent to the sink (sbx_exec_hold): the exec holds one
+ * reference to each of its own, a sink one per message in flight. */
+typedef struct outbuf_s
+{
+  atomic_int refs;
+  uint8_t data[];
+} outbuf_t;
+/* Buffers an exec keeps for reuse (more are in flight only briefly: the
+ * sink's send returns once the transport has the message). */
+#define EXEC_OUTBUFS 4
+
+static outbuf_t *
+outbuf_of (const uint8_t *data)
+{
+  return (outbuf_t *) (void *) ((uint8_t *) data - offsetof (outbuf_t, data));
+}
+
+void
+sbx_exec_hold (const uint8_t *data)
+{
+  atomic_fetch_add (&outbuf_of (data)->refs, 1);
+}
+
+void
+sbx_exec_release (const uint8_t *data)
+{
+  outbuf_t *b = outbuf_of (data);
+  if (atomic_fetch_sub (&b->refs, 1) == 1)
+    free (b);
+}
+
 typedef struct pump_s
 {
   int fd;
   int stream;
+  size_t owed; /* bytes in the pipe at the exit report: delivered whatever the drain's bound */
 } pump_t;
 
 /* One exec in flight. */
@@ -95,7 +129,7 @@ typedef struct exec_run_s
   bool exited, killed, consumer_gone;
   bool started_seen; /* the STARTED report came (or never will) */
   char start_error[sizeof ((sbx_report_t *) 0)->text];
-  uint8_t *buf;
+  outbuf_t *bufs[EXEC_OUTBUFS]; /* NULL until needed */
 } exec_run_t;
 
 static void
@@ -105,7 +139,33 @@ exec_run_close (exec_run_t *x)
   for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
     if (*fds[i] >= 0)
       close (take_fd (fds[i]));
-  free (take_ptr (&x->buf));
+  for (size_t i = 0; i < EXEC_OUTBUFS; i++)
+    if (x->bufs[i] != NULL)
+      {
+        sbx_exec_release (x->bufs[i]->data);
+        x->bufs[i] = NULL;
+      }
+}
+
+/* A buffer to read output into: one of the exec's that no sink holds, or
+ * a new one in place of one still in flight. NULL when out of memory. */
+static uint8_t *
+free_outbuf (exec_run_t *x)
+{
+  for (size_t i = 0; i < EXEC_OUTBUFS; i++)
+    if (x->bufs[i] != NULL && atomic_load (&x->bufs[i]->refs) == 1)
+      return x->bufs[i]->data;
+  size_t slot = 0;
+  while (slot < EXEC_OUTBUFS - 1 && x->bufs[slot] != NULL)
+    slot++;
+  outbuf_t *b = malloc (sizeof *b + SBX_EXEC_CHUNK);
+  if (b == NULL)
+    return NULL;
+  atomic_init (&b->refs, 1);
+  if (x->bufs[slot] != NULL)
+    sbx_exec_release (x->bufs[slot]->data);
+  x->bufs[slot] = b;
+  return b->data;
 }
 
 static int
@@ -154,8 +214,7 @@ start_command (exec_run_t *x, const char *state, err_t *err)
   bool pty = req->pty_rows > 0 && req->pty_cols > 0;
   cleanup_free char **env = build_env (req->env, pty);
   cleanup_free char *msg = malloc (SBX_EXEC_MAX);
-  x->buf = malloc (SBX_EXEC_CHUNK);
-  if (msg == NULL || env == NULL || x->buf == NULL)
+  if (msg == NULL || env == NULL)
     return err_make (err, ENOMEM, "exec: out of memory");
   ssize_t msg_len = sbx_exec_encode (msg, SBX_EXEC_MAX, cwd, req->argv, env);
   if (msg_len < 0)
@@ -293,6 +352,15 @@ on_report (exec_run_t *x)
       x->started_seen = true;
       x->exited_at = sbx_mono_ms ();
       x->drain_until = x->exited_at + EXEC_DRAIN_MS;
+      /* What the command wrote before it exited is its output, however
+       * long a slow consumer takes for it; the bound is for what comes
+       * after. */
+      for (size_t i = 0; i < 2; i++)
+        {
+          int queued = 0;
+          if (x->pumps[i].fd >= 0 && ioctl (x->pumps[i].fd, FIONREAD, &queued) == 0 && queued > 0)
+            x->pumps[i].owed = (size_t) queued;
+        }
     }
 }
 
@@ -311,11 +379,15 @@ on_stdin (exec_run_t *x)
 static void
 on_output (exec_run_t *x, pump_t *p, bool *got)
 {
-  ssize_t n = TEMP_FAILURE_RETRY (read (p->fd, x->buf, SBX_EXEC_CHUNK));
+  uint8_t *buf = free_outbuf (x);
+  if (buf == NULL)
+    return; /* out of memory: try again on the next round */
+  ssize_t n = TEMP_FAILURE_RETRY (read (p->fd, buf, SBX_EXEC_CHUNK));
   if (n > 0)
     {
       *got = true;
-      if (x->sink->output (x->sink->ctx, p->stream, x->buf, (size_t) n) < 0)
+      p->owed = (size_t) n < p->owed ? p->owed - (size_t) n : 0;
+      if (x->sink->output (x->sink->ctx, p->stream, buf, (size_t) n) < 0)
         x->consumer_gone = true;
     }
   else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
@@ -343,6 +415,8 @@ pump_once (exec_run_t *x, int64_t now, err_t *err)
   for (int i = 0; i < 2; i++)
     if (p[i].revents != 0 && !x->consumer_gone)
       on_output (x, &x->pumps[i], &got);
+    else if (x->exited && now >= x->drain_until)
+      x->pumps[i].owed = 0; /* an empty pipe owes nothing (another reader took the bytes) */
   if (p[2].revents != 0)
     on_report (x);
   if (p[3].revents != 0)
@@ -364,7 +438,9 @@ pump_all (exec_run_t *x, err_t *err)
       int64_t now = sbx_mono_ms ();
       kill_if_due (x, now);
       bool drained = x->pumps[0].fd < 0 && x->pumps[1].fd < 0;
-      if (x->exited && (drained || now >= x->drain_until || x->consumer_gone || x->sink->cancelled (x->sink->ctx)))
+      bool owed = (x->pumps[0].fd >= 0 && x->pumps[0].owed > 0) || (x->pumps[1].fd >= 0 && x->pumps[1].owed > 0);
+      if (x->exited
+          && (drained || (now >= x->drain_until && !owed) || x->consumer_gone || x->sink->cancelled (x->sink->ctx)))
         return 0;
       if (pump_once (x, now, err) < 0)
         {
@@ -382,9 +458,13 @@ describe_end (exec_run_t *x, uint32_t timeout)
   sbx_exec_result_t *res = x->res;
   if (x->start_error[0] != '\0' && !x->consumer_gone)
     {
-      char line[sizeof x->start_error + 16];
-      int len = snprintf (line, sizeof line, "sandbox: %s\n", x->start_error);
-      x->sink->output (x->sink->ctx, 2, (const uint8_t *) line, (size_t) len);
+      /* In one of the exec's buffers: the sink may keep it. */
+      uint8_t *line = free_outbuf (x);
+      if (line != NULL)
+        {
+          int len = snprintf ((char *) line, SBX_EXEC_CHUNK, "sandbox: %s\n", x->start_error);
+          x->sink->output (x->sink->ctx, 2, line, (size_t) len);
+        }
       snprintf (res->message, sizeof res->message, "%.*s", (int) sizeof res->message - 1, x->start_error);
     }
   res->duration_ms = (uint64_t) (sbx_mono_ms () - x->started);
@@ -500,8 +580,6 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
   char state[sizeof s->state];
   snprintf (state, sizeof state, "%s", s->state);
   pthread_mutex_unlock (&rt->mu);
-  sbx_cg_events_t before, after;
-  sbx_cg_events (&rt->cg, req->id, &before);
   int rc = start_command (&x, state, err);
   if (rc == 0)
     {
@@ -511,8 +589,18 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
   if (rc == 0)
     {
       describe_end (&x, timeout);
+      /* The sandbox's limit events since the last exec's end: one read of
+       * the counters per exec instead of a read before and after. */
+      sbx_cg_events_t before, after;
       sbx_cg_events (&rt->cg, req->id, &after);
+      pthread_mutex_lock (&rt->mu);
+      before = s->cg_seen;
+      s->cg_seen = after;
+      pthread_mutex_unlock (&rt->mu);
       describe_limits (rt, &before, &after, res);
+      /* The answer goes out before the clean-up below. */
+      if (sink->ended != NULL)
+        sink->ended (sink->ctx, res);
     }
   exec_run_close (&x);
   /* The exec's cgroup goes with it. What the command left running (a

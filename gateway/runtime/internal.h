@@ -57,6 +57,7 @@ typedef struct sbx_s
   pid_t slirp;       /* slirp4netns, when egress is on */
   int slirp_exit_fd; /* closing it tells slirp4netns to exit */
   unsigned exec_seq;
+  sbx_cg_events_t cg_seen;       /* its limit events as the last exec saw them (rt->mu) */
   long uid_slot;                 /* its range in the uid pool; -1: none (SANDBOX_USERNS off) */
   sbx_layer_user_t *layer_users; /* under rt->mu */
   pthread_mutex_t freeze_mu;     /* orders freezes and thaws (held across their I/O) */

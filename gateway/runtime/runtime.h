@@ -174,22 +174,33 @@ typedef struct sbx_exec_started_s
   int pty_fd;   /* the terminal's master (for its size), else -1 */
 } sbx_exec_started_t;
 
+typedef struct sbx_exec_result_s sbx_exec_result_t;
+
 /* Where an exec's output goes, as it is produced. */
 typedef struct sbx_exec_sink_s
 {
   /* stream 1 = stdout, 2 = stderr; at most SBX_EXEC_CHUNK bytes. Returns
    * -1 when the consumer is gone (the command is then killed). May block:
-   * that is the flow control. */
+   * that is the flow control. `data` is lent: a sink that passes it on
+   * without copying keeps it with sbx_exec_hold. */
   int (*output) (void *ctx, int stream, const uint8_t *data, size_t len);
   /* True when the consumer has gone away (polled a few times a second). */
   bool (*cancelled) (void *ctx);
   /* Told once the command runs (may be NULL: the descriptors are then
    * closed). Called on the exec's thread, before any output. */
   void (*started) (void *ctx, const sbx_exec_started_t *st);
+  /* Told the final result of a command that ran (may be NULL), on the
+   * exec's thread before it cleans up: the caller may answer from here. */
+  void (*ended) (void *ctx, const sbx_exec_result_t *res);
   void *ctx;
 } sbx_exec_sink_t;
 
-typedef struct sbx_exec_result_s
+/* Keeps an output buffer given to a sink past the sink's return, until
+ * sbx_exec_release (any thread): the exec then reads into another one. */
+void sbx_exec_hold (const uint8_t *data);
+void sbx_exec_release (const uint8_t *data);
+
+struct sbx_exec_result_s
 {
   int exit_code; /* -1 when killed by a signal */
   int signal;
@@ -198,7 +209,7 @@ typedef struct sbx_exec_result_s
   bool oom_killed;
   uint64_t duration_ms;
   char message[256]; /* detail for an abnormal end */
-} sbx_exec_result_t;
+};
 
 /* Runs a command in a sandbox, streaming its output to `sink`. Returns 0
  * when the command ran (whatever its exit status), -1 with *err when it

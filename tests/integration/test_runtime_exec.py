@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 from pathlib import Path
 
 import grpc
@@ -67,6 +68,21 @@ def test_binary_output_keeps_all_256_byte_values(sbx, box):
     assert res.code == 0, res.describe()
     assert res.stdout == bytes(range(256)) * 3
     assert res.stderr == (bytes(range(256)) * 3)[::-1]
+
+
+def test_output_written_before_the_exit_reaches_a_slow_reader_whole(sbx, box):
+    """The drain after the exit is bounded for output that comes later, not
+    for what the command wrote before it exited: a slow reader (or a busy
+    gateway) still gets every byte."""
+    size = 4 * 1024 * 1024
+    call = sbx.exec_call(box, ["head", "-c", str(size), "/dev/zero"], timeout_seconds=60, rpc_timeout=90)
+    got, code = 0, None
+    for ev in call:
+        got += len(ev.stdout)
+        if ev.WhichOneof("event") == "exit":
+            code = ev.exit.exit_code
+        time.sleep(0.1)  # about 2.5 MB/s: the pipe's last MiB takes longer than the drain's bound
+    assert (got, code) == (size, 0)
 
 
 def test_256_mib_of_output_arrives_intact(sbx, box):
@@ -338,6 +354,7 @@ def test_each_exec_cgroup_goes_with_its_exec_and_what_it_left_running_lives_on(s
     for _ in range(5):
         sbx.ok(fresh, "true")
     sbx.ok(fresh, "nohup sleep 1000 >/dev/null 2>&1 & echo started")
-    assert _exec_groups(sbx.gw, fresh) == []
+    # The answer goes out first; the group goes right after it.
+    assert wait_until(lambda: _exec_groups(sbx.gw, fresh) == [], 5.0), _exec_groups(sbx.gw, fresh)
     assert [p for p in ps_comms(sbx, fresh) if "sleep 1000" in p], "the background sleep was killed"
-    assert _exec_groups(sbx.gw, fresh) == []
+    assert wait_until(lambda: _exec_groups(sbx.gw, fresh) == [], 5.0), _exec_groups(sbx.gw, fresh)
