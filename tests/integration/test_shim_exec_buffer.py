@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.lib.procs import require_shim_binary
 from tests.lib.shim import ShimClient, unb64
 
 MiB = 1024 * 1024
@@ -207,6 +208,9 @@ def test_memory_goes_back_after_large_execs(shims, gateway):
                 time.sleep(0.5)
                 after.append(s.vm_rss_kib())
         assert after[-1] <= after[0] + 32 * 1024, f"RSS grew across rounds (KiB): start {start}, after {after}"
-        assert after[-1] <= start + 64 * 1024, f"RSS did not go back (KiB): start {start}, after {after}"
+        # AddressSanitizer keeps freed memory in quarantine (256 MiB): a
+        # build with it only shows whether memory grows round by round.
+        if b"__asan_init" not in require_shim_binary().read_bytes():
+            assert after[-1] <= start + 64 * 1024, f"RSS did not go back (KiB): start {start}, after {after}"
     finally:
         c.cleanup()
