@@ -12,6 +12,11 @@
  *      gateway from 64 threads of this program on one channel. Requests per
  *      second, latency median and p99, and errors (answers >= 400, socket
  *      errors and timeouts for wrk; failed calls for gRPC), which must be 0.
+ *   3. memory of buffered execs: 64 clients each ask a fresh shim (one that
+ *      has served nothing else) for an exec printing 16 MiB and read their
+ *      answers only once every answer's head has come (so all 64 are held
+ *      at once); the shim's peak resident memory (VmHWM) against the output
+ *      in flight (64 x 16 MiB).
  *
  * The bearer secret (the shim's and the gateway's) comes from
  * CLOUD_RUN_SANDBOX_GATEWAY_SECRET. bench/shim builds everything, starts a
@@ -55,6 +60,10 @@ typedef struct opts_s
   int rtt_warmup;
   int clients;
   int load_seconds;
+  const char *mem_shim; /* a fresh shim for the memory stage, HOST:PORT */
+  int mem_shim_pid;
+  int mem_clients;
+  int mem_mib;
 } opts_t;
 
 static opts_t O = {
@@ -64,17 +73,21 @@ static opts_t O = {
     .rtt_warmup = 30,
     .clients = 64,
     .load_seconds = 10,
+    .mem_clients = 64,
+    .mem_mib = 16,
 };
 
 static rpc_channel_t *CH;
 static char SECRET[256];
 static struct sockaddr_in SHIM_ADDR;
+static struct sockaddr_in MEM_ADDR;
 
 /* ---- a minimal HTTP/1.1 client (keep-alive) ------------------------------- */
 
 typedef struct http_s
 {
   int fd;
+  const struct sockaddr_in *addr; /* NULL: the shim of --shim */
   char buf[65536];
   size_t have; /* bytes in buf not yet consumed */
 } http_t;
@@ -88,7 +101,8 @@ http_connect (http_t *h, err_t *err)
     return err_make_sys (err, errno, "socket");
   int one = 1;
   setsockopt (h->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  if (connect (h->fd, (struct sockaddr *) &SHIM_ADDR, sizeof SHIM_ADDR) < 0)
+  const struct sockaddr_in *addr = h->addr != NULL ? h->addr : &SHIM_ADDR;
+  if (connect (h->fd, (const struct sockaddr *) addr, sizeof *addr) < 0)
     {
       int e = errno;
       close (h->fd);
@@ -122,25 +136,82 @@ write_all (int fd, const char *p, size_t n)
   return 0;
 }
 
+/* The request's text into `req`; its length, or -1 with *err. */
+static int
+http_format (char *req, size_t size, const char *method, const char *path, const char *json, err_t *err)
+{
+  int n;
+  if (json != NULL)
+    n = snprintf (req, size,
+                  "%s %s HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer %s\r\n"
+                  "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                  method, path, SECRET, strlen (json), json);
+  else
+    n = snprintf (req, size, "%s %s HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer %s\r\n\r\n", method, path,
+                  SECRET);
+  if (n < 0 || (size_t) n >= size)
+    return err_make (err, EMSGSIZE, "request too large");
+  return n;
+}
+
+typedef struct http_head_s
+{
+  int status;
+  long clen;  /* Content-Length */
+  size_t len; /* bytes of the head in the buffer */
+  bool close_after;
+} http_head_t;
+
+/* Reads a response's head into h->buf. 1 with *hd filled; 0 when the
+ * connection closed before any byte; -1 with *err. Responses must carry
+ * Content-Length. */
+static int
+http_read_head (http_t *h, http_head_t *hd, err_t *err)
+{
+  char *end = NULL;
+  for (;;)
+    {
+      h->buf[h->have] = '\0';
+      end = strstr (h->buf, "\r\n\r\n");
+      if (end != NULL)
+        break;
+      if (h->have + 1 >= sizeof h->buf)
+        return err_make (err, EMSGSIZE, "response head too large");
+      ssize_t r = read (h->fd, h->buf + h->have, sizeof h->buf - 1 - h->have);
+      if (r < 0 && errno == EINTR)
+        continue;
+      if (r <= 0)
+        break;
+      h->have += (size_t) r;
+    }
+  if (end == NULL)
+    return h->have == 0 ? 0 : err_make (err, EPROTO, "connection closed mid-response");
+  *hd = (http_head_t){.len = (size_t) (end - h->buf) + 4, .clen = -1};
+  if (sscanf (h->buf, "HTTP/1.%*d %d", &hd->status) != 1)
+    return err_make (err, EPROTO, "bad status line");
+  for (char *line = strstr (h->buf, "\r\n"); line != NULL && line < end; line = strstr (line + 2, "\r\n"))
+    {
+      if (strncasecmp (line + 2, "Content-Length:", 15) == 0)
+        hd->clen = strtol (line + 2 + 15, NULL, 10);
+      else if (strncasecmp (line + 2, "Connection: close", 17) == 0)
+        hd->close_after = true;
+    }
+  if (hd->clen < 0)
+    return err_make (err, EPROTO, "response without Content-Length");
+  return 1;
+}
+
 /* One request on the connection (reconnecting when the shim closed it);
  * the status goes to *status and the body (NUL-terminated, cut to `blen`)
- * to `body`. Responses must carry Content-Length. */
+ * to `body`. */
 static int
 http_do (http_t *h, const char *method, const char *path, const char *json, int *status, char *body, size_t blen,
          err_t *err)
 {
   char req[1024];
-  int n;
-  if (json != NULL)
-    n = snprintf (req, sizeof req,
-                  "%s %s HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer %s\r\n"
-                  "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
-                  method, path, SECRET, strlen (json), json);
-  else
-    n = snprintf (req, sizeof req, "%s %s HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer %s\r\n\r\n", method, path,
-                  SECRET);
-  if (n < 0 || (size_t) n >= sizeof req)
-    return err_make (err, EMSGSIZE, "request too large");
+  int n = http_format (req, sizeof req, method, path, json, err);
+  if (n < 0)
+    return -1;
   for (int attempt = 0; attempt < 2; attempt++)
     {
       if (h->fd < 0 && http_connect (h, err) < 0)
@@ -150,50 +221,22 @@ http_do (http_t *h, const char *method, const char *path, const char *json, int 
           http_close (h);
           continue;
         }
-      /* The head. */
-      char *end = NULL;
-      for (;;)
-        {
-          h->buf[h->have] = '\0';
-          end = strstr (h->buf, "\r\n\r\n");
-          if (end != NULL)
-            break;
-          if (h->have + 1 >= sizeof h->buf)
-            return err_make (err, EMSGSIZE, "response head too large");
-          ssize_t r = read (h->fd, h->buf + h->have, sizeof h->buf - 1 - h->have);
-          if (r < 0 && errno == EINTR)
-            continue;
-          if (r <= 0)
-            break;
-          h->have += (size_t) r;
-        }
-      if (end == NULL)
+      http_head_t hd;
+      int got = http_read_head (h, &hd, err);
+      if (got <= 0)
         {
           /* Closed before any answer: a kept-alive connection the shim
            * dropped; once more on a new one. */
-          bool fresh = h->have == 0;
           http_close (h);
-          if (fresh && attempt == 0)
+          if (got == 0 && attempt == 0)
             continue;
-          return err_make (err, EPROTO, "connection closed mid-response");
+          return got < 0 ? -1 : err_make (err, EPROTO, "connection closed mid-response");
         }
-      size_t head_len = (size_t) (end - h->buf) + 4;
-      if (sscanf (h->buf, "HTTP/1.%*d %d", status) != 1)
-        return err_make (err, EPROTO, "bad status line");
-      long clen = -1;
-      bool close_after = false;
-      for (char *line = strstr (h->buf, "\r\n"); line != NULL && line < end; line = strstr (line + 2, "\r\n"))
-        {
-          if (strncasecmp (line + 2, "Content-Length:", 15) == 0)
-            clen = strtol (line + 2 + 15, NULL, 10);
-          else if (strncasecmp (line + 2, "Connection: close", 17) == 0)
-            close_after = true;
-        }
-      if (clen < 0)
-        return err_make (err, EPROTO, "response without Content-Length");
-      if (head_len + (size_t) clen >= sizeof h->buf)
+      *status = hd.status;
+      size_t clen = (size_t) hd.clen;
+      if (hd.len + clen >= sizeof h->buf)
         return err_make (err, EMSGSIZE, "response too large");
-      while (h->have < head_len + (size_t) clen)
+      while (h->have < hd.len + clen)
         {
           ssize_t r = read (h->fd, h->buf + h->have, sizeof h->buf - 1 - h->have);
           if (r < 0 && errno == EINTR)
@@ -203,11 +246,11 @@ http_do (http_t *h, const char *method, const char *path, const char *json, int 
           h->have += (size_t) r;
         }
       if (body != NULL && blen > 0)
-        snprintf (body, blen, "%.*s", (int) clen, h->buf + head_len);
-      size_t used = head_len + (size_t) clen;
+        snprintf (body, blen, "%.*s", (int) clen, h->buf + hd.len);
+      size_t used = hd.len + clen;
       memmove (h->buf, h->buf + used, h->have - used);
       h->have -= used;
-      if (close_after)
+      if (hd.close_after)
         http_close (h);
       return 0;
     }
@@ -481,7 +524,184 @@ bench_load (void)
   LOAD_ERRORS = (sh.na ? 0 : sh.errors) + gh.errors + (sx.na ? 0 : sx.errors) + gx.errors;
 }
 
+/* ---- 3. memory of buffered execs -------------------------------------------- */
+
+/* Each client's exec prints O.mem_mib MiB of zeros; its answer: the exit
+ * status, the base64 of that and an empty stderr. */
+#define MEM_EXEC_FMT "{\"argv\":[\"head\",\"-c\",\"%llu\",\"/dev/zero\"],\"timeout\":600}"
+#define MEM_EMPTY_ANSWER "{\"exit_code\":0,\"timed_out\":false,\"stdout_b64\":\"\",\"stderr_b64\":\"\"}"
+
+typedef struct mem_s
+{
+  pthread_barrier_t heads; /* every answer's head has come: all are held */
+  pthread_mutex_t mu;
+  long failed;
+  char first_error[256];
+  volatile bool done;
+  long peak_rss_kib; /* sampled VmRSS */
+} mem_t;
+
+static long
+proc_status_kib (int pid, const char *field)
+{
+  char path[64], line[256];
+  snprintf (path, sizeof path, "/proc/%d/status", pid);
+  FILE *f = fopen (path, "re");
+  if (f == NULL)
+    return -1;
+  long v = -1;
+  size_t n = strlen (field);
+  while (fgets (line, sizeof line, f) != NULL)
+    if (strncmp (line, field, n) == 0 && line[n] == ':')
+      v = strtol (line + n + 1, NULL, 10);
+  fclose (f);
+  return v;
+}
+
+/* One client: sends the exec, reads the answer's head, waits until every
+ * client has its head, then reads and discards the body. */
+static int
+mem_client (mem_t *M, err_t *err)
+{
+  http_t *h = calloc (1, sizeof *h);
+  if (h == NULL)
+    return err_make (err, ENOMEM, "out of memory");
+  h->fd = -1;
+  h->addr = &MEM_ADDR;
+  char json[128], req[1024];
+  uint64_t bytes = (uint64_t) O.mem_mib * 1024 * 1024;
+  snprintf (json, sizeof json, MEM_EXEC_FMT, (unsigned long long) bytes);
+  int n = http_format (req, sizeof req, "POST", "/sandboxes/" SANDBOX_ID "/exec", json, err);
+  http_head_t hd = {0};
+  int rc = n < 0 || http_connect (h, err) < 0 ? -1 : 0;
+  if (rc == 0 && write_all (h->fd, req, (size_t) n) < 0)
+    rc = err_make_sys (err, errno, "send the exec");
+  int got = rc == 0 ? http_read_head (h, &hd, err) : -1;
+  if (rc == 0 && got <= 0)
+    rc = got < 0 ? -1 : err_make (err, EPROTO, "connection closed before the answer");
+  pthread_barrier_wait (&M->heads);
+  long want = (long) (strlen (MEM_EMPTY_ANSWER) + 4 * ((bytes + 2) / 3));
+  if (rc == 0 && (hd.status != 200 || hd.clen != want))
+    rc = err_make (err, EIO, "exec through the shim: HTTP %d, %ld bytes (want 200, %ld)", hd.status, hd.clen, want);
+  uint64_t left = rc == 0 ? (uint64_t) hd.clen - (h->have - hd.len) : 0;
+  while (rc == 0 && left > 0)
+    {
+      ssize_t r = read (h->fd, h->buf, sizeof h->buf < left ? sizeof h->buf : left);
+      if (r < 0 && errno == EINTR)
+        continue;
+      if (r <= 0)
+        rc = err_make (err, EPROTO, "connection closed mid-body");
+      else
+        left -= (uint64_t) r;
+    }
+  http_close (h);
+  free (h);
+  return rc;
+}
+
+static void *
+mem_main (void *arg)
+{
+  mem_t *M = arg;
+  err_t err = ERR_INIT;
+  if (mem_client (M, &err) < 0)
+    {
+      pthread_mutex_lock (&M->mu);
+      if (M->failed++ == 0)
+        snprintf (M->first_error, sizeof M->first_error, "%s", err_msg (&err));
+      pthread_mutex_unlock (&M->mu);
+      err_release (&err);
+    }
+  return NULL;
+}
+
+static void *
+mem_sampler (void *arg)
+{
+  mem_t *M = arg;
+  while (!M->done)
+    {
+      long v = proc_status_kib (O.mem_shim_pid, "VmRSS");
+      if (v > M->peak_rss_kib)
+        M->peak_rss_kib = v;
+      usleep (10 * 1000);
+    }
+  return NULL;
+}
+
+static long MEM_ERRORS;
+
+/* O.mem_clients buffered execs at once through the fresh shim of
+ * --mem-shim: its peak resident memory (VmHWM: it has served nothing else)
+ * against the output in flight. */
+static void
+bench_mem (void)
+{
+  mem_t M = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  long idle = proc_status_kib (O.mem_shim_pid, "VmRSS");
+  fprintf (stderr, PROG ": buffered: %d execs of %d MiB at once; shim RSS before: %ld KiB\n", O.mem_clients,
+           O.mem_mib, idle);
+  pthread_barrier_init (&M.heads, NULL, (unsigned) O.mem_clients);
+  pthread_t *t = calloc ((size_t) O.mem_clients, sizeof *t);
+  pthread_t sampler;
+  if (t == NULL || pthread_create (&sampler, NULL, mem_sampler, &M) != 0)
+    {
+      fprintf (stderr, PROG ": cannot start threads\n");
+      exit (1);
+    }
+  for (int i = 0; i < O.mem_clients; i++)
+    if (pthread_create (&t[i], NULL, mem_main, &M) != 0)
+      {
+        fprintf (stderr, PROG ": pthread_create failed\n");
+        exit (1);
+      }
+  for (int i = 0; i < O.mem_clients; i++)
+    pthread_join (t[i], NULL);
+  M.done = true;
+  pthread_join (sampler, NULL);
+  free (t);
+  pthread_barrier_destroy (&M.heads);
+  long hwm = proc_status_kib (O.mem_shim_pid, "VmHWM");
+  /* The shim frees an answer just after its last byte is sent: wait
+   * (up to 3 s) until its memory has stopped falling. */
+  long after = proc_status_kib (O.mem_shim_pid, "VmRSS");
+  for (int i = 0; i < 30; i++)
+    {
+      usleep (100 * 1000);
+      long now = proc_status_kib (O.mem_shim_pid, "VmRSS");
+      if (now == after)
+        break;
+      after = now;
+    }
+  fprintf (stderr,
+           PROG ": buffered: %ld failed%s%s; shim VmHWM %ld KiB (sampled VmRSS peak %ld KiB), after %ld KiB\n",
+           M.failed, M.failed ? "; first error: " : "", M.first_error, hwm, M.peak_rss_kib, after);
+  MEM_ERRORS = M.failed;
+  double in_flight = (double) O.mem_clients * O.mem_mib;
+  char what[128], base[64];
+  snprintf (what, sizeof what, "buffered exec, %d x %d MiB at once: shim peak RSS", O.mem_clients, O.mem_mib);
+  snprintf (base, sizeof base, "output in flight (%d x %d MiB)", O.mem_clients, O.mem_mib);
+  bc_row_add_values (what, "MiB", M.failed ? NAN : (double) hwm / 1024, NAN, base, in_flight, NAN);
+  bc_row_add_values ("buffered exec: shim RSS before (idle)", "MiB", (double) idle / 1024, NAN, NULL, NAN, NAN);
+  bc_row_add_values ("buffered exec: shim RSS after (answers read)", "MiB", (double) after / 1024, NAN, NULL, NAN,
+                     NAN);
+}
+
 /* ---- main ----------------------------------------------------------------- */
+
+/* "IPV4:PORT" into *out; -1 when it is not one. */
+static int
+parse_addr (const char *text, struct sockaddr_in *out)
+{
+  char host[64];
+  int port = 0;
+  if (sscanf (text, "%63[^:]:%d", host, &port) != 2 || port < 1 || port > 65535
+      || inet_pton (AF_INET, host, &out->sin_addr) != 1)
+    return -1;
+  out->sin_family = AF_INET;
+  out->sin_port = htons ((uint16_t) port);
+  return 0;
+}
 
 static void
 usage (FILE *f)
@@ -496,7 +716,11 @@ usage (FILE *f)
               "  --load-seconds N        length of each load phase (default 10)\n"
               "  --wrk PATH              wrk (default: wrk on PATH), --wrk-script FILE\n"
               "                          (default bench/shim_wrk.lua)\n"
-              "  --only LIST             comma-separated subset of rtt,load\n"
+              "  --mem-shim HOST:PORT    a fresh shim (nothing else sent to it) for the memory of\n"
+              "                          buffered execs, --mem-shim-pid PID its process\n"
+              "  --mem-clients N         buffered execs at once (default 64), --mem-mib N the\n"
+              "                          output of each in MiB (default 16)\n"
+              "  --only LIST             comma-separated subset of rtt,load,buffered\n"
               "  --markdown FILE         also write the table to FILE in Markdown\n");
 }
 
@@ -504,14 +728,24 @@ int
 main (int argc, char **argv)
 {
   static const struct option lo[] = {
-      {"shim", required_argument, 0, 's'},    {"target", required_argument, 0, 't'},
-      {"rtt", required_argument, 0, 'n'},     {"rtt-warmup", required_argument, 0, 'w'},
-      {"clients", required_argument, 0, 'c'}, {"load-seconds", required_argument, 0, 'd'},
-      {"wrk", required_argument, 0, 'W'},     {"wrk-script", required_argument, 0, 'S'},
-      {"only", required_argument, 0, 'o'},    {"markdown", required_argument, 0, 'm'},
-      {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
+      {"shim", required_argument, 0, 's'},
+      {"target", required_argument, 0, 't'},
+      {"rtt", required_argument, 0, 'n'},
+      {"rtt-warmup", required_argument, 0, 'w'},
+      {"clients", required_argument, 0, 'c'},
+      {"load-seconds", required_argument, 0, 'd'},
+      {"wrk", required_argument, 0, 'W'},
+      {"wrk-script", required_argument, 0, 'S'},
+      {"only", required_argument, 0, 'o'},
+      {"markdown", required_argument, 0, 'm'},
+      {"mem-shim", required_argument, 0, 'M'},
+      {"mem-shim-pid", required_argument, 0, 'P'},
+      {"mem-clients", required_argument, 0, 'C'},
+      {"mem-mib", required_argument, 0, 'B'},
+      {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0},
   };
-  const char *only = "rtt,load";
+  const char *only = "rtt,load,buffered";
   int ch;
   while ((ch = getopt_long (argc, argv, "h", lo, NULL)) != -1)
     switch (ch)
@@ -526,25 +760,26 @@ main (int argc, char **argv)
       case 'S': O.wrk_script = optarg; break;
       case 'o': only = optarg; break;
       case 'm': O.markdown = optarg; break;
+      case 'M': O.mem_shim = optarg; break;
+      case 'P': O.mem_shim_pid = atoi (optarg); break;
+      case 'C': O.mem_clients = atoi (optarg); break;
+      case 'B': O.mem_mib = atoi (optarg); break;
       case 'h': usage (stdout); return 0;
       default: usage (stderr); return 2;
       }
-  if (O.shim == NULL || O.target == NULL || O.rtt_n < 1 || O.rtt_warmup < 0 || O.clients < 1 || O.load_seconds < 1)
+  if (O.shim == NULL || O.target == NULL || O.rtt_n < 1 || O.rtt_warmup < 0 || O.clients < 1 || O.load_seconds < 1
+      || O.mem_clients < 1 || O.mem_mib < 1 || (O.mem_shim != NULL && O.mem_shim_pid <= 0))
     {
       usage (stderr);
       return 2;
     }
   bc_auth_from_env (PROG);
   snprintf (SECRET, sizeof SECRET, "%s", getenv ("CLOUD_RUN_SANDBOX_GATEWAY_SECRET"));
-  char host[64];
-  int port = 0;
-  if (sscanf (O.shim, "%63[^:]:%d", host, &port) != 2 || inet_pton (AF_INET, host, &SHIM_ADDR.sin_addr) != 1)
+  if (parse_addr (O.shim, &SHIM_ADDR) < 0 || (O.mem_shim != NULL && parse_addr (O.mem_shim, &MEM_ADDR) < 0))
     {
-      fprintf (stderr, PROG ": --shim must be IPV4:PORT\n");
+      fprintf (stderr, PROG ": --shim and --mem-shim must be IPV4:PORT\n");
       return 2;
     }
-  SHIM_ADDR.sin_family = AF_INET;
-  SHIM_ADDR.sin_port = htons ((uint16_t) port);
   signal (SIGPIPE, SIG_IGN);
 
   rpc_init ();
@@ -579,12 +814,26 @@ main (int argc, char **argv)
       fprintf (stderr, PROG ": load: done in %.1f s\n", (bc_now_ms () - t0) / 1e3);
     }
 
+  if (strstr (list, ",buffered,") != NULL && O.mem_shim == NULL)
+    fprintf (stderr, PROG ": buffered: skipped (no --mem-shim)\n");
+  else if (strstr (list, ",buffered,") != NULL)
+    {
+      double t0 = bc_now_ms ();
+      bench_mem ();
+      fprintf (stderr, PROG ": buffered: done in %.1f s\n", (bc_now_ms () - t0) / 1e3);
+    }
+
   if (bc_delete (CH, SANDBOX_ID, &err) < 0)
     bc_die (PROG, "delete", &err);
   int rc = bc_print_tables (O.markdown) < 0 ? 1 : 0;
   if (LOAD_ERRORS > 0)
     {
       fprintf (stderr, PROG ": %ld errors under load (must be 0)\n", LOAD_ERRORS);
+      rc = 1;
+    }
+  if (MEM_ERRORS > 0)
+    {
+      fprintf (stderr, PROG ": %ld buffered execs failed (must be 0)\n", MEM_ERRORS);
       rc = 1;
     }
   rpc_channel_destroy (CH);

@@ -37,6 +37,10 @@ static const cfg_var_t shim_vars[] = {
     {"SHIM_MAX_EXEC_OUTPUT", CFG_INT, "67108864",
      "bytes of stdout (and of stderr) an exec answer keeps; past it, \"truncated\": true", 1024, 1073741824,
      &shim.cfg.max_exec_output, NULL, false},
+    {"SHIM_MAX_BUFFERED_OUTPUT", CFG_INT, "1073741824",
+     "bytes all buffered exec answers may hold at once (their output as base64: 4/3 of its size); an exec that "
+     "would pass it is cancelled and answers 503",
+     65536, 1099511627776L, &shim.cfg.max_buffered_output, NULL, false},
     {"SHIM_MAX_RESTORE_BYTES", CFG_INT, "4294967296", "largest restore body; above it: 413", 1024, 1099511627776L,
      &shim.cfg.max_restore_bytes, NULL, false},
     {"SHIM_MAX_CONNECTIONS", CFG_INT, "1024", "most simultaneous HTTP connections", 4, 100000,

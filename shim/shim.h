@@ -25,6 +25,7 @@ typedef struct shim_config_s
   char *gateway_target;
   char *gateway_secret; /* sent to the gateway */
   long max_exec_output;
+  long max_buffered_output; /* base64 text all buffered exec answers may hold */
   long long max_restore_bytes;
   long max_connections;
   long connection_timeout;

@@ -1,8 +1,13 @@
 /* routes/exec: POST /sandboxes/{id}/exec — buffered JSON (the contract) or,
  * with Accept: application/x-ndjson, one JSON event per line as output
  * arrives. While the call runs, the hang-up watcher cancels it if the
- * client leaves. State: per request. */
+ * client leaves. State: per request, but for the bytes all buffered answers
+ * hold (SHIM_MAX_BUFFERED_OUTPUT), an atomic counter every request thread
+ * updates. */
 #include <errno.h>
+#include <openssl/evp.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,42 +21,136 @@
 
 /* ---- POST /sandboxes/{id}/exec -------------------------------------------------- */
 
-typedef struct exec_out_s
+/* The buffered answer holds each stream's output only as base64 text, made
+ * as the output arrives (the one or two bytes short of a group of three
+ * wait in `rest`), and is served from those buffers: no other copy of the
+ * output is made. The text all buffered answers hold counts against
+ * SHIM_MAX_BUFFERED_OUTPUT, reserved before it is made and given back when
+ * the answer has been sent (or dropped). */
+
+/* Bytes of base64 text held by all buffered answers. */
+static _Atomic uint64_t buffered_bytes;
+
+/* Reserves `n` bytes of SHIM_MAX_BUFFERED_OUTPUT; false when they do not fit. */
+static bool
+budget_take (uint64_t n)
 {
-  uint8_t *data;
-  size_t len, cap;
-  bool truncated;
-} exec_out_t;
+  uint64_t max = (uint64_t) shim.cfg.max_buffered_output;
+  uint64_t cur = atomic_load (&buffered_bytes);
+  do
+    {
+      if (cur > max || n > max - cur)
+        return false;
+    }
+  while (!atomic_compare_exchange_weak (&buffered_bytes, &cur, cur + n));
+  return true;
+}
 
 static void
-exec_out_add (exec_out_t *o, const uint8_t *data, size_t len)
+budget_give (uint64_t n)
+{
+  atomic_fetch_sub (&buffered_bytes, n);
+}
+
+/* The base64 size of `n` bytes. */
+static size_t
+b64_size (size_t n)
+{
+  return 4 * ((n + 2) / 3);
+}
+
+typedef struct exec_b64_s
+{
+  char *text;      /* base64 of the bytes kept, but for `rest` */
+  size_t len, cap; /* cap leaves room for `rest`'s group and a NUL */
+  uint8_t rest[3]; /* the last bytes kept, fewer than 3, not yet encoded */
+  size_t n_rest;
+  size_t kept;     /* bytes kept: at most SHIM_MAX_EXEC_OUTPUT */
+  size_t reserved; /* budget held: b64_size (kept) */
+  bool truncated;
+} exec_b64_t;
+
+/* Grows o->text to hold at least `need` bytes (geometrically, at most the
+ * answer's largest size). */
+static int
+exec_b64_grow (exec_b64_t *o, size_t need, err_t *err)
+{
+  if (need <= o->cap)
+    return 0;
+  size_t most = b64_size ((size_t) shim.cfg.max_exec_output) + 1;
+  size_t cap = o->cap ? o->cap : 4096;
+  while (cap < need)
+    cap *= 2;
+  if (cap > most)
+    cap = most;
+  char *t = realloc (o->text, cap);
+  if (t == NULL)
+    return err_make (err, ENOMEM, "Out of memory");
+  o->text = t;
+  o->cap = cap;
+  return 0;
+}
+
+/* Adds output to the stream's text: cut at SHIM_MAX_EXEC_OUTPUT (then
+ * `truncated`); -1 when the budget or memory is exhausted. */
+static int
+exec_b64_add (exec_b64_t *o, const uint8_t *data, size_t len, err_t *err)
 {
   size_t max = (size_t) shim.cfg.max_exec_output;
-  if (o->len + len > max)
+  if (len > max - o->kept)
     {
-      len = max - o->len;
+      len = max - o->kept;
       o->truncated = true;
     }
   if (len == 0)
-    return;
-  if (o->len + len > o->cap)
+    return 0;
+  size_t need = b64_size (o->kept + len);
+  if (!budget_take (need - o->reserved))
+    return err_make (err, ENOBUFS,
+                     "Exec output exceeds what the shim buffers for all exec answers at once "
+                     "(SHIM_MAX_BUFFERED_OUTPUT, %ld bytes of base64); retry later, or stream it with "
+                     "Accept: application/x-ndjson",
+                     shim.cfg.max_buffered_output);
+  o->reserved = need;
+  if (exec_b64_grow (o, need + 1, err) < 0)
+    return -1;
+  o->kept += len;
+  if (o->n_rest > 0)
     {
-      size_t cap = o->cap ? o->cap : 4096;
-      while (cap < o->len + len)
-        cap *= 2;
-      if (cap > max)
-        cap = max;
-      uint8_t *d = realloc (o->data, cap);
-      if (d == NULL)
+      while (o->n_rest < 3 && len > 0)
         {
-          o->truncated = true;
-          return;
+          o->rest[o->n_rest++] = *data++;
+          len--;
         }
-      o->data = d;
-      o->cap = cap;
+      if (o->n_rest < 3)
+        return 0;
+      o->len += (size_t) EVP_EncodeBlock ((unsigned char *) o->text + o->len, o->rest, 3);
+      o->n_rest = 0;
     }
-  memcpy (o->data + o->len, data, len);
-  o->len += len;
+  size_t whole = len - len % 3;
+  if (whole > 0)
+    o->len += (size_t) EVP_EncodeBlock ((unsigned char *) o->text + o->len, data, (int) whole);
+  memcpy (o->rest, data + whole, len - whole);
+  o->n_rest = len - whole;
+  return 0;
+}
+
+/* Encodes the last bytes (with padding): o->text is then the whole base64
+ * of what was kept. Room for it was made when they came. */
+static void
+exec_b64_finish (exec_b64_t *o)
+{
+  if (o->n_rest > 0)
+    o->len += (size_t) EVP_EncodeBlock ((unsigned char *) o->text + o->len, o->rest, (int) o->n_rest);
+  o->n_rest = 0;
+}
+
+static void
+exec_b64_release (exec_b64_t *o)
+{
+  free (o->text);
+  budget_give (o->reserved);
+  *o = (exec_b64_t){0};
 }
 
 /* Starts the Exec call for the validated body. */
@@ -237,69 +336,153 @@ exec_ndjson (shim_req_t *r, rpc_client_call_t *c, unsigned *status)
   return resp;
 }
 
-/* The contract's answer: the exit status with both outputs in base64.
- * Takes `result`. */
-static struct MHD_Response *
-exec_result (json_t *result, const exec_out_t *out, const exec_out_t *err_out, unsigned *status)
+/* The contract's answer, {"exit_code","timed_out","stdout_b64","stderr_b64"}
+ * and "truncated": true when output was cut, in that order and laid out as
+ * json_dumps (JSON_COMPACT) lays it out (base64 needs no escaping); served
+ * piece by piece from the streams' text. Owned by its MHD response. */
+typedef struct exec_answer_s
 {
-  metrics_bytes (false, out->len + err_out->len);
-  cleanup_free char *o64 = route_base64 (out->data, out->len);
-  cleanup_free char *e64 = route_base64 (err_out->data, err_out->len);
-  if (o64 == NULL || e64 == NULL)
+  char *head; /* {"exit_code":..,"timed_out":..,"stdout_b64":" */
+  exec_b64_t out, err;
+  const char *tail;
+} exec_answer_t;
+
+#define ANSWER_MID "\",\"stderr_b64\":\""
+#define ANSWER_TAIL "\"}"
+#define ANSWER_TAIL_TRUNCATED "\",\"truncated\":true}"
+
+static ssize_t
+answer_read (void *cls, uint64_t pos, char *buf, size_t max)
+{
+  exec_answer_t *a = cls;
+  const struct
+  {
+    const char *p;
+    size_t n;
+  } part[] = {
+      {a->head, strlen (a->head)}, {a->out.text, a->out.len},   {ANSWER_MID, strlen (ANSWER_MID)},
+      {a->err.text, a->err.len},   {a->tail, strlen (a->tail)},
+  };
+  size_t done = 0;
+  for (size_t i = 0; i < sizeof part / sizeof part[0] && done < max; i++)
     {
-      json_decref (result);
+      if (pos >= part[i].n)
+        {
+          pos -= part[i].n;
+          continue;
+        }
+      size_t k = part[i].n - (size_t) pos < max - done ? part[i].n - (size_t) pos : max - done;
+      memcpy (buf + done, part[i].p + pos, k);
+      done += k;
+      pos = 0;
+    }
+  return done > 0 ? (ssize_t) done : MHD_CONTENT_READER_END_OF_STREAM;
+}
+
+static void
+answer_free (void *cls)
+{
+  exec_answer_t *a = cls;
+  free (a->head);
+  exec_b64_release (&a->out);
+  exec_b64_release (&a->err);
+  free (a);
+}
+
+/* Answers 200 with `a` (taken) and the exit status `exit_st` (taken). */
+static struct MHD_Response *
+exec_answer (exec_answer_t *a, json_t *exit_st, unsigned *status)
+{
+  metrics_bytes (false, a->out.kept + a->err.kept);
+  exec_b64_finish (&a->out);
+  exec_b64_finish (&a->err);
+  a->tail = a->out.truncated || a->err.truncated ? ANSWER_TAIL_TRUNCATED : ANSWER_TAIL;
+  cleanup_free char *text = json_dumps (exit_st, JSON_COMPACT);
+  json_decref (exit_st);
+  /* The exit status's object without its closing brace. */
+  if (text == NULL || asprintf (&a->head, "%.*s,\"stdout_b64\":\"", (int) strlen (text) - 1, text) < 0)
+    {
+      a->head = NULL;
+      answer_free (a);
       return shim_detail (503, "Out of memory", status);
     }
-  json_object_set_new (result, "stdout_b64", json_string (o64));
-  json_object_set_new (result, "stderr_b64", json_string (e64));
-  if (out->truncated || err_out->truncated)
-    json_object_set_new (result, "truncated", json_true ());
-  return shim_json (result, 200, status);
+  uint64_t size = strlen (a->head) + a->out.len + strlen (ANSWER_MID) + a->err.len + strlen (a->tail);
+  struct MHD_Response *resp = MHD_create_response_from_callback (size, 64 * 1024, answer_read, a, answer_free);
+  if (resp == NULL)
+    {
+      answer_free (a);
+      return shim_detail (503, "Out of memory", status);
+    }
+  MHD_add_response_header (resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+  *status = 200;
+  return resp;
+}
+
+/* Reads the exec's events into `a` until the call's stream ends; its exit
+ * status goes to *exit_st. -1 with *err when the output cannot be held (the
+ * call is then still running). */
+static int
+exec_collect (rpc_client_call_t *c, exec_answer_t *a, json_t **exit_st, err_t *err)
+{
+  for (;;)
+    {
+      cleanup_message ProtobufCMessage *m = NULL;
+      err_t rerr = ERR_INIT;
+      int rc = rpc_client_recv (c, &sandbox__v1__exec_event__descriptor, &m, &rerr);
+      err_release (&rerr);
+      if (rc <= 0)
+        return 0;
+      Sandbox__V1__ExecEvent *ev = (Sandbox__V1__ExecEvent *) m;
+      if (ev->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDOUT)
+        rc = exec_b64_add (&a->out, ev->stdout.data, ev->stdout.len, err);
+      else if (ev->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDERR)
+        rc = exec_b64_add (&a->err, ev->stderr.data, ev->stderr.len, err);
+      else if (ev->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_EXIT && ev->exit != NULL && *exit_st == NULL)
+        {
+          *exit_st = exit_json (ev->exit);
+          metrics_exec_duration ((double) ev->exit->duration_ms / 1000.0);
+        }
+      if (rc < 0)
+        return -1;
+    }
 }
 
 /* Collects the whole exec, then answers with one JSON object. Takes `c`. */
 static struct MHD_Response *
 exec_buffered (shim_req_t *r, rpc_client_call_t *c, unsigned *status)
 {
-  watch_t *w = watch_add (shim_req_fd (r), c);
-  exec_out_t out = {0}, err_out = {0};
-  json_t *result = NULL;
-  for (;;)
+  exec_answer_t *a = calloc (1, sizeof *a);
+  if (a == NULL)
     {
-      cleanup_message ProtobufCMessage *m = NULL;
-      err_t err = ERR_INIT;
-      int rc = rpc_client_recv (c, &sandbox__v1__exec_event__descriptor, &m, &err);
-      err_release (&err);
-      if (rc <= 0)
-        break;
-      Sandbox__V1__ExecEvent *ev = (Sandbox__V1__ExecEvent *) m;
-      if (ev->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDOUT)
-        exec_out_add (&out, ev->stdout.data, ev->stdout.len);
-      else if (ev->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDERR)
-        exec_out_add (&err_out, ev->stderr.data, ev->stderr.len);
-      else if (ev->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_EXIT && ev->exit != NULL && result == NULL)
-        {
-          result = exit_json (ev->exit);
-          metrics_exec_duration ((double) ev->exit->duration_ms / 1000.0);
-        }
+      rpc_client_destroy (c);
+      return shim_detail (503, "Out of memory", status);
     }
+  watch_t *w = watch_add (shim_req_fd (r), c);
+  json_t *exit_st = NULL;
+  err_t err = ERR_INIT;
+  int held = exec_collect (c, a, &exit_st, &err);
   bool hung_up = watch_remove (w);
   rpc_status_t st = RPC_STATUS_INIT;
-  grpc_status_code code = rpc_client_finish (c, &st);
-  rpc_client_destroy (c);
+  grpc_status_code code = GRPC_STATUS_CANCELLED;
+  if (held == 0)
+    code = rpc_client_finish (c, &st);
+  rpc_client_destroy (c); /* cancels the exec when its output was refused */
   struct MHD_Response *resp;
-  if (code == GRPC_STATUS_OK && result != NULL)
-    resp = exec_result (take_ptr (&result), &out, &err_out, status);
+  if (held < 0)
+    resp = shim_detail (503, err_msg (&err), status);
+  else if (code == GRPC_STATUS_OK && exit_st != NULL)
+    resp = exec_answer (take_ptr (&a), take_ptr (&exit_st), status);
   else if (code == GRPC_STATUS_OK)
     resp = shim_detail (502, "Gateway ended the exec without an exit status", status);
   else if (hung_up)
     resp = shim_detail (499, "Client closed the request", status);
   else
     resp = shim_gateway_error (code, &st, status);
-  json_decref (result);
+  if (a != NULL)
+    answer_free (a);
+  json_decref (exit_st);
   rpc_status_release (&st);
-  free (out.data);
-  free (err_out.data);
+  err_release (&err);
   return resp;
 }
 

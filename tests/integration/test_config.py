@@ -10,7 +10,8 @@ import pytest
 from tests.lib.gateway import gateway_env
 from tests.lib.grpc_clients import HealthClient, ReflectionClient, sandbox_modules
 from tests.lib.procs import (EXIT_MARGIN_S, assert_all_json_lines, free_port, require_gateway_binary,
-                             run_to_completion)
+                             require_shim_binary, run_to_completion)
+from tests.lib.shim import shim_env
 
 VARIABLES_AND_DEFAULTS = {
     "SANDBOX_LISTEN": "127.0.0.1:50051",
@@ -61,6 +62,26 @@ def test_bad_value_is_refused_at_start_naming_the_variable(var, value):
     except subprocess.TimeoutExpired as e:
         stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
         pytest.fail(f"{var}={value!r} was accepted: the gateway kept running\n{stderr}")
+    assert result.returncode != 0, f"{var}={value!r} was accepted:\n{result.stderr}"
+    assert var in result.stderr, f"the error does not name {var}:\n{result.stderr}"
+
+
+@pytest.mark.parametrize("var,value", [
+    ("SHIM_MAX_BUFFERED_OUTPUT", "abc"),
+    ("SHIM_MAX_BUFFERED_OUTPUT", "0"),
+    ("SHIM_MAX_BUFFERED_OUTPUT", "-1"),
+    ("SHIM_MAX_BUFFERED_OUTPUT", "65535"),  # --help documents 65536..1099511627776
+    ("SHIM_MAX_BUFFERED_OUTPUT", "1099511627777"),
+    ("SHIM_MAX_BUFFERED_OUTPUT", "1GiB"),
+    ("SHIM_MAX_BUFFERED_OUTPUT", "99999999999999999999999"),
+])
+def test_bad_shim_value_is_refused_at_start_naming_the_variable(var, value):
+    env = shim_env(f"127.0.0.1:{free_port()}", free_port(), "s", {var: value})
+    try:
+        result = run_to_completion([require_shim_binary()], env, timeout=10)
+    except subprocess.TimeoutExpired as e:
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+        pytest.fail(f"{var}={value!r} was accepted: the shim kept running\n{stderr}")
     assert result.returncode != 0, f"{var}={value!r} was accepted:\n{result.stderr}"
     assert var in result.stderr, f"the error does not name {var}:\n{result.stderr}"
 
