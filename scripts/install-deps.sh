@@ -14,7 +14,7 @@ PACKAGES=(
   protobuf-c-compiler libprotobuf-c-dev
   # Libraries of the gateway and the shim
   libssl-dev openssl libarchive-dev libcurl4-openssl-dev libmicrohttpd-dev
-  libjansson-dev libseccomp-dev
+  libjansson-dev libseccomp-dev libwslay-dev
   # Sandbox runtime: user-mode networking for egress
   slirp4netns
   # Container image (//deploy:image) and its test

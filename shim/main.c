@@ -45,6 +45,9 @@ static const cfg_var_t shim_vars[] = {
      &shim.cfg.max_restore_bytes, NULL, false},
     {"SHIM_MAX_CONNECTIONS", CFG_INT, "1024", "most simultaneous HTTP connections", 4, 100000,
      &shim.cfg.max_connections, NULL, false},
+    {"SHIM_MAX_TERMINALS", CFG_INT, "256",
+     "most WebSocket terminals open at once (each also holds one of SHIM_MAX_CONNECTIONS); beyond: 429", 1, 100000,
+     &shim.cfg.max_terminals, NULL, false},
     {"SHIM_CONNECTION_TIMEOUT", CFG_INT, "120", "seconds an idle HTTP connection is kept", 1, 86400,
      &shim.cfg.connection_timeout, NULL, false},
     {"SHIM_HEADER_TIMEOUT", CFG_INT, "10",
@@ -193,6 +196,7 @@ main (int argc, char **argv)
   int sig = 0;
   sigwait (&sigs, &sig);
   log_fields (SEV_INFO, json_pack ("{s:s}", "signal", strsignal (sig)), "shutting down");
+  terminal_stop_all ();
   MHD_stop_daemon (d);
   rpc_channel_destroy (shim.channel);
   rpc_shutdown ();

@@ -8,7 +8,11 @@
  *
  * MHD runs one thread per connection, so a route may block on the gateway;
  * the access handler is called several times per request: first with the
- * headers, then with each piece of body, then once more to answer.
+ * headers, then with each piece of body, then once more to answer. A route
+ * may answer 101 and take the socket over (MHD_ALLOW_UPGRADE: the terminal
+ * route); MHD then reports the request completed and keeps counting the
+ * connection against SHIM_MAX_CONNECTIONS until the route gives the socket
+ * back.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -25,6 +29,7 @@
 #include "shim/routes/routes.h"
 #include "shim/shim.h"
 #include "shim/watchdog.h"
+#include "shim/ws.h"
 
 shim_t shim;
 
@@ -59,7 +64,10 @@ start_request (shim_req_t *r, const char *url, const char *method)
           return;
         }
       const char *auth = MHD_lookup_connection_value (r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-      if (!bearer_matches (auth, shim.cfg.secret))
+      const char *offer = r->route->bearer_in_subprotocol
+                              ? MHD_lookup_connection_value (r->conn, MHD_HEADER_KIND, "Sec-WebSocket-Protocol")
+                              : NULL;
+      if (!bearer_matches (auth, shim.cfg.secret) && !ws_offer_has_bearer (offer, shim.cfg.secret))
         {
           shim_req_fail (r, 401, "Invalid or missing bearer token");
           return;
@@ -150,6 +158,7 @@ access_handler (void *cls, struct MHD_Connection *conn, const char *url, const c
         return MHD_NO;
       r->conn = conn;
       r->method = method;
+      r->version = version;
       r->start_ns = shim_mono_ns ();
       *con_cls = r;
       start_request (r, url, method);
@@ -232,7 +241,7 @@ shim_server_start (const struct sockaddr *addr, err_t *err)
 {
   struct MHD_Daemon *d = MHD_start_daemon (
       MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC
-          | MHD_USE_TURBO,
+          | MHD_USE_TURBO | MHD_ALLOW_UPGRADE,
       0, NULL, NULL, access_handler, NULL, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, addr,
       MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_NOTIFY_CONNECTION, watchdog_notify_connection, NULL,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned) shim.cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,

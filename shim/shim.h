@@ -28,6 +28,7 @@ typedef struct shim_config_s
   long max_buffered_output; /* base64 text all buffered exec answers may hold */
   long long max_restore_bytes;
   long max_connections;
+  long max_terminals;
   long connection_timeout;
   long header_timeout;
   long body_timeout;
@@ -77,6 +78,9 @@ typedef struct shim_route_s
   int (*upload) (shim_req_t *r, const char *data, size_t len);
   /* Frees route state on every path (may be NULL). */
   void (*cleanup) (shim_req_t *r);
+  /* A WebSocket route: the bearer secret may also come as an offered
+   * subprotocol "bearer.<secret>" (browsers cannot set headers there). */
+  bool bearer_in_subprotocol;
 } shim_route_t;
 
 struct shim_req_s
@@ -96,6 +100,7 @@ struct shim_req_s
   void *state;
   /* access log */
   const char *method;
+  const char *version; /* "HTTP/1.1" (MHD's string) */
   int64_t start_ns;
   unsigned status;
 };
@@ -120,6 +125,11 @@ int shim_req_fd (shim_req_t *r);
 
 /* Monotonic nanoseconds. */
 int64_t shim_mono_ns (void);
+
+/* Ends every open WebSocket terminal (close 1001) and waits, boundedly,
+ * for them to let go of their sockets: before the HTTP daemon stops
+ * (routes/terminal.c). New terminals are refused from then on. */
+void terminal_stop_all (void);
 
 /* The route table (routes/table.c). */
 extern const shim_route_t shim_routes[];

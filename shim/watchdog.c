@@ -5,7 +5,9 @@
  * connections), a JSON body within SHIM_BODY_TIMEOUT, and a streamed restore
  * body must keep an average of SHIM_MIN_UPLOAD_RATE after its first
  * SHIM_BODY_TIMEOUT. Offenders' sockets are shut down; their threads then
- * end the connection. While a route answers, the client is not timed.
+ * end the connection. While a route answers, the client is not timed, nor
+ * ever again once the connection is upgraded to a WebSocket (terminals are
+ * capped by SHIM_MAX_TERMINALS instead, and pinged).
  */
 #include "shim/watchdog.h"
 
@@ -45,6 +47,13 @@ watchdog_stage (struct MHD_Connection *conn, stage_t stage, bool streaming)
   if (t == NULL)
     return;
   pthread_mutex_lock (&track_mu);
+  if (t->stage == STAGE_UPGRADED)
+    {
+      /* MHD reports the upgraded request completed (server.c would start
+       * timing the next head): a terminal is not an HTTP request. */
+      pthread_mutex_unlock (&track_mu);
+      return;
+    }
   t->stage = stage;
   t->since_ns = shim_mono_ns ();
   t->body_bytes = 0;

@@ -15,15 +15,17 @@
 
 typedef enum stage_e
 {
-  STAGE_HEAD,   /* waiting for the request head */
-  STAGE_BODY,   /* receiving the body */
-  STAGE_ANSWER, /* the route answers: the client is not timed */
+  STAGE_HEAD,     /* waiting for the request head */
+  STAGE_BODY,     /* receiving the body */
+  STAGE_ANSWER,   /* the route answers: the client is not timed */
+  STAGE_UPGRADED, /* the socket left HTTP (a WebSocket): never timed again */
 } stage_t;
 
 /* MHD_OPTION_NOTIFY_CONNECTION: tracks connections from start to close. */
 void watchdog_notify_connection (void *cls, struct MHD_Connection *conn, void **socket_context,
                                  enum MHD_ConnectionNotificationCode code);
-/* The connection entered `stage`; `streaming` for a streamed body. */
+/* The connection entered `stage`; `streaming` for a streamed body. An
+ * upgraded connection stays STAGE_UPGRADED until it closes. */
 void watchdog_stage (struct MHD_Connection *conn, stage_t stage, bool streaming);
 /* `n` more body bytes arrived. */
 void watchdog_body (struct MHD_Connection *conn, size_t n);

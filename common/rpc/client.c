@@ -7,7 +7,12 @@
  * first batch; a unary call is a single batch.
  *
  * Threading: a call belongs to one thread; rpc_client_cancel() may be called
- * from any thread (grpc_call_cancel is thread-safe). Channels are shared.
+ * from any thread (grpc_call_cancel is thread-safe). Once the first send
+ * and the first receive have returned (request metadata is out and the
+ * response metadata is in, so neither path writes shared state again),
+ * one thread may send while another receives: the two paths start their
+ * batches under different tags and pluck only their own. Channels are
+ * shared.
  */
 #include "common/rpc/internal.h"
 
@@ -43,7 +48,8 @@ struct rpc_client_call_s
   grpc_status_code status;
   grpc_slice status_details;
   int status_tag;
-  int batch_tag;
+  int send_tag; /* its address tags sends and the half-close */
+  int recv_tag; /* its address tags receives */
 };
 
 int
@@ -127,12 +133,15 @@ add_recv_initial_md (rpc_client_call_t *c, grpc_op *ops, size_t *n)
   c->md_received = true;
 }
 
+/* Starts a batch tagged `tag` and waits for it. Sends and receives use two
+ * tags, so a sending thread and a receiving thread each pluck only their
+ * own completion (the core allows one batch of each kind in flight). */
 static bool
-run_batch (rpc_client_call_t *c, const grpc_op *ops, size_t n)
+run_batch (rpc_client_call_t *c, const grpc_op *ops, size_t n, int *tag)
 {
-  if (grpc_call_start_batch (c->call, ops, n, &c->batch_tag, NULL) != GRPC_CALL_OK)
+  if (grpc_call_start_batch (c->call, ops, n, tag, NULL) != GRPC_CALL_OK)
     return false;
-  grpc_event ev = grpc_completion_queue_pluck (c->cq, &c->batch_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+  grpc_event ev = grpc_completion_queue_pluck (c->cq, tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
   return ev.type == GRPC_OP_COMPLETE && ev.success;
 }
 
@@ -201,7 +210,7 @@ rpc_client_send (rpc_client_call_t *c, const ProtobufCMessage *msg, err_t *err)
   ops[n].op = GRPC_OP_SEND_MESSAGE;
   ops[n].data.send_message.send_message = bb;
   n++;
-  bool ok = run_batch (c, ops, n);
+  bool ok = run_batch (c, ops, n, &c->send_tag);
   grpc_byte_buffer_destroy (bb);
   if (!ok)
     return err_make (err, ECANCELED, "%s: the call has ended", c->method);
@@ -220,7 +229,7 @@ rpc_client_close_send (rpc_client_call_t *c, err_t *err)
   memset (&ops[n], 0, sizeof ops[n]);
   ops[n].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
   n++;
-  if (!run_batch (c, ops, n))
+  if (!run_batch (c, ops, n, &c->send_tag))
     return err_make (err, ECANCELED, "%s: the call has ended", c->method);
   return 0;
 }
@@ -238,7 +247,7 @@ rpc_client_recv (rpc_client_call_t *c, const ProtobufCMessageDescriptor *desc, P
   ops[n].op = GRPC_OP_RECV_MESSAGE;
   ops[n].data.recv_message.recv_message = &bb;
   n++;
-  bool ok = run_batch (c, ops, n);
+  bool ok = run_batch (c, ops, n, &c->recv_tag);
   if (!ok || bb == NULL)
     {
       if (bb != NULL)
@@ -346,7 +355,7 @@ rpc_client_unary (rpc_channel_t *ch, const char *method, int64_t timeout_ms, con
   ops[n].op = GRPC_OP_RECV_MESSAGE;
   ops[n].data.recv_message.recv_message = &in;
   n++;
-  run_batch (c, ops, n);
+  run_batch (c, ops, n, &c->send_tag);
   grpc_byte_buffer_destroy (out);
 
   rpc_status_t local = RPC_STATUS_INIT;

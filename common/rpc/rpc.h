@@ -21,8 +21,10 @@
  *
  * Threading: an rpc_server_t is driven from one controlling thread (new, add,
  * start, shutdown, destroy). An rpc_call_t belongs to its handler's thread.
- * An rpc_client_call_t belongs to one thread, except rpc_client_cancel(),
- * which any thread may call. rpc_channel_t is shared freely between threads.
+ * An rpc_client_call_t belongs to one thread, with two exceptions: any
+ * thread may call rpc_client_cancel(), and a bidirectional stream may be
+ * split between a sending and a receiving thread (see rpc_client_recv).
+ * rpc_channel_t is shared freely between threads.
  *
  * Call rpc_init() once before anything else and rpc_shutdown() at the end.
  */
@@ -290,7 +292,14 @@ int rpc_client_send (rpc_client_call_t *c, const ProtobufCMessage *msg, err_t *e
 int rpc_client_close_send (rpc_client_call_t *c, err_t *err);
 
 /* Receives the next server message: 1 with *out set, 0 at the end of the
- * server's stream (call rpc_client_finish for the status), -1 with *err. */
+ * server's stream (call rpc_client_finish for the status), -1 with *err.
+ *
+ * Sending and receiving use separate tags: once one rpc_client_send (or
+ * rpc_client_close_send) and one rpc_client_recv have returned, one thread
+ * may go on sending (rpc_client_send, rpc_client_close_send) while another
+ * receives (rpc_client_recv), one call of each at a time. Both must have
+ * returned before rpc_client_finish or rpc_client_destroy; cancelling
+ * (from any thread) makes both return. */
 int rpc_client_recv (rpc_client_call_t *c, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out,
                      err_t *err);
 

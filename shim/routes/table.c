@@ -14,6 +14,8 @@ const shim_route_t shim_routes[] = {
     {"GET", "/sandboxes/{id}/tar", SHIM_BODY_NONE, true, route_tar, NULL, NULL},
     {"POST", "/sandboxes/{id}/snapshot", SHIM_BODY_NONE, true, route_snapshot, NULL, NULL},
     {"POST", "/sandboxes/{id}/connect", SHIM_BODY_NONE, true, route_connect, NULL, NULL},
+    {"GET", "/sandboxes/{id}/processes/{pid}/terminal", SHIM_BODY_NONE, true, route_terminal, NULL,
+     route_terminal_cleanup, true},
     {"GET", "/metrics", SHIM_BODY_NONE, true, route_metrics, NULL, NULL},
 };
 const size_t shim_n_routes = sizeof shim_routes / sizeof shim_routes[0];

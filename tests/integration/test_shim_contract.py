@@ -56,6 +56,7 @@ AUTH_ROUTES = [
     ("GET", "/sandboxes/authcheck/tar", None),
     ("POST", "/sandboxes/authcheck/snapshot", None),
     ("POST", "/sandboxes/authcheck/connect", None),
+    ("GET", "/sandboxes/authcheck/processes/p/terminal", None),
     ("GET", "/metrics", None),
 ]
 AUTH_IDS = [f"{m} {p}" for m, p, _ in AUTH_ROUTES]
@@ -350,6 +351,7 @@ PATH_ROUTES = [
     ("POST", "/sandboxes/{}/restore", b"x" * 2048),
     ("POST", "/sandboxes/{}/snapshot", None),
     ("POST", "/sandboxes/{}/connect", None),
+    ("GET", "/sandboxes/{}/processes/p/terminal", None),
 ]
 PATH_BAD_IDS = ["--evil", "x" * 65, "x" * 300, "a.b", "_a", "-a", "a%20b", "%2e%2e", "a%3Bb"]
 

@@ -439,6 +439,94 @@ test_bidi_streaming_echoes_each_message_before_the_next (void **state)
   rpc_client_destroy (c);
 }
 
+/* The receiving half of a split bidirectional call: counts the replies
+ * until the end of the stream. */
+typedef struct split_recv_s
+{
+  rpc_client_call_t *call;
+  uint32_t received;
+  bool in_order;
+} split_recv_t;
+
+static void *
+split_receiver (void *arg)
+{
+  split_recv_t *s = arg;
+  s->in_order = true;
+  for (;;)
+    {
+      err_t err = ERR_INIT;
+      ProtobufCMessage *m = NULL;
+      int rc = rpc_client_recv (s->call, &echo__v1__echo_reply__descriptor, &m, &err);
+      err_release (&err);
+      if (rc <= 0)
+        return NULL;
+      if (((Echo__V1__EchoReply *) m)->seq != s->received + 1)
+        s->in_order = false;
+      s->received++;
+      protobuf_c_message_free_unpacked (m, NULL);
+    }
+}
+
+static void
+test_a_split_call_sends_on_one_thread_while_another_receives (void **state)
+{
+  fixture_t *f = *state;
+  err_t err = ERR_INIT;
+  rpc_client_call_t *c = NULL;
+  assert_int_equal (rpc_client_start (f->channel, "/echo.v1.Echo/Chat", 30000, NULL, 0, &c, &err), 0);
+  /* The first exchange on one thread (metadata both ways)... */
+  Echo__V1__EchoRequest req = ECHO__V1__ECHO_REQUEST__INIT;
+  req.payload.data = (uint8_t *) "first";
+  req.payload.len = 5;
+  assert_int_equal (rpc_client_send (c, &req.base, &err), 0);
+  ProtobufCMessage *m = NULL;
+  assert_int_equal (rpc_client_recv (c, &echo__v1__echo_reply__descriptor, &m, &err), 1);
+  protobuf_c_message_free_unpacked (m, NULL);
+  /* ...then a receiver blocks in rpc_client_recv while this thread sends:
+   * each reply only exists once its send went through. */
+  split_recv_t s = {.call = c};
+  pthread_t th;
+  assert_int_equal (pthread_create (&th, NULL, split_receiver, &s), 0);
+  for (uint32_t i = 0; i < 300; i++)
+    {
+      if (i % 50 == 0)
+        sleep_ms (5); /* let the receiver wait with nothing to read */
+      assert_int_equal (rpc_client_send (c, &req.base, &err), 0);
+    }
+  assert_int_equal (rpc_client_close_send (c, &err), 0);
+  pthread_join (th, NULL);
+  assert_int_equal (s.received, 300);
+  assert_true (s.in_order);
+  assert_int_equal (rpc_client_finish (c, NULL), GRPC_STATUS_OK);
+  rpc_client_destroy (c);
+}
+
+static void
+test_cancel_ends_a_receiver_blocked_while_the_sender_waits (void **state)
+{
+  fixture_t *f = *state;
+  err_t err = ERR_INIT;
+  rpc_client_call_t *c = NULL;
+  assert_int_equal (rpc_client_start (f->channel, "/echo.v1.Echo/Chat", 30000, NULL, 0, &c, &err), 0);
+  Echo__V1__EchoRequest req = ECHO__V1__ECHO_REQUEST__INIT;
+  assert_int_equal (rpc_client_send (c, &req.base, &err), 0);
+  ProtobufCMessage *m = NULL;
+  assert_int_equal (rpc_client_recv (c, &echo__v1__echo_reply__descriptor, &m, &err), 1);
+  protobuf_c_message_free_unpacked (m, NULL);
+  split_recv_t s = {.call = c};
+  pthread_t th;
+  assert_int_equal (pthread_create (&th, NULL, split_receiver, &s), 0);
+  sleep_ms (20);
+  rpc_client_cancel (c);
+  pthread_join (th, NULL);
+  assert_int_equal (s.received, 0);
+  assert_int_equal (rpc_client_send (c, &req.base, &err), -1);
+  err_release (&err);
+  assert_int_equal (rpc_client_finish (c, NULL), GRPC_STATUS_CANCELLED);
+  rpc_client_destroy (c);
+}
+
 static void
 test_eight_mib_messages_round_trip_and_oversize_is_refused (void **state)
 {
@@ -830,6 +918,8 @@ main (void)
       cmocka_unit_test_setup_teardown (test_server_streaming_delivers_every_message_in_order, setup, teardown),
       cmocka_unit_test_setup_teardown (test_client_streaming_counts_every_message, setup, teardown),
       cmocka_unit_test_setup_teardown (test_bidi_streaming_echoes_each_message_before_the_next, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_a_split_call_sends_on_one_thread_while_another_receives, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_cancel_ends_a_receiver_blocked_while_the_sender_waits, setup, teardown),
       cmocka_unit_test_setup_teardown (test_eight_mib_messages_round_trip_and_oversize_is_refused, setup, teardown),
       cmocka_unit_test_setup_teardown (test_oversize_message_from_a_peer_is_refused_by_the_server, setup, teardown),
       cmocka_unit_test_setup_teardown (test_deadline_cancels_the_handler, setup, teardown),
