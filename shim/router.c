@@ -87,8 +87,8 @@ shim_route_find (const shim_route_t *table, size_t n, const char *url, const cha
         continue;
       /* a too long id is refused by the caller */
       *id_too_long = tl || strlen (got) > SHIM_ID_MAX || strlen (got_pid) > SHIM_ID_MAX;
-      snprintf (id, SHIM_ID_MAX + 1, "%s", got);
-      snprintf (pid, SHIM_ID_MAX + 1, "%s", got_pid);
+      snprintf (id, SHIM_ID_MAX + 1, "%.*s", SHIM_ID_MAX, got);
+      snprintf (pid, SHIM_ID_MAX + 1, "%.*s", SHIM_ID_MAX, got_pid);
       return &table[i];
     }
   return NULL;
