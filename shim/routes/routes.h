@@ -3,7 +3,7 @@
  *
  * The contract (status codes, JSON fields, content types, error shapes)
  * is the one agent backends already speak; the extensions (NDJSON exec,
- * snapshot, connect, list, metrics) are additive. Every route runs on its
+ * snapshot, connect, list, metrics, detached processes) are additive. Every route runs on its
  * connection's thread and may block on the gateway; while it does, the
  * hang-up watcher (hangup.h) cancels the call if the client leaves.
  */
@@ -34,6 +34,15 @@ void route_restore_cleanup (shim_req_t *r);
 struct MHD_Response *route_tar (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_snapshot (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_connect (shim_req_t *r, unsigned *status);
+
+/* processes.c */
+struct MHD_Response *route_process_start (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_process_list (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_process_get (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_process_output (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_process_stdin (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_process_signal (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_process_resize (shim_req_t *r, unsigned *status);
 
 /* common.c */
 /* A whole unary call to the gateway with the shim's credentials. */
