@@ -22,12 +22,20 @@
 
 /* ---- JSON of the gateway's messages ------------------------------------------ */
 
+/* A JSON string of gateway text, which need not be valid UTF-8 (an argv
+ * given over gRPC): such text is replaced rather than failing the answer. */
+static json_t *
+text_json (const char *text)
+{
+  json_t *j = json_string (text != NULL ? text : "");
+  return j != NULL ? j : json_string ("(not valid UTF-8)");
+}
+
 static json_t *
 exit_status_json (const Sandbox__V1__ExitStatus *x)
 {
-  return json_pack ("{s:i, s:i, s:b, s:b, s:s}", "exit_code", (int) x->exit_code, "signal", (int) x->signal,
-                    "timed_out", x->timed_out, "oom_killed", x->oom_killed, "message",
-                    x->message != NULL ? x->message : "");
+  return json_pack ("{s:i, s:i, s:b, s:b, s:o}", "exit_code", (int) x->exit_code, "signal", (int) x->signal,
+                    "timed_out", x->timed_out, "oom_killed", x->oom_killed, "message", text_json (x->message));
 }
 
 static json_t *
@@ -35,14 +43,14 @@ process_info_json (const Sandbox__V1__ProcessInfo *p)
 {
   json_t *argv = json_array ();
   for (size_t i = 0; i < p->n_argv; i++)
-    json_array_append_new (argv, json_string (p->argv[i]));
+    json_array_append_new (argv, text_json (p->argv[i]));
   json_t *pty = p->pty != NULL ? json_pack ("{s:i, s:i}", "rows", (int) p->pty->rows, "cols", (int) p->pty->cols)
                                : json_null ();
   json_t *exit = p->exit != NULL ? exit_status_json (p->exit) : json_null ();
-  return json_pack ("{s:s, s:i, s:o, s:o, s:b, s:b, s:I, s:I, s:o}", "process_id", p->process_id, "pid", (int) p->pid,
-                    "argv", argv, "pty", pty, "detached", p->detached, "running", p->running, "started_at_ms",
-                    (json_int_t) p->started_at_ms, "output_dropped_bytes", (json_int_t) p->output_dropped_bytes,
-                    "exit", exit);
+  return json_pack ("{s:o, s:i, s:o, s:o, s:b, s:b, s:I, s:I, s:o}", "process_id", text_json (p->process_id), "pid",
+                    (int) p->pid, "argv", argv, "pty", pty, "detached", p->detached, "running", p->running,
+                    "started_at_ms", (json_int_t) p->started_at_ms, "output_dropped_bytes",
+                    (json_int_t) p->output_dropped_bytes, "exit", exit);
 }
 
 /* One event of an attachment as an NDJSON line (route_ndjson): output in
