@@ -7,12 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_SERIES 128
+#define MAX_SERIES 256
 
 typedef struct series_s
 {
   char method[8];
-  char route[40];
+  char route[64]; /* the longest template is 38 characters */
   unsigned status;
   atomic_ullong count;
   atomic_ullong micros;

@@ -68,6 +68,9 @@ shim_http_status (grpc_status_code code, bool from_handler)
     case GRPC_STATUS_ALREADY_EXISTS: return 409;
     case GRPC_STATUS_INVALID_ARGUMENT: return 422;
     case GRPC_STATUS_RESOURCE_EXHAUSTED: return 429;
+    /* The request is fine but the thing is in the wrong state for it (a
+     * process that has exited or closed its stdin). */
+    case GRPC_STATUS_FAILED_PRECONDITION: return 409;
     case GRPC_STATUS_DEADLINE_EXCEEDED: return 504;
     /* The gateway answering "unavailable" (shutting down, no secret: its
      * handler layer marks the status) is not the same as no gateway at all
@@ -90,7 +93,8 @@ shim_gateway_error (grpc_status_code code, const rpc_status_t *st, unsigned *sta
     case GRPC_STATUS_NOT_FOUND: return shim_detail (http, "Sandbox not found", status);
     case GRPC_STATUS_ALREADY_EXISTS: return shim_detail (http, "Sandbox already exists", status);
     case GRPC_STATUS_INVALID_ARGUMENT:
-    case GRPC_STATUS_RESOURCE_EXHAUSTED: return shim_detail (http, d, status);
+    case GRPC_STATUS_RESOURCE_EXHAUSTED:
+    case GRPC_STATUS_FAILED_PRECONDITION: return shim_detail (http, d, status);
     case GRPC_STATUS_DEADLINE_EXCEEDED: return shim_detail (http, "Gateway timed out", status);
     case GRPC_STATUS_UNAVAILABLE:
       if (http == 503)
@@ -104,6 +108,16 @@ shim_gateway_error (grpc_status_code code, const rpc_status_t *st, unsigned *sta
       snprintf (buf, sizeof buf, "Gateway error (%s): %.900s", rpc_status_name (code), d);
       return shim_detail (http, buf, status);
     }
+}
+
+struct MHD_Response *
+shim_gateway_error_named (grpc_status_code code, const rpc_status_t *st, unsigned *status)
+{
+  bool named = code == GRPC_STATUS_NOT_FOUND || code == GRPC_STATUS_ALREADY_EXISTS;
+  if (!named || st == NULL || st->details == NULL || st->details[0] == '\0')
+    return shim_gateway_error (code, st, status);
+  metrics_gateway_error (code);
+  return shim_detail (shim_http_status (code, st->from_handler), st->details, status);
 }
 
 int

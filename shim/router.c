@@ -23,7 +23,7 @@ shim_match_path2 (const char *tmpl, const char *url, char *id, char *pid, size_t
   /* Component by component: literals must be equal, placeholders must be
    * non-empty; the results are written only on a match. */
   char got_id[256], got_pid[256];
-  bool tl_id = false, tl_pid = false, seen_pid = false;
+  bool tl_id = false, tl_pid = false, seen_id = false, seen_pid = false;
   const char *t = tmpl, *u = url;
   for (;;)
     {
@@ -36,6 +36,7 @@ shim_match_path2 (const char *tmpl, const char *url, char *id, char *pid, size_t
             return false;
           size_t c = cap < sizeof got_id ? cap : sizeof got_id;
           take_component (u, ul, is_id ? got_id : got_pid, c, is_id ? &tl_id : &tl_pid);
+          seen_id |= is_id;
           seen_pid |= is_pid;
         }
       else if (tl != ul || strncmp (t, u, tl) != 0)
@@ -52,7 +53,8 @@ shim_match_path2 (const char *tmpl, const char *url, char *id, char *pid, size_t
       u++;
     }
   *too_long = tl_id || tl_pid;
-  if (strstr (tmpl, "{id}") != NULL)
+  /* Only what was taken: "{id}" inside a longer component is a literal. */
+  if (seen_id)
     strcpy (id, got_id);
   if (seen_pid)
     strcpy (pid, got_pid);

@@ -97,7 +97,7 @@ start_request (shim_req_t *r, const char *url, const char *method)
       const char *cl = MHD_lookup_connection_value (r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
       unsigned long long declared = cl != NULL ? strtoull (cl, NULL, 10) : 0;
       unsigned long long cap
-          = r->route->body == SHIM_BODY_JSON ? SHIM_MAX_JSON_BODY : (unsigned long long) shim.cfg.max_restore_bytes;
+          = r->route->body == SHIM_BODY_STREAM ? (unsigned long long) shim.cfg.max_restore_bytes : SHIM_MAX_JSON_BODY;
       if (declared > cap)
         shim_req_fail (r, 413, "Request body too large");
     }
@@ -120,7 +120,7 @@ take_body (shim_req_t *r, const char *data, size_t size)
         }
       return;
     }
-  if (r->route->body != SHIM_BODY_JSON)
+  if (r->route->body != SHIM_BODY_JSON && r->route->body != SHIM_BODY_RAW)
     return;
   if (r->len + size > SHIM_MAX_JSON_BODY)
     {

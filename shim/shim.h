@@ -59,9 +59,11 @@ typedef enum shim_body_e
 {
   SHIM_BODY_NONE,   /* ignored */
   SHIM_BODY_JSON,   /* buffered (at most SHIM_MAX_JSON_BODY), then the handler runs */
+  SHIM_BODY_RAW,    /* the same, for bytes that are not JSON (a process's stdin) */
   SHIM_BODY_STREAM, /* handed to route->upload piece by piece as it arrives */
 } shim_body_t;
 
+/* The cap of a buffered body (JSON or raw): beyond, 413. */
 #define SHIM_MAX_JSON_BODY (1024 * 1024)
 
 typedef struct shim_route_s
@@ -116,6 +118,11 @@ void shim_req_fail_json (shim_req_t *r, unsigned code, json_t *body);
 
 /* The HTTP answer for a failed gateway call (status mapping table). */
 struct MHD_Response *shim_gateway_error (grpc_status_code code, const rpc_status_t *st, unsigned *status);
+/* shim_gateway_error, except that a 404 or 409 for a missing or taken
+ * thing carries the gateway's detail, which names it: for routes about
+ * more than a sandbox (a process), where the contract's "Sandbox not
+ * found" would be wrong. */
+struct MHD_Response *shim_gateway_error_named (grpc_status_code code, const rpc_status_t *st, unsigned *status);
 /* The HTTP status for a failed gateway call: `from_handler` tells the
  * gateway's own UNAVAILABLE (503) from no gateway at all (502). */
 unsigned shim_http_status (grpc_status_code code, bool from_handler);

@@ -2,7 +2,10 @@
 #include "shim/validate.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <math.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -167,14 +170,81 @@ shim_parse_launch (const char *content_type, const char *body, size_t len, shim_
   return !shim_errors_any (e);
 }
 
-bool
-shim_parse_exec (const char *content_type, const char *body, size_t len, shim_exec_body_t *out, shim_errors_t *e)
+/* Adds an error at loc ["body", field, sub] (a member of an object field). */
+static void
+errors_add_in (shim_errors_t *e, const char *type, const char *field, const char *sub, const char *msg)
 {
-  memset (out, 0, sizeof *out);
-  out->timeout = SHIM_TIMEOUT_DEFAULT;
-  json_t *root = parse_object (content_type, body, len, e);
-  if (root == NULL)
-    return false;
+  json_t *loc = json_pack ("[s, s, s]", "body", field, sub);
+  json_array_append_new (e->list, json_pack ("{s:s, s:o, s:s}", "type", type, "loc", loc, "msg", msg));
+}
+
+/* An integer as pydantic takes it in lax mode: an integer, a float without
+ * a fraction, or a string of digits. */
+static bool
+lax_int (json_t *v, long *out)
+{
+  if (json_is_integer (v))
+    {
+      *out = (long) json_integer_value (v);
+      return true;
+    }
+  if (json_is_real (v) && floor (json_real_value (v)) == json_real_value (v))
+    {
+      /* Far out of any range: kept out of range rather than overflowing. */
+      double d = json_real_value (v);
+      *out = d >= 9e18 ? LONG_MAX : d <= -9e18 ? LONG_MIN : (long) d;
+      return true;
+    }
+  if (json_is_string (v))
+    {
+      char *end = NULL;
+      const char *s = json_string_value (v);
+      *out = strtol (s, &end, 10);
+      return end != s && *end == '\0';
+    }
+  return false;
+}
+
+/* Reads integer member `field` of `root` into *out (unchanged when absent
+ * or null), within [min, max]; otherwise adds the error (at ["body", field],
+ * or ["body", in, field] when `in` is not NULL). */
+static void
+parse_int_field (json_t *root, const char *in, const char *field, long min, long max, long *out, shim_errors_t *e)
+{
+  json_t *t = json_object_get (root, field);
+  if (t == NULL || json_is_null (t))
+    return;
+  long v = 0;
+  char msg[96];
+  const char *type = NULL;
+  if (!lax_int (t, &v))
+    {
+      type = "int_parsing";
+      snprintf (msg, sizeof msg, "Input should be a valid integer");
+    }
+  else if (v < min)
+    {
+      type = "greater_than_equal";
+      snprintf (msg, sizeof msg, "Input should be greater than or equal to %ld", min);
+    }
+  else if (v > max)
+    {
+      type = "less_than_equal";
+      snprintf (msg, sizeof msg, "Input should be less than or equal to %ld", max);
+    }
+  if (type == NULL)
+    *out = v;
+  else if (in != NULL)
+    errors_add_in (e, type, in, field, msg);
+  else
+    shim_errors_add (e, type, "body", field, msg);
+}
+
+/* The required, non-empty list of strings "argv" of `root` (owned, NULL
+ * ended), or the error. */
+static void
+parse_argv (json_t *root, char ***out, size_t *n_out, shim_errors_t *e)
+{
   json_t *argv = json_object_get (root, "argv");
   if (argv == NULL)
     shim_errors_add (e, "missing", "body", "argv", "Field required");
@@ -192,44 +262,24 @@ shim_parse_exec (const char *content_type, const char *body, size_t len, shim_ex
         shim_errors_add (e, "string_type", "body", "argv", "Input should be a valid string");
       else
         {
-          out->argv = calloc (n + 1, sizeof *out->argv);
-          for (size_t i = 0; out->argv != NULL && i < n; i++)
-            out->argv[i] = strdup (json_string_value (json_array_get (argv, i)));
-          out->argc = out->argv != NULL ? n : 0;
+          *out = calloc (n + 1, sizeof **out);
+          for (size_t i = 0; *out != NULL && i < n; i++)
+            (*out)[i] = strdup (json_string_value (json_array_get (argv, i)));
+          *n_out = *out != NULL ? n : 0;
         }
     }
-  json_t *t = json_object_get (root, "timeout");
-  if (t != NULL && !json_is_null (t))
-    {
-      double v = 0;
-      bool num = false;
-      if (json_is_integer (t))
-        {
-          v = (double) json_integer_value (t);
-          num = true;
-        }
-      else if (json_is_real (t) && floor (json_real_value (t)) == json_real_value (t))
-        {
-          v = json_real_value (t);
-          num = true;
-        }
-      else if (json_is_string (t))
-        {
-          char *end = NULL;
-          const char *s = json_string_value (t);
-          long lv = strtol (s, &end, 10);
-          num = end != s && *end == '\0';
-          v = (double) lv;
-        }
-      if (!num)
-        shim_errors_add (e, "int_parsing", "body", "timeout", "Input should be a valid integer");
-      else if (v < 1)
-        shim_errors_add (e, "greater_than_equal", "body", "timeout", "Input should be greater than or equal to 1");
-      else if (v > SHIM_TIMEOUT_MAX)
-        shim_errors_add (e, "less_than_equal", "body", "timeout", "Input should be less than or equal to 3600");
-      else
-        out->timeout = (long) v;
-    }
+}
+
+bool
+shim_parse_exec (const char *content_type, const char *body, size_t len, shim_exec_body_t *out, shim_errors_t *e)
+{
+  memset (out, 0, sizeof *out);
+  out->timeout = SHIM_TIMEOUT_DEFAULT;
+  json_t *root = parse_object (content_type, body, len, e);
+  if (root == NULL)
+    return false;
+  parse_argv (root, &out->argv, &out->argc, e);
+  parse_int_field (root, NULL, "timeout", 1, SHIM_TIMEOUT_MAX, &out->timeout, e);
   json_decref (root);
   if (shim_errors_any (e))
     {
@@ -247,4 +297,185 @@ shim_exec_body_release (shim_exec_body_t *b)
   free (b->argv);
   b->argv = NULL;
   b->argc = 0;
+}
+
+/* ---- the process routes ---------------------------------------------------- */
+
+/* "env": an object of strings (owned copies), or the error. */
+static void
+parse_env (json_t *root, shim_process_body_t *out, shim_errors_t *e)
+{
+  json_t *env = json_object_get (root, "env");
+  if (env == NULL || json_is_null (env))
+    return;
+  if (!json_is_object (env))
+    {
+      shim_errors_add (e, "dict_type", "body", "env", "Input should be a valid dictionary");
+      return;
+    }
+  size_t n = json_object_size (env);
+  out->env_keys = calloc (n + 1, sizeof *out->env_keys);
+  out->env_values = calloc (n + 1, sizeof *out->env_values);
+  if (out->env_keys == NULL || out->env_values == NULL)
+    return;
+  const char *key;
+  json_t *value;
+  json_object_foreach (env, key, value)
+  {
+    if (!json_is_string (value))
+      {
+        errors_add_in (e, "string_type", "env", key, "Input should be a valid string");
+        continue;
+      }
+    out->env_keys[out->n_env] = strdup (key);
+    out->env_values[out->n_env] = strdup (json_string_value (value));
+    out->n_env++;
+  }
+}
+
+/* "pty": null, or an object with rows and cols (1..65535). */
+static void
+parse_pty (json_t *root, shim_process_body_t *out, shim_errors_t *e)
+{
+  json_t *pty = json_object_get (root, "pty");
+  if (pty == NULL || json_is_null (pty))
+    return;
+  if (!json_is_object (pty))
+    {
+      shim_errors_add (e, "model_type", "body", "pty", "Input should be a valid dictionary or instance of PtySize");
+      return;
+    }
+  long rows = 0, cols = 0;
+  static const char *const fields[] = {"rows", "cols"};
+  for (size_t i = 0; i < 2; i++)
+    if (json_object_get (pty, fields[i]) == NULL || json_is_null (json_object_get (pty, fields[i])))
+      errors_add_in (e, "missing", "pty", fields[i], "Field required");
+  parse_int_field (pty, "pty", "rows", 1, 65535, &rows, e);
+  parse_int_field (pty, "pty", "cols", 1, 65535, &cols, e);
+  out->rows = (unsigned) rows;
+  out->cols = (unsigned) cols;
+}
+
+bool
+shim_parse_process (const char *content_type, const char *body, size_t len, shim_process_body_t *out,
+                    shim_errors_t *e)
+{
+  memset (out, 0, sizeof *out);
+  json_t *root = parse_object (content_type, body, len, e);
+  if (root == NULL)
+    return false;
+  parse_argv (root, &out->argv, &out->argc, e);
+  parse_env (root, out, e);
+  json_t *cwd = json_object_get (root, "cwd");
+  if (cwd != NULL && !json_is_null (cwd) && !json_is_string (cwd))
+    shim_errors_add (e, "string_type", "body", "cwd", "Input should be a valid string");
+  else if (cwd != NULL && json_is_string (cwd))
+    out->cwd = strdup (json_string_value (cwd));
+  parse_int_field (root, NULL, "timeout", 0, SHIM_TIMEOUT_MAX, &out->timeout, e);
+  parse_pty (root, out, e);
+  json_t *pid = json_object_get (root, "process_id");
+  if (pid != NULL && !json_is_null (pid) && !json_is_string (pid))
+    shim_errors_add (e, "string_type", "body", "process_id", "Input should be a valid string");
+  else if (pid != NULL && json_is_string (pid) && shim_check_id (json_string_value (pid), "body", "process_id", e))
+    strcpy (out->process_id, json_string_value (pid));
+  json_decref (root);
+  if (shim_errors_any (e))
+    {
+      shim_process_body_release (out);
+      return false;
+    }
+  return true;
+}
+
+void
+shim_process_body_release (shim_process_body_t *b)
+{
+  for (size_t i = 0; b->argv != NULL && i < b->argc; i++)
+    free (b->argv[i]);
+  for (size_t i = 0; b->env_keys != NULL && i < b->n_env; i++)
+    {
+      free (b->env_keys[i]);
+      free (b->env_values[i]);
+    }
+  free (b->argv);
+  free (b->env_keys);
+  free (b->env_values);
+  free (b->cwd);
+  memset (b, 0, sizeof *b);
+}
+
+/* Signal names as kill(1) takes them, without their SIG prefix. */
+static const struct
+{
+  const char *name;
+  int number;
+} signal_names[] = {
+    {"HUP", SIGHUP},   {"INT", SIGINT},       {"QUIT", SIGQUIT}, {"ILL", SIGILL},     {"TRAP", SIGTRAP},
+    {"ABRT", SIGABRT}, {"IOT", SIGIOT},       {"BUS", SIGBUS},   {"FPE", SIGFPE},     {"KILL", SIGKILL},
+    {"USR1", SIGUSR1}, {"SEGV", SIGSEGV},     {"USR2", SIGUSR2}, {"PIPE", SIGPIPE},   {"ALRM", SIGALRM},
+    {"TERM", SIGTERM}, {"STKFLT", SIGSTKFLT}, {"CHLD", SIGCHLD}, {"CONT", SIGCONT},   {"STOP", SIGSTOP},
+    {"TSTP", SIGTSTP}, {"TTIN", SIGTTIN},     {"TTOU", SIGTTOU}, {"URG", SIGURG},     {"XCPU", SIGXCPU},
+    {"XFSZ", SIGXFSZ}, {"VTALRM", SIGVTALRM}, {"PROF", SIGPROF}, {"WINCH", SIGWINCH}, {"IO", SIGIO},
+    {"POLL", SIGPOLL}, {"PWR", SIGPWR},       {"SYS", SIGSYS},
+};
+
+int
+shim_signal_number (const char *name)
+{
+  if (strncasecmp (name, "SIG", 3) == 0)
+    name += 3;
+  for (size_t i = 0; i < sizeof signal_names / sizeof signal_names[0]; i++)
+    if (strcasecmp (name, signal_names[i].name) == 0)
+      return signal_names[i].number;
+  return -1;
+}
+
+bool
+shim_parse_signal (const char *content_type, const char *body, size_t len, int *sig, shim_errors_t *e)
+{
+  *sig = 0;
+  json_t *root = parse_object (content_type, body, len, e);
+  if (root == NULL)
+    return false;
+  json_t *v = json_object_get (root, "signal");
+  long n = 0;
+  if (v == NULL || json_is_null (v))
+    shim_errors_add (e, "missing", "body", "signal", "Field required");
+  else if (json_is_string (v) && shim_signal_number (json_string_value (v)) > 0)
+    *sig = shim_signal_number (json_string_value (v));
+  else if ((json_is_string (v) || json_is_integer (v) || json_is_real (v)) && lax_int (v, &n))
+    {
+      if (n < 1 || n > SHIM_SIGNAL_MAX)
+        shim_errors_add (e, "value_error", "body", "signal", "Value error, signal numbers go from 1 to 64");
+      else
+        *sig = (int) n;
+    }
+  else if (json_is_string (v))
+    shim_errors_add (e, "value_error", "body", "signal",
+                     "Value error, unknown signal name (expected e.g. \"SIGTERM\", \"term\" or a number)");
+  else
+    shim_errors_add (e, "value_error", "body", "signal", "Value error, a signal is a name or a number");
+  json_decref (root);
+  return !shim_errors_any (e);
+}
+
+bool
+shim_parse_resize (const char *content_type, const char *body, size_t len, unsigned *rows, unsigned *cols,
+                   shim_errors_t *e)
+{
+  *rows = *cols = 0;
+  json_t *root = parse_object (content_type, body, len, e);
+  if (root == NULL)
+    return false;
+  long r = 0, c = 0;
+  static const char *const fields[] = {"rows", "cols"};
+  for (size_t i = 0; i < 2; i++)
+    if (json_object_get (root, fields[i]) == NULL || json_is_null (json_object_get (root, fields[i])))
+      shim_errors_add (e, "missing", "body", fields[i], "Field required");
+  parse_int_field (root, NULL, "rows", 1, 65535, &r, e);
+  parse_int_field (root, NULL, "cols", 1, 65535, &c, e);
+  json_decref (root);
+  *rows = (unsigned) r;
+  *cols = (unsigned) c;
+  return !shim_errors_any (e);
 }

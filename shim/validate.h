@@ -61,4 +61,37 @@ bool shim_parse_exec (const char *content_type, const char *body, size_t len, sh
                       shim_errors_t *e);
 void shim_exec_body_release (shim_exec_body_t *b);
 
+/* POST /sandboxes/{id}/processes body; every pointer owned (free with
+ * shim_process_body_release). */
+typedef struct shim_process_body_s
+{
+  char **argv;
+  size_t argc;
+  char **env_keys, **env_values;
+  size_t n_env;
+  char *cwd;                        /* NULL: the gateway's default */
+  long timeout;                     /* seconds, 0 (the default): none; at most SHIM_TIMEOUT_MAX */
+  unsigned rows, cols;              /* both 0: no terminal */
+  char process_id[SHIM_ID_MAX + 1]; /* "": the gateway names it */
+} shim_process_body_t;
+
+bool shim_parse_process (const char *content_type, const char *body, size_t len, shim_process_body_t *out,
+                         shim_errors_t *e);
+void shim_process_body_release (shim_process_body_t *b);
+
+/* The highest signal number (SIGRTMAX on Linux). */
+#define SHIM_SIGNAL_MAX 64
+
+/* A signal's number from its name ("SIGTERM", "term": the SIG prefix is
+ * optional, case does not matter), or -1. */
+int shim_signal_number (const char *name);
+
+/* POST .../processes/{pid}/signal body: {"signal": a name or a number from
+ * 1 to SHIM_SIGNAL_MAX}. */
+bool shim_parse_signal (const char *content_type, const char *body, size_t len, int *sig, shim_errors_t *e);
+
+/* POST .../processes/{pid}/resize body: {"rows", "cols"}, each 1..65535. */
+bool shim_parse_resize (const char *content_type, const char *body, size_t len, unsigned *rows, unsigned *cols,
+                        shim_errors_t *e);
+
 #endif

@@ -1,8 +1,13 @@
 /* routes/common: what the REST routes share — unary gateway calls with the
- * shim's credentials, base64, boolean query parameters. No state. */
+ * shim's credentials, base64, boolean query parameters, and NDJSON answers
+ * streamed from a gateway call. State: an NDJSON answer's, per request. */
 #include <openssl/evp.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "common/rpc/rpc.h"
+#include "shim/metrics.h"
 #include "shim/routes/routes.h"
 
 int
@@ -36,4 +41,135 @@ route_query_bool (shim_req_t *r, const char *name, bool *out)
   shim_errors_init (&e);
   shim_errors_add (&e, "bool_parsing", "query", name, "Input should be a valid boolean");
   return shim_errors_take (&e);
+}
+
+/* ---- NDJSON: one JSON event per line as a streaming call's messages arrive ---- */
+
+typedef struct ndjson_s
+{
+  rpc_client_call_t *call;
+  const ProtobufCMessageDescriptor *desc;
+  route_event_fn event;
+  watch_t *watch;
+  char *line;
+  size_t len, off;
+  bool done;
+  bool failed;     /* the call ended with an error before any message */
+  bool any;        /* a message has arrived */
+  rpc_status_t st; /* the call's status when failed */
+} ndjson_t;
+
+/* The call's end: nothing more, or an error line when it failed after a
+ * message (before one, the route answers with a proper status instead). */
+static json_t *
+ndjson_end (ndjson_t *n)
+{
+  rpc_status_t st = RPC_STATUS_INIT;
+  grpc_status_code code = rpc_client_finish (n->call, &st);
+  n->done = true;
+  json_t *ev = NULL;
+  if (code != GRPC_STATUS_OK && !n->any)
+    {
+      n->failed = true;
+      n->st = st; /* moved */
+      return NULL;
+    }
+  if (code != GRPC_STATUS_OK)
+    {
+      metrics_gateway_error (code);
+      ev = json_pack ("{s:s, s:s}", "error", rpc_status_name (code), "detail", st.details ? st.details : "");
+    }
+  rpc_status_release (&st);
+  return ev;
+}
+
+/* Receives the next message into n->line (empty when it renders nothing). */
+static void
+ndjson_next (ndjson_t *n)
+{
+  free (n->line);
+  n->line = NULL;
+  n->len = n->off = 0;
+  ProtobufCMessage *m = NULL;
+  err_t err = ERR_INIT;
+  int rc = rpc_client_recv (n->call, n->desc, &m, &err);
+  err_release (&err);
+  json_t *ev;
+  if (rc <= 0)
+    ev = ndjson_end (n);
+  else
+    {
+      n->any = true;
+      ev = n->event (m);
+      protobuf_c_message_free_unpacked (m, NULL);
+    }
+  if (ev == NULL)
+    return;
+  char *text = json_dumps (ev, JSON_COMPACT);
+  json_decref (ev);
+  if (text != NULL && asprintf (&n->line, "%s\n", text) >= 0)
+    n->len = strlen (n->line);
+  free (text);
+}
+
+static ssize_t
+ndjson_read (void *cls, uint64_t pos, char *buf, size_t max)
+{
+  ndjson_t *n = cls;
+  while (n->off == n->len)
+    {
+      if (n->done)
+        return MHD_CONTENT_READER_END_OF_STREAM;
+      ndjson_next (n);
+    }
+  size_t k = n->len - n->off < max ? n->len - n->off : max;
+  memcpy (buf, n->line + n->off, k);
+  n->off += k;
+  return (ssize_t) k;
+}
+
+static void
+ndjson_free (void *cls)
+{
+  ndjson_t *n = cls;
+  watch_remove (n->watch);
+  rpc_client_destroy (n->call);
+  free (n->line);
+  rpc_status_release (&n->st);
+  free (n);
+}
+
+struct MHD_Response *
+route_ndjson (shim_req_t *r, rpc_client_call_t *c, const ProtobufCMessageDescriptor *desc, route_event_fn event,
+              route_error_fn error, unsigned *status)
+{
+  ndjson_t *n = calloc (1, sizeof *n);
+  if (n == NULL)
+    {
+      rpc_client_destroy (c);
+      return shim_detail (503, "Out of memory", status);
+    }
+  n->call = c;
+  n->desc = desc;
+  n->event = event;
+  n->watch = watch_add (shim_req_fd (r), c);
+  /* The first message decides the status: an unknown sandbox is a 404,
+   * not a 200 with an error line. */
+  ndjson_next (n);
+  if (n->failed)
+    {
+      bool hung_up = watch_remove (n->watch);
+      n->watch = NULL;
+      struct MHD_Response *out
+          = hung_up ? shim_detail (499, "Client closed the request", status) : error (n->st.code, &n->st, status);
+      ndjson_free (n);
+      return out;
+    }
+  /* A command may print nothing for longer than the idle timeout. */
+  MHD_set_connection_option (r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0);
+  struct MHD_Response *resp
+      = MHD_create_response_from_callback (MHD_SIZE_UNKNOWN, 64 * 1024, ndjson_read, n, ndjson_free);
+  MHD_add_response_header (resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-ndjson");
+  *status = 200;
+  return resp;
 }

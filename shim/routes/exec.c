@@ -198,102 +198,26 @@ exit_json (const Sandbox__V1__ExitStatus *x)
   return json_pack ("{s:o, s:b}", "exit_code", code, "timed_out", x->timed_out);
 }
 
-/* NDJSON streaming: one JSON event per line as output arrives. */
-typedef struct ndjson_s
+/* One exec event as an NDJSON line (route_ndjson). */
+static json_t *
+exec_event_json (const ProtobufCMessage *m)
 {
-  rpc_client_call_t *call;
-  watch_t *watch;
-  char *line;
-  size_t len, off;
-  bool done;
-  bool failed;     /* the call ended with an error before any event */
-  bool any;        /* an event has been rendered */
-  rpc_status_t st; /* the call's status when failed */
-} ndjson_t;
-
-static ssize_t
-ndjson_read (void *cls, uint64_t pos, char *buf, size_t max)
-{
-  ndjson_t *n = cls;
-  while (n->off == n->len)
+  const Sandbox__V1__ExecEvent *e = (const Sandbox__V1__ExecEvent *) m;
+  if (e->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDOUT
+      || e->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDERR)
     {
-      free (n->line);
-      n->line = NULL;
-      n->len = n->off = 0;
-      if (n->done)
-        return MHD_CONTENT_READER_END_OF_STREAM;
-      ProtobufCMessage *m = NULL;
-      err_t err = ERR_INIT;
-      int rc = rpc_client_recv (n->call, &sandbox__v1__exec_event__descriptor, &m, &err);
-      err_release (&err);
-      json_t *ev = NULL;
-      if (rc <= 0)
-        {
-          rpc_status_t st = RPC_STATUS_INIT;
-          grpc_status_code code = rpc_client_finish (n->call, &st);
-          n->done = true;
-          if (code != GRPC_STATUS_OK && !n->any)
-            {
-              /* Nothing sent yet: the route answers with a proper status. */
-              n->failed = true;
-              n->st = st; /* moved */
-              return MHD_CONTENT_READER_END_OF_STREAM;
-            }
-          if (code == GRPC_STATUS_OK)
-            ev = NULL;
-          else
-            {
-              metrics_gateway_error (code);
-              ev = json_pack ("{s:s, s:s}", "error", rpc_status_name (code), "detail", st.details ? st.details : "");
-            }
-          rpc_status_release (&st);
-          if (ev == NULL)
-            return MHD_CONTENT_READER_END_OF_STREAM;
-        }
-      else
-        {
-          Sandbox__V1__ExecEvent *e = (Sandbox__V1__ExecEvent *) m;
-          if (e->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDOUT
-              || e->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDERR)
-            {
-              bool out = e->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDOUT;
-              ProtobufCBinaryData d = out ? e->stdout : e->stderr;
-              metrics_bytes (false, d.len);
-              cleanup_free char *b64 = route_base64 (d.data, d.len);
-              ev = json_pack ("{s:s}", out ? "stdout_b64" : "stderr_b64", b64 ? b64 : "");
-            }
-          else if (e->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_EXIT && e->exit != NULL)
-            {
-              ev = exit_json (e->exit);
-              metrics_exec_duration ((double) e->exit->duration_ms / 1000.0);
-            }
-          protobuf_c_message_free_unpacked (m, NULL);
-        }
-      if (ev != NULL)
-        {
-          n->any = true;
-          char *text = json_dumps (ev, JSON_COMPACT);
-          json_decref (ev);
-          if (text != NULL && asprintf (&n->line, "%s\n", text) >= 0)
-            n->len = strlen (n->line);
-          free (text);
-        }
+      bool out = e->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDOUT;
+      ProtobufCBinaryData d = out ? e->stdout : e->stderr;
+      metrics_bytes (false, d.len);
+      cleanup_free char *b64 = route_base64 (d.data, d.len);
+      return json_pack ("{s:s}", out ? "stdout_b64" : "stderr_b64", b64 ? b64 : "");
     }
-  size_t k = n->len - n->off < max ? n->len - n->off : max;
-  memcpy (buf, n->line + n->off, k);
-  n->off += k;
-  return (ssize_t) k;
-}
-
-static void
-ndjson_free (void *cls)
-{
-  ndjson_t *n = cls;
-  watch_remove (n->watch);
-  rpc_client_destroy (n->call);
-  free (n->line);
-  rpc_status_release (&n->st);
-  free (n);
+  if (e->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_EXIT && e->exit != NULL)
+    {
+      metrics_exec_duration ((double) e->exit->duration_ms / 1000.0);
+      return exit_json (e->exit);
+    }
+  return NULL;
 }
 
 static bool
@@ -301,39 +225,6 @@ wants_ndjson (shim_req_t *r)
 {
   const char *accept = MHD_lookup_connection_value (r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
   return accept != NULL && strcasestr (accept, "application/x-ndjson") != NULL;
-}
-
-/* Answers with NDJSON as the exec's events arrive. Takes `c`. */
-static struct MHD_Response *
-exec_ndjson (shim_req_t *r, rpc_client_call_t *c, unsigned *status)
-{
-  ndjson_t *n = calloc (1, sizeof *n);
-  if (n == NULL)
-    {
-      rpc_client_destroy (c);
-      return shim_detail (503, "Out of memory", status);
-    }
-  n->call = c;
-  n->watch = watch_add (shim_req_fd (r), c);
-  /* The first event decides the status: an unknown sandbox is a 404,
-   * not a 200 with an error line. */
-  char first;
-  if (ndjson_read (n, 0, &first, 0) == MHD_CONTENT_READER_END_OF_STREAM && n->failed)
-    {
-      bool hung_up = watch_remove (n->watch);
-      n->watch = NULL;
-      struct MHD_Response *out = hung_up ? shim_detail (499, "Client closed the request", status)
-                                         : shim_gateway_error (n->st.code, &n->st, status);
-      ndjson_free (n);
-      return out;
-    }
-  /* A command may print nothing for longer than the idle timeout. */
-  MHD_set_connection_option (r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0);
-  struct MHD_Response *resp
-      = MHD_create_response_from_callback (MHD_SIZE_UNKNOWN, 64 * 1024, ndjson_read, n, ndjson_free);
-  MHD_add_response_header (resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-ndjson");
-  *status = 200;
-  return resp;
 }
 
 /* The contract's answer, {"exit_code","timed_out","stdout_b64","stderr_b64"}
@@ -506,5 +397,7 @@ route_exec (shim_req_t *r, unsigned *status)
       rpc_status_release (&st);
       return out;
     }
-  return wants_ndjson (r) ? exec_ndjson (r, c, status) : exec_buffered (r, c, status);
+  return wants_ndjson (r)
+             ? route_ndjson (r, c, &sandbox__v1__exec_event__descriptor, exec_event_json, shim_gateway_error, status)
+             : exec_buffered (r, c, status);
 }

@@ -3,7 +3,8 @@
  *
  * The contract (status codes, JSON fields, content types, error shapes)
  * is the one agent backends already speak; the extensions (NDJSON exec,
- * snapshot, connect, list, metrics, the WebSocket terminal) are additive. Every route runs on its
+ * snapshot, connect, list, metrics, detached processes, the WebSocket
+ * terminal) are additive. Every route runs on its
  * connection's thread and may block on the gateway; while it does, the
  * hang-up watcher (hangup.h) cancels the call if the client leaves.
  */
@@ -38,6 +39,14 @@ struct MHD_Response *route_connect (shim_req_t *r, unsigned *status);
 /* terminal.c */
 struct MHD_Response *route_terminal (shim_req_t *r, unsigned *status);
 void route_terminal_cleanup (shim_req_t *r);
+/* processes.c */
+struct MHD_Response *route_process_start (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_process_list (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_process_get (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_process_output (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_process_stdin (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_process_signal (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_process_resize (shim_req_t *r, unsigned *status);
 
 /* common.c */
 /* A whole unary call to the gateway with the shim's credentials. */
@@ -48,5 +57,19 @@ char *route_base64 (const uint8_t *data, size_t len);
 /* Reads the boolean query parameter `name` into *out (unchanged when
  * absent). NULL when fine; otherwise the 422 body (the caller owns it). */
 json_t *route_query_bool (shim_req_t *r, const char *name, bool *out);
+
+/* One message of a streaming call as an NDJSON event: a new JSON object
+ * (the caller takes it), or NULL to send nothing for it. */
+typedef json_t *(*route_event_fn) (const ProtobufCMessage *m);
+/* The answer for a call that failed (shim_gateway_error or a variant). */
+typedef struct MHD_Response *(*route_error_fn) (grpc_status_code code, const rpc_status_t *st, unsigned *status);
+/* Answers with NDJSON (application/x-ndjson): one line per event of the
+ * server-streaming call `c` (taken; `desc` its messages), sent as they
+ * arrive, for as long as the call runs; the hang-up watcher cancels it if
+ * the client leaves. The first message decides the status: a call that
+ * fails before it is answered by `error`, not a 200; one that fails later
+ * ends with an {"error", "detail"} line. */
+struct MHD_Response *route_ndjson (shim_req_t *r, rpc_client_call_t *c, const ProtobufCMessageDescriptor *desc,
+                                   route_event_fn event, route_error_fn error, unsigned *status);
 
 #endif

@@ -16,6 +16,13 @@ const shim_route_t shim_routes[] = {
     {"POST", "/sandboxes/{id}/connect", SHIM_BODY_NONE, true, route_connect, NULL, NULL},
     {"GET", "/sandboxes/{id}/processes/{pid}/terminal", SHIM_BODY_NONE, true, route_terminal, NULL,
      route_terminal_cleanup, true},
+    {"POST", "/sandboxes/{id}/processes", SHIM_BODY_JSON, true, route_process_start, NULL, NULL},
+    {"GET", "/sandboxes/{id}/processes", SHIM_BODY_NONE, true, route_process_list, NULL, NULL},
+    {"GET", "/sandboxes/{id}/processes/{pid}", SHIM_BODY_NONE, true, route_process_get, NULL, NULL},
+    {"GET", "/sandboxes/{id}/processes/{pid}/output", SHIM_BODY_NONE, true, route_process_output, NULL, NULL},
+    {"POST", "/sandboxes/{id}/processes/{pid}/stdin", SHIM_BODY_RAW, true, route_process_stdin, NULL, NULL},
+    {"POST", "/sandboxes/{id}/processes/{pid}/signal", SHIM_BODY_JSON, true, route_process_signal, NULL, NULL},
+    {"POST", "/sandboxes/{id}/processes/{pid}/resize", SHIM_BODY_JSON, true, route_process_resize, NULL, NULL},
     {"GET", "/metrics", SHIM_BODY_NONE, true, route_metrics, NULL, NULL},
 };
 const size_t shim_n_routes = sizeof shim_routes / sizeof shim_routes[0];

@@ -57,6 +57,14 @@ def shim():
     seed("match-route-long", 4, 0x80 | 2, "/sandboxes/" + "x" * 80)
     seed("match-tmpl", 4, 66, "/a/{id}/b", "/a/id/b")
     seed("match-tmpl-cap1", 4, 0, "{id}", "abc")
+    seed("process-ok", 5, 0, "application/json",
+         '{"argv":["sh"],"env":{"A":"1"},"cwd":"/tmp","timeout":0,"pty":{"rows":24,"cols":80},"process_id":"p-1"}')
+    seed("process-bad", 5, 0, "", '{"argv":"x","env":{"A":1},"pty":{"rows":0},"timeout":3601,"process_id":"."}')
+    seed("signal-name", 6, 0, "", '{"signal":"sigterm"}')
+    seed("signal-number", 6, 0, "", '{"signal":"15"}')
+    seed("signal-bad", 6, 0, "", '{"signal":65.0}')
+    seed("resize-ok", 7, 0, "", '{"rows":30,"cols":"100"}')
+    seed("resize-bad", 7, 0, "", '{"rows":70000}')
 
 
 # ---- unpack: tars ----------------------------------------------------------------

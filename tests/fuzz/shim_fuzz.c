@@ -1,7 +1,7 @@
 /* Fuzz target: the shim's request parsing (shim/validate.h) and path
  * matching (shim/router.h).
  *
- * Input: byte 0 selects the function (mod 5), byte 1 is a parameter; the
+ * Input: byte 0 selects the function (mod 8), byte 1 is a parameter; the
  * rest is split at the first NUL into a first part (a content type, an id,
  * a boolean text, a template) and the rest (a body, a URL), which may hold
  * further NULs for the length-based parsers.
@@ -13,6 +13,9 @@
  *   4 shim_match_path (template, url): template is the first part, or one
  *     of the shim's routes when the parameter's high bit is set; id_cap is
  *     1 + parameter % 70
+ *   5 shim_parse_process (content_type, body)
+ *   6 shim_parse_signal (content_type, body)
+ *   7 shim_parse_resize (content_type, body)
  *
  * Besides memory errors, checks what callers rely on: a valid parse has no
  * errors and in-range values, a failed one has errors and owns nothing, a
@@ -47,6 +50,7 @@ static const char *const routes[] = {
     "/sandboxes/{id}/tar",
     "/sandboxes/{id}/snapshot",
     "/sandboxes/{id}/connect",
+    "/sandboxes/{id}/processes",
     "/metrics",
 };
 
@@ -91,7 +95,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 {
   if (size < 2)
     return 0;
-  unsigned sel = data[0] % 5, param = data[1];
+  unsigned sel = data[0] % 8, param = data[1];
   /* first: NUL-terminated copy of the bytes up to the first NUL; rest: the
    * bytes after it (a separate allocation, so ASan sees overreads). */
   const uint8_t *p = data + 2;
@@ -170,9 +174,13 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
         bool too_long = false;
         bool m = shim_match_path (tmpl, url, id, cap, &too_long);
         const char *brace = strstr (tmpl, "{id}");
+        /* The router's templates hold at most one "{id}", as a whole
+         * component; other arbitrary templates are only run, not checked. */
+        bool one_id = brace != NULL && strstr (brace + 4, "{id}") == NULL && (brace == tmpl || brace[-1] == '/')
+                      && (brace[4] == '\0' || brace[4] == '/');
         if (m && brace == NULL)
           CHECK (strcmp (tmpl, url) == 0);
-        else if (m)
+        else if (m && one_id)
           {
             size_t idlen = strnlen (id, cap);
             CHECK (idlen < cap);
@@ -190,6 +198,50 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
           }
         free (id);
         check_errors (&e, false);
+        break;
+      }
+    case 5:
+      {
+        shim_process_body_t b;
+        char *body = malloc (rlen ? rlen : 1);
+        memcpy (body, rest, rlen);
+        bool ok = shim_parse_process (flen ? first : NULL, body, rlen, &b, &e);
+        if (ok)
+          {
+            CHECK (b.argc >= 1 && b.argv != NULL && b.argv[b.argc] == NULL);
+            for (size_t i = 0; i < b.n_env; i++)
+              CHECK (b.env_keys[i] != NULL && b.env_values[i] != NULL);
+            CHECK (b.timeout >= 0 && b.timeout <= SHIM_TIMEOUT_MAX);
+            CHECK ((b.rows == 0) == (b.cols == 0) && b.rows <= 65535 && b.cols <= 65535);
+            CHECK (b.process_id[0] == '\0' || id_ok (b.process_id));
+          }
+        else
+          CHECK (b.argv == NULL && b.env_keys == NULL && b.cwd == NULL);
+        check_errors (&e, !ok);
+        shim_process_body_release (&b);
+        free (body);
+        break;
+      }
+    case 6:
+      {
+        int sig = -1;
+        char *body = malloc (rlen ? rlen : 1);
+        memcpy (body, rest, rlen);
+        bool ok = shim_parse_signal (flen ? first : NULL, body, rlen, &sig, &e);
+        CHECK (!ok || (sig >= 1 && sig <= SHIM_SIGNAL_MAX));
+        check_errors (&e, !ok);
+        free (body);
+        break;
+      }
+    case 7:
+      {
+        unsigned rows = 0, cols = 0;
+        char *body = malloc (rlen ? rlen : 1);
+        memcpy (body, rest, rlen);
+        bool ok = shim_parse_resize (flen ? first : NULL, body, rlen, &rows, &cols, &e);
+        CHECK (!ok || (rows >= 1 && rows <= 65535 && cols >= 1 && cols <= 65535));
+        check_errors (&e, !ok);
+        free (body);
         break;
       }
     }

@@ -1,8 +1,9 @@
 """sandbox-shim: the REST contract, row by row, against a real gateway.
 
 Every status code of the contract, every validation case (FastAPI-shaped
-422s), the bearer check, the extensions (snapshot, connect, list, metrics),
-the output cap, the access log, and 502 when the gateway is unreachable.
+422s), the bearer check (of every route, the process routes too), the
+extensions (snapshot, connect, list, metrics), the output cap, the access
+log, and 502 when the gateway is unreachable.
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ AUTH_ROUTES = [
     ("POST", "/sandboxes/authcheck/snapshot", None),
     ("POST", "/sandboxes/authcheck/connect", None),
     ("GET", "/sandboxes/authcheck/processes/p/terminal", None),
+    ("POST", "/sandboxes/authcheck/processes", {"argv": ["true"]}),
+    ("GET", "/sandboxes/authcheck/processes", None),
+    ("GET", "/sandboxes/authcheck/processes/p", None),
+    ("GET", "/sandboxes/authcheck/processes/p/output", None),
+    ("POST", "/sandboxes/authcheck/processes/p/stdin", b"x"),
+    ("POST", "/sandboxes/authcheck/processes/p/signal", {"signal": "TERM"}),
+    ("POST", "/sandboxes/authcheck/processes/p/resize", {"rows": 1, "cols": 1}),
     ("GET", "/metrics", None),
 ]
 AUTH_IDS = [f"{m} {p}" for m, p, _ in AUTH_ROUTES]

@@ -1,8 +1,9 @@
 /* response_test: the shim's one mapping of failed gateway calls to HTTP
  * statuses (shim_http_status in shim/response.c) for every gRPC code, the
  * difference between the gateway's own UNAVAILABLE (503) and no gateway at
- * all (502), and shim_gateway_error answering with that status and counting
- * the failure in the metrics.
+ * all (502), and shim_gateway_error (and its variant that keeps the
+ * gateway's detail, shim_gateway_error_named) answering with that status
+ * and counting the failure in the metrics.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -33,7 +34,7 @@ static const struct
     {GRPC_STATUS_ALREADY_EXISTS, 409},
     {GRPC_STATUS_PERMISSION_DENIED, 502},
     {GRPC_STATUS_RESOURCE_EXHAUSTED, 429},
-    {GRPC_STATUS_FAILED_PRECONDITION, 502},
+    {GRPC_STATUS_FAILED_PRECONDITION, 409},
     {GRPC_STATUS_ABORTED, 502},
     {GRPC_STATUS_OUT_OF_RANGE, 502},
     {GRPC_STATUS_UNIMPLEMENTED, 502},
@@ -124,6 +125,29 @@ test_gateway_error_tells_unavailable_apart_by_origin (void **state)
   MHD_destroy_response (resp);
 }
 
+static void
+test_gateway_error_named_keeps_the_gateway_detail_of_404_and_409 (void **state)
+{
+  static const grpc_status_code codes[]
+      = {GRPC_STATUS_NOT_FOUND, GRPC_STATUS_ALREADY_EXISTS, GRPC_STATUS_FAILED_PRECONDITION, GRPC_STATUS_INTERNAL};
+  for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+    {
+      unsigned long long before = gateway_errors_counted (codes[i]);
+      rpc_status_t st = {codes[i], (char *) "no process `p` in sandbox `s`", true};
+      unsigned status = 0;
+      struct MHD_Response *resp = shim_gateway_error_named (codes[i], &st, &status);
+      assert_non_null (resp);
+      assert_int_equal (status, shim_http_status (codes[i], true));
+      MHD_destroy_response (resp);
+      assert_int_equal (gateway_errors_counted (codes[i]), before + 1);
+    }
+  /* Without a detail: the contract's answer. */
+  unsigned status = 0;
+  struct MHD_Response *resp = shim_gateway_error_named (GRPC_STATUS_NOT_FOUND, NULL, &status);
+  assert_int_equal (status, 404);
+  MHD_destroy_response (resp);
+}
+
 int
 main (void)
 {
@@ -133,6 +157,7 @@ main (void)
       cmocka_unit_test (test_codes_outside_the_table_are_bad_gateway),
       cmocka_unit_test (test_gateway_error_answers_with_the_mapped_status_and_counts_it),
       cmocka_unit_test (test_gateway_error_tells_unavailable_apart_by_origin),
+      cmocka_unit_test (test_gateway_error_named_keeps_the_gateway_detail_of_404_and_409),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
