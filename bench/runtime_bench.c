@@ -41,6 +41,7 @@
 #include "bench/bench_common.h"
 #include "common/err.h"
 #include "common/rpc/rpc.h"
+#include "proto/sandbox/v1/sandbox.pb-c.h"
 
 #define PROG "runtime_bench"
 
@@ -539,6 +540,159 @@ bench_throughput (void)
   pool_drain ();
 }
 
+/* One Run event; stdout bytes are added to *out_bytes, the exit sets
+ * *exited. -1 with *err when the call failed, 0 at its end. */
+static int
+run_next (rpc_client_call_t *c, uint64_t *out_bytes, bool *exited, err_t *err)
+{
+  ProtobufCMessage *m = NULL;
+  int rc = rpc_client_recv (c, &sandbox__v1__process_event__descriptor, &m, err);
+  if (rc <= 0)
+    return rc;
+  Sandbox__V1__ProcessEvent *ev = (Sandbox__V1__ProcessEvent *) m;
+  if (ev->event_case == SANDBOX__V1__PROCESS_EVENT__EVENT_STDOUT)
+    *out_bytes += ev->stdout.len;
+  else if (ev->event_case == SANDBOX__V1__PROCESS_EVENT__EVENT_EXIT)
+    *exited = true;
+  protobuf_c_message_free_unpacked (m, NULL);
+  return 1;
+}
+
+/* A Run call with `first` as its first message. */
+static rpc_client_call_t *
+run_open (const Sandbox__V1__ProcessInput *first)
+{
+  err_t err = ERR_INIT;
+  rpc_client_call_t *c = NULL;
+  if (rpc_client_start (CH, "/sandbox.v1.Sandbox/Run", 600000, BC_MD, 1, &c, &err) < 0
+      || rpc_client_send (c, &first->base, &err) < 0)
+    bc_die (PROG, "Run", &err);
+  return c;
+}
+
+/* Reads a Run call to its end and checks its status. */
+static void
+run_close (rpc_client_call_t *c, uint64_t *out_bytes)
+{
+  err_t err = ERR_INIT;
+  bool exited = false;
+  int rc;
+  while ((rc = run_next (c, out_bytes, &exited, &err)) > 0)
+    ;
+  if (rc < 0 || bc_call_finish (c, "Run", &err) < 0)
+    bc_die (PROG, "Run", &err);
+}
+
+/* Run: the interactive round trip (one byte to `cat`, no terminal, and back)
+ * against a unary Get on the same channel; then an attachment replaying
+ * 1 MiB of a detached process's buffered output, against the same MiB
+ * through Exec. */
+static void
+bench_run (void)
+{
+  char id[80];
+  snprintf (id, sizeof id, "%s-run", O.prefix);
+  err_t err = ERR_INIT;
+  if (bc_launch (CH, id, &err) < 0)
+    bc_die (PROG, "launch", &err);
+
+  char *cat[] = {"cat"};
+  Sandbox__V1__ProcessStart start = SANDBOX__V1__PROCESS_START__INIT;
+  start.sandbox_id = id;
+  start.argv = cat;
+  start.n_argv = 1;
+  Sandbox__V1__ProcessInput in = SANDBOX__V1__PROCESS_INPUT__INIT;
+  in.input_case = SANDBOX__V1__PROCESS_INPUT__INPUT_START;
+  in.start = &start;
+  rpc_client_call_t *c = run_open (&in);
+  uint64_t got = 0;
+  bool exited = false;
+  if (run_next (c, &got, &exited, &err) <= 0) /* started */
+    bc_die (PROG, "Run start", &err);
+  Sandbox__V1__ProcessInput byte = SANDBOX__V1__PROCESS_INPUT__INIT;
+  byte.input_case = SANDBOX__V1__PROCESS_INPUT__INPUT_STDIN;
+  byte.stdin = (ProtobufCBinaryData){.len = 1, .data = (uint8_t *) "x"};
+  bc_series_t rtt = {0}, get = {0};
+  fprintf (stderr, PROG ": run: %d warm-up + %d round trips of each\n", O.exec_warmup, O.exec_n);
+  for (int i = 0; i < O.exec_warmup + O.exec_n; i++)
+    {
+      bool rec = i >= O.exec_warmup;
+      uint64_t want = got + 1;
+      double t0 = bc_now_ms ();
+      if (rpc_client_send (c, &byte.base, &err) < 0)
+        bc_die (PROG, "Run stdin", &err);
+      while (got < want)
+        if (run_next (c, &got, &exited, &err) <= 0)
+          bc_die (PROG, "Run output", &err);
+      if (rec)
+        bc_series_add (&rtt, bc_now_ms () - t0);
+      t0 = bc_now_ms ();
+      if (bc_get (CH, id, &err) < 0)
+        bc_die (PROG, "get", &err);
+      if (rec)
+        bc_series_add (&get, bc_now_ms () - t0);
+    }
+  if (rpc_client_close_send (c, &err) < 0)
+    bc_die (PROG, "Run close", &err);
+  run_close (c, &got);
+  bc_row_add ("Run: 1 byte to cat and back", "ms", &rtt, 99, "unary Get", &get);
+
+  /* A detached process whose 1 MiB of output waits in its buffer. */
+  const size_t mib = 1024 * 1024;
+  char *spew[] = {"sh", "-c", "head -c 1048576 /dev/zero; exec sleep 100000"};
+  Sandbox__V1__ProcessStart dstart = SANDBOX__V1__PROCESS_START__INIT;
+  dstart.sandbox_id = id;
+  dstart.argv = spew;
+  dstart.n_argv = 3;
+  dstart.detach = true;
+  dstart.process_id = "spew";
+  in.start = &dstart;
+  c = run_open (&in);
+  got = 0;
+  while (got < mib)
+    if (run_next (c, &got, &exited, &err) <= 0)
+      bc_die (PROG, "Run detached", &err);
+  rpc_client_cancel (c); /* the process runs on */
+  rpc_client_destroy (c);
+
+  Sandbox__V1__ProcessAttach att = SANDBOX__V1__PROCESS_ATTACH__INIT;
+  att.sandbox_id = id;
+  att.process_id = "spew";
+  att.replay = true;
+  att.no_follow = true;
+  Sandbox__V1__ProcessInput ain = SANDBOX__V1__PROCESS_INPUT__INIT;
+  ain.input_case = SANDBOX__V1__PROCESS_INPUT__INPUT_ATTACH;
+  ain.attach = &att;
+  char *head[] = {"head", "-c", "1048576", "/dev/zero"};
+  bc_series_t replay = {0}, exec = {0};
+  int n = O.exec_n / 3 > 10 ? O.exec_n / 3 : 10;
+  for (int i = 0; i < n + 3; i++)
+    {
+      bool rec = i >= 3;
+      double t0 = bc_now_ms ();
+      c = run_open (&ain);
+      if (rpc_client_close_send (c, &err) < 0)
+        bc_die (PROG, "attach", &err);
+      got = 0;
+      run_close (c, &got);
+      if (got != mib)
+        {
+          fprintf (stderr, PROG ": replay gave %llu bytes, expected %zu\n", (unsigned long long) got, mib);
+          exit (1);
+        }
+      if (rec)
+        bc_series_add (&replay, bc_now_ms () - t0);
+      t0 = bc_now_ms ();
+      if (bc_exec (CH, id, head, 4, 0, &got, &err) < 0)
+        bc_die (PROG, "exec head", &err);
+      if (rec)
+        bc_series_add (&exec, bc_now_ms () - t0);
+    }
+  bc_row_add ("attach, replay 1 MiB buffered", "ms", &replay, 99, "Exec of head -c 1M", &exec);
+  pool_delete (id);
+  pool_drain ();
+}
+
 static void
 bench_memory (void)
 {
@@ -866,7 +1020,7 @@ usage (FILE *f)
               "  --exec N                exec runs (default 300), --exec-warmup N (default 30)\n"
               "  --tput N                throughput runs (default 3), --tput-mib N (default 1024)\n"
               "  --sandboxes N           idle sandboxes for the memory test (default 200; 0 skips)\n"
-              "  --only LIST             comma-separated subset of launch,exec,tput,mem,density,scale\n"
+              "  --only LIST             comma-separated subset of launch,exec,run,tput,mem,density,scale\n"
               "                          (default: all but scale)\n"
               "  --density LIST          live sandboxes at which launch is timed (default 10,1000,3000)\n"
               "  --density-launches N    launches timed at each of them (default 30)\n"
@@ -901,7 +1055,7 @@ main (int argc, char **argv)
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0},
   };
-  const char *only = "launch,exec,tput,mem,density";
+  const char *only = "launch,exec,run,tput,mem,density";
   int ch;
   while ((ch = getopt_long (argc, argv, "h", lo, NULL)) != -1)
     switch (ch)
@@ -967,7 +1121,7 @@ main (int argc, char **argv)
   {
     const char *name;
     void (*fn) (void);
-  } stages[] = {{"launch", bench_launch}, {"exec", bench_exec},       {"tput", bench_throughput},
+  } stages[] = {{"launch", bench_launch}, {"exec", bench_exec},       {"tput", bench_throughput}, {"run", bench_run},
                 {"mem", bench_memory},    {"density", bench_density}, {"scale", bench_scale}};
   for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++)
     {

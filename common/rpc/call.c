@@ -87,6 +87,12 @@ rpc_call_recv (rpc_call_t *c, const ProtobufCMessageDescriptor *desc, ProtobufCM
   return rc < 0 ? -1 : 1;
 }
 
+void
+rpc_call_quick_half_close (rpc_call_t *c)
+{
+  c->quick_half_close = true;
+}
+
 int
 rpc_call_recv_raw (rpc_call_t *c, grpc_byte_buffer **out, err_t *err)
 {
@@ -119,7 +125,7 @@ rpc_call_recv_raw (rpc_call_t *c, grpc_byte_buffer **out, err_t *err)
       /* The end of the client's stream: a half-close — or a cancellation,
        * whose close notice follows at once. Tell them apart, so that a
        * client that gave up never has its partial stream taken as whole. */
-      if (!c->closed)
+      if (!c->closed && !c->quick_half_close)
         {
           gpr_timespec soon = rpc_deadline_in_ms (5);
           if (grpc_completion_queue_pluck (c->cq, &c->close_tag, soon, NULL).type == GRPC_OP_COMPLETE)

@@ -76,6 +76,7 @@ struct rpc_call_s
   bool md_sent;  /* initial metadata has gone out */
   bool finished; /* the status has gone out */
   bool half_closed;
+  bool quick_half_close; /* rpc_call_quick_half_close */
   bool peer_gone;
   grpc_byte_buffer *reply;
   /* Admission (server.c; `server->mu` guards the list and `waiting`). */

@@ -234,6 +234,12 @@ int rpc_call_finish (rpc_call_t *call, grpc_status_code code, const char *detail
  * server is cancelling calls at shutdown. Cheap; does not block. */
 bool rpc_call_cancelled (rpc_call_t *call);
 
+/* From now on the end of the client's stream is taken as its half-close at
+ * once, without the short wait (a few ms) that tells a half-close from a
+ * cancellation: for a handler that watches for cancellation itself (e.g.
+ * with rpc_call_wait_closed) and answers a half-close promptly. */
+void rpc_call_quick_half_close (rpc_call_t *call);
+
 /* Waits until the call is over (finished by the handler, or cancelled);
  * true when it was cancelled. For a handler's second thread that watches a
  * stream whose input has ended: it must be the only one looking (no

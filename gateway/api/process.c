@@ -425,6 +425,12 @@ api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   bool attach = in->input_case == SANDBOX__V1__PROCESS_INPUT__INPUT_ATTACH && in->attach != NULL;
   if (!attach && (in->input_case != SANDBOX__V1__PROCESS_INPUT__INPUT_START || in->start == NULL))
     return err_make (err, EINVAL, "Run: the first message must be `start` or `attach`");
+  /* An attacher's half-close ends nothing of the process's (its stdin stays
+   * open): no need to tell it from a cancellation before going on. The
+   * call's own command keeps the check: a cancelled stream must not end in
+   * an EOF its command could take for a complete input. */
+  if (attach)
+    rpc_call_quick_half_close (call);
   cleanup_free char **argv = NULL;
   __attribute__ ((cleanup (cleanup_env_fn))) char **env = NULL;
   sbx_exec_req_t xr;
