@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cleanup.h"
 #include "common/rpc/rpc.h"
 #include "shim/metrics.h"
 #include "shim/routes/routes.h"
@@ -172,4 +173,45 @@ route_ndjson (shim_req_t *r, rpc_client_call_t *c, const ProtobufCMessageDescrip
   MHD_add_response_header (resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-ndjson");
   *status = 200;
   return resp;
+}
+
+rpc_client_call_t *
+route_call_open (const char *method, int64_t timeout_ms, const ProtobufCMessage *first,
+                 const ProtobufCMessage *const *rest, size_t n, bool half_close, rpc_status_t *st)
+{
+  err_t err = ERR_INIT;
+  rpc_client_call_t *c = NULL;
+  int rc = rpc_client_start (shim.channel, method, timeout_ms, shim.md, shim.n_md, &c, &err);
+  if (rc == 0)
+    rc = rpc_client_send (c, first, &err);
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    rc = rpc_client_send (c, rest[i], &err);
+  if (rc == 0 && half_close)
+    rc = rpc_client_close_send (c, &err);
+  if (rc == 0)
+    {
+      err_release (&err);
+      return c;
+    }
+  if (c != NULL)
+    {
+      /* The gateway ended the call: its status says why. */
+      rpc_client_finish (c, st);
+      rpc_client_destroy (c);
+    }
+  else
+    {
+      st->code = GRPC_STATUS_UNAVAILABLE;
+      st->details = strdup (err_msg (&err));
+    }
+  err_release (&err);
+  return NULL;
+}
+
+json_t *
+route_output_json (bool stdout_, ProtobufCBinaryData d)
+{
+  metrics_bytes (false, d.len);
+  cleanup_free char *b64 = route_base64 (d.data, d.len);
+  return json_pack ("{s:s}", stdout_ ? "stdout_b64" : "stderr_b64", b64 ? b64 : "");
 }

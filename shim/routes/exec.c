@@ -162,27 +162,8 @@ exec_start (shim_req_t *r, const shim_exec_body_t *b, rpc_status_t *st)
   req.argv = b->argv;
   req.n_argv = b->argc;
   req.timeout_seconds = (uint32_t) b->timeout;
-  err_t err = ERR_INIT;
-  rpc_client_call_t *c = NULL;
-  if (rpc_client_start (shim.channel, "/sandbox.v1.Sandbox/Exec", b->timeout * 1000 + ROUTE_EXEC_MARGIN_MS, shim.md,
-                        shim.n_md, &c, &err)
-          < 0
-      || rpc_client_send (c, &req.base, &err) < 0 || rpc_client_close_send (c, &err) < 0)
-    {
-      if (c != NULL)
-        {
-          rpc_client_finish (c, st);
-          rpc_client_destroy (c);
-        }
-      else
-        {
-          st->code = GRPC_STATUS_UNAVAILABLE;
-          st->details = strdup (err_msg (&err));
-        }
-      err_release (&err);
-      return NULL;
-    }
-  return c;
+  return route_call_open ("/sandbox.v1.Sandbox/Exec", b->timeout * 1000 + ROUTE_EXEC_MARGIN_MS, &req.base, NULL, 0,
+                          true, st);
 }
 
 static json_t *
@@ -207,10 +188,7 @@ exec_event_json (const ProtobufCMessage *m)
       || e->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDERR)
     {
       bool out = e->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDOUT;
-      ProtobufCBinaryData d = out ? e->stdout : e->stderr;
-      metrics_bytes (false, d.len);
-      cleanup_free char *b64 = route_base64 (d.data, d.len);
-      return json_pack ("{s:s}", out ? "stdout_b64" : "stderr_b64", b64 ? b64 : "");
+      return route_output_json (out, out ? e->stdout : e->stderr);
     }
   if (e->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_EXIT && e->exit != NULL)
     {

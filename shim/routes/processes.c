@@ -63,10 +63,7 @@ process_event_json (const ProtobufCMessage *m)
       || e->event_case == SANDBOX__V1__PROCESS_EVENT__EVENT_STDERR)
     {
       bool out = e->event_case == SANDBOX__V1__PROCESS_EVENT__EVENT_STDOUT;
-      ProtobufCBinaryData d = out ? e->stdout : e->stderr;
-      metrics_bytes (false, d.len);
-      cleanup_free char *b64 = route_base64 (d.data, d.len);
-      return json_pack ("{s:s}", out ? "stdout_b64" : "stderr_b64", b64 ? b64 : "");
+      return route_output_json (out, out ? e->stdout : e->stderr);
     }
   if (e->event_case == SANDBOX__V1__PROCESS_EVENT__EVENT_EXIT && e->exit != NULL)
     return exit_status_json (e->exit);
@@ -85,40 +82,13 @@ call_error (rpc_status_t *st, bool hung_up, unsigned *status)
 
 /* ---- Run calls ----------------------------------------------------------------- */
 
-/* Starts a Run call and sends `first` (`start` or `attach`), then the `n`
- * messages of `rest`; with `half_close`, says that no more follow. NULL
- * with *st filled when that fails. */
+/* Starts a Run call: `first` (`start` or `attach`), then `rest`. */
 static rpc_client_call_t *
 run_open (const Sandbox__V1__ProcessInput *first, Sandbox__V1__ProcessInput *const *rest, size_t n, bool half_close,
           int64_t timeout_ms, rpc_status_t *st)
 {
-  err_t err = ERR_INIT;
-  rpc_client_call_t *c = NULL;
-  int rc = rpc_client_start (shim.channel, RUN_METHOD, timeout_ms, shim.md, shim.n_md, &c, &err);
-  if (rc == 0)
-    rc = rpc_client_send (c, &first->base, &err);
-  for (size_t i = 0; rc == 0 && i < n; i++)
-    rc = rpc_client_send (c, &rest[i]->base, &err);
-  if (rc == 0 && half_close)
-    rc = rpc_client_close_send (c, &err);
-  if (rc == 0)
-    {
-      err_release (&err);
-      return c;
-    }
-  if (c != NULL)
-    {
-      /* The gateway ended the call: its status says why. */
-      rpc_client_finish (c, st);
-      rpc_client_destroy (c);
-    }
-  else
-    {
-      st->code = GRPC_STATUS_UNAVAILABLE;
-      st->details = strdup (err_msg (&err));
-    }
-  err_release (&err);
-  return NULL;
+  return route_call_open (RUN_METHOD, timeout_ms, &first->base, (const ProtobufCMessage *const *) rest, n, half_close,
+                          st);
 }
 
 /* An `attach` to the request's process as a first message. */

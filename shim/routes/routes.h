@@ -52,6 +52,15 @@ struct MHD_Response *route_process_resize (shim_req_t *r, unsigned *status);
 /* A whole unary call to the gateway with the shim's credentials. */
 int route_unary (const char *method, const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,
                  ProtobufCMessage **resp, rpc_status_t *st, int64_t timeout_ms);
+/* Starts a call of `method` with the shim's credentials and sends `first`,
+ * then the `n` messages of `rest`; with `half_close`, says that no more
+ * follow. NULL with *st filled when that fails (UNAVAILABLE when the call
+ * could not start, else the gateway's status). */
+rpc_client_call_t *route_call_open (const char *method, int64_t timeout_ms, const ProtobufCMessage *first,
+                                    const ProtobufCMessage *const *rest, size_t n, bool half_close, rpc_status_t *st);
+/* An output event as an NDJSON line's object: {"stdout_b64"} or
+ * {"stderr_b64"}; counts the bytes in the metrics. */
+json_t *route_output_json (bool stdout_, ProtobufCBinaryData d);
 /* Base64 of `data` (caller frees), NULL when out of memory. */
 char *route_base64 (const uint8_t *data, size_t len);
 /* Reads the boolean query parameter `name` into *out (unchanged when
