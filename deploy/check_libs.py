@@ -39,6 +39,22 @@ DEFAULT_DIRS = [
 ]
 
 
+
+def in_base_layout(base, path):
+    """`path` as the base lays it out: a directory the base has as a symlink
+    (Debian's /lib -> usr/lib) is followed, so that the app layer adds a
+    file there instead of a real directory that would hide the link."""
+    parts = path.strip("/").split("/")
+    out = ""
+    for i, part in enumerate(parts[:-1]):
+        cand = out + "/" + part
+        link = os.path.join(base, cand.lstrip("/"))
+        if os.path.islink(link):
+            target = os.readlink(link)
+            cand = os.path.normpath(target if target.startswith("/") else os.path.join(out or "/", target))
+        out = cand
+    return out + "/" + parts[-1]
+
 def readelf(args: list[str], path: str) -> str:
     return subprocess.run(["readelf", "-W", *args, path], check=True, capture_output=True, text=True).stdout
 
@@ -146,7 +162,7 @@ def main(argv: list[str]) -> int:
                         break
                 if hit is None and soname in host:
                     # Not in the base: bring the build machine's copy along.
-                    image_path = host[soname]
+                    image_path = in_base_layout(base, host[soname])
                     dest = os.path.join(stage, image_path.lstrip("/"))
                     os.makedirs(os.path.dirname(dest), exist_ok=True)
                     shutil.copy2(os.path.realpath(image_path), dest)
