@@ -596,6 +596,7 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
       pthread_mutex_lock (&rt->mu);
       before = s->cg_seen;
       s->cg_seen = after;
+      s->last_used_ms = sbx_mono_ms (); /* as sbx_release would, before the answer */
       pthread_mutex_unlock (&rt->mu);
       describe_limits (rt, &before, &after, res);
       /* The answer goes out before the clean-up below. */
