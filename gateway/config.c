@@ -17,7 +17,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 41
+#define N_VARS 42
 
 /* The table of variables, with targets in *c. */
 static void
@@ -121,6 +121,8 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
       {"SANDBOX_IDLE_TTL_COUNTS_PROCESSES", CFG_BOOL, "false",
        "a running detached process keeps its sandbox from being deleted as idle", 0, 0, &c->idle_counts_processes,
        NULL, false},
+      {"SANDBOX_MAX_WATCHES", CFG_INT, "16", "most Watch calls (file change streams) running at once on one sandbox",
+       1, 1024, &c->max_watches, NULL, false},
   };
   _Static_assert(sizeof table / sizeof table[0] == N_VARS, "N_VARS matches the table");
   memcpy (vars, table, sizeof table);
@@ -328,6 +330,7 @@ gw_config_runtime (const gw_config_t *c, sbx_config_t *out)
       .max_processes = c->max_processes,
       .process_retain = c->process_retain,
       .process_buffer_bytes = c->process_buffer_bytes,
+      .max_watches = c->max_watches,
       .idle_counts_processes = c->idle_counts_processes,
   };
 }

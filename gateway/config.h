@@ -65,6 +65,7 @@ typedef struct gw_config_s
   long max_processes;
   long process_retain;
   long process_buffer_bytes;
+  long max_watches;
   bool idle_counts_processes;
 
   /* Derived by gw_config_load. */

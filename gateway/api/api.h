@@ -1,5 +1,6 @@
 /* api: the sandbox.v1.Sandbox service — authentication and dispatch to the
- * handlers of each group of methods (sandbox.c, snapshot.c).
+ * handlers of each group of methods (sandbox.c, process.c, snapshot.c,
+ * files.c).
  *
  * Every method is guarded by the bearer secret (CLOUD_RUN_SANDBOX_GATEWAY_
  * SECRET): with no secret configured every call fails UNAVAILABLE ("gateway

@@ -24,6 +24,16 @@ int api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_list_processes (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_signal_process (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 
+/* files.c */
+int api_read_file (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_write_file (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_list_dir (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_stat (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_remove (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_rename (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_make_dir (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_watch (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+
 /* snapshot.c */
 int api_restore (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_export (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);

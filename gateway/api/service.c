@@ -30,6 +30,14 @@ static const api_method_t api_methods[] = {
     {"/sandbox.v1.Sandbox/Get", api_get},
     {"/sandbox.v1.Sandbox/List", api_list},
     {"/sandbox.v1.Sandbox/Status", api_status},
+    {"/sandbox.v1.Sandbox/ReadFile", api_read_file},
+    {"/sandbox.v1.Sandbox/WriteFile", api_write_file},
+    {"/sandbox.v1.Sandbox/ListDir", api_list_dir},
+    {"/sandbox.v1.Sandbox/Stat", api_stat},
+    {"/sandbox.v1.Sandbox/Remove", api_remove},
+    {"/sandbox.v1.Sandbox/Rename", api_rename},
+    {"/sandbox.v1.Sandbox/MakeDir", api_make_dir},
+    {"/sandbox.v1.Sandbox/Watch", api_watch},
 };
 
 #define N_METHODS (sizeof api_methods / sizeof api_methods[0])

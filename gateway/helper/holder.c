@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "common/cleanup.h"
+#include "gateway/helper/files.h"
 #include "gateway/helper/helper.h"
 
 /* A command started by the holder, and where its end is reported. */
@@ -146,7 +147,47 @@ open_pty (uint16_t rows, uint16_t cols, int *master, int *slave, err_t *err)
   return 0;
 }
 
-/* Serves the one exec request of connection `ctl`. */
+/* Room for one more running child. false: out of memory. */
+static bool
+running_room (void)
+{
+  if (n_running < cap_running)
+    return true;
+  size_t cap = cap_running ? cap_running * 2 : 16;
+  running_t *g = realloc (running, cap * sizeof *g);
+  if (g == NULL)
+    return false;
+  running = g;
+  cap_running = cap;
+  return true;
+}
+
+/* A file request: a child performs it inside the sandbox (files.c) and
+ * its exit is reported on the request's report socket, as a command's. */
+static void
+serve_file_request (int ctl, const sbx_confine_t *confine, char *buf, size_t len, int *fds, size_t n_fds)
+{
+  if (n_fds != SBX_FILE_FDS || !running_room ())
+    {
+      for (size_t i = 0; i < n_fds; i++)
+        close (fds[i]);
+      return; /* the gateway sees the stream end without an answer */
+    }
+  pid_t pid = fork ();
+  if (pid == 0)
+    {
+      close (ctl);
+      helper_file_child (confine, buf, len, fds);
+    }
+  if (pid > 0)
+    running[n_running++] = (running_t){pid, fds[1]};
+  for (size_t i = 0; i < SBX_FILE_FDS; i++)
+    if (i != 1 || pid < 0)
+      close (fds[i]);
+}
+
+/* Serves the one request (a command or a file operation) of connection
+ * `ctl`. */
 static void
 serve_request (int ctl, const sbx_confine_t *confine, char *buf)
 {
@@ -155,6 +196,14 @@ serve_request (int ctl, const sbx_confine_t *confine, char *buf)
   ssize_t n = sbx_recv_fds (ctl, buf, SBX_EXEC_MAX, fds, &n_fds, SBX_EXEC_FDS);
   if (n <= 0)
     return; /* closed without a request */
+  uint32_t magic = 0;
+  if ((size_t) n >= sizeof magic)
+    memcpy (&magic, buf, sizeof magic);
+  if (magic == SBX_FILE_MAGIC)
+    {
+      serve_file_request (ctl, confine, buf, (size_t) n, fds, n_fds);
+      return;
+    }
   if (n_fds != SBX_EXEC_FDS)
     {
       for (size_t i = 0; i < n_fds; i++)
@@ -183,19 +232,12 @@ serve_request (int ctl, const sbx_confine_t *confine, char *buf)
         close (fds[i]);
       return;
     }
-  if (n_running == cap_running)
+  if (!running_room ())
     {
-      size_t cap = cap_running ? cap_running * 2 : 16;
-      running_t *g = realloc (running, cap * sizeof *g);
-      if (g == NULL)
-        {
-          helper_report (fds[3], SBX_REPORT_ERROR, ENOMEM, 0, 0, "the sandbox's pid 1 is out of memory");
-          for (int i = 0; i < SBX_EXEC_FDS; i++)
-            close (fds[i]);
-          return;
-        }
-      running = g;
-      cap_running = cap;
+      helper_report (fds[3], SBX_REPORT_ERROR, ENOMEM, 0, 0, "the sandbox's pid 1 is out of memory");
+      for (int i = 0; i < SBX_EXEC_FDS; i++)
+        close (fds[i]);
+      return;
     }
   pid_t pid = fork ();
   if (pid == 0)

@@ -190,8 +190,8 @@ check_request (const sbx_exec_req_t *req, err_t *err)
 /* A connection to the sandbox's pid 1: its control socket <state>/ctl,
  * named through /proc/self/fd (the state path may be longer than a socket
  * address allows). */
-static int
-connect_holder (const char *state, const char *id, err_t *err)
+int
+sbx_connect_holder (const char *state, const char *id, err_t *err)
 {
   cleanup_close int dir = open (state, O_PATH | O_DIRECTORY | O_CLOEXEC);
   cleanup_close int fd = socket (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -236,7 +236,7 @@ start_command (exec_run_t *x, const char *state, err_t *err)
   /* The holder forks the command inside the sandbox with these as its
    * stdin, stdout, stderr, report socket and cgroup. */
   int pass[SBX_EXEC_FDS] = {in[0], out[1], errp[1], rep[1], procs_fd};
-  cleanup_close int ctl = connect_holder (state, req->id, err);
+  cleanup_close int ctl = sbx_connect_holder (state, req->id, err);
   if (ctl < 0)
     return -1;
   if (sbx_send_fds (ctl, msg, (size_t) msg_len, pass, SBX_EXEC_FDS) < 0)

@@ -6,6 +6,7 @@
  *   runtime.c   new/stop/destroy
  *   launch.c    launch and restore (through sandbox-helper)
  *   exec.c      running a command through the sandbox's pid 1
+ *   files.c     the file API, through a child of the sandbox's pid 1
  *   net.c       egress: the host's addresses, slirp4netns
  *   spawn.c     starting our programs, reading their reports, reaping
  *   reaper.c    what a previous run left behind, the idle reaper
@@ -63,6 +64,7 @@ typedef struct sbx_s
   pthread_mutex_t freeze_mu;     /* orders freezes and thaws (held across their I/O) */
   int freezers;                  /* under freeze_mu: users holding the freeze */
   int bg_refs;                   /* of refs: detached processes (do not keep it from idling) */
+  int watches;                   /* Watch calls running (rt->mu) */
   struct sbx_s *next;
 } sbx_t;
 
@@ -102,6 +104,10 @@ void sbx_proc_forget_sandbox (sbx_runtime_t *rt, const char *sid);
 /* proc.c: waits until every detached process's thread has ended (their
  * sandboxes are gone), before the runtime is freed. */
 void sbx_proc_wait_threads (sbx_runtime_t *rt);
+
+/* exec.c: a connection to the control socket of the pid 1 of the sandbox
+ * whose state directory is `state` (ESRCH when it does not answer). */
+int sbx_connect_holder (const char *state, const char *id, err_t *err);
 
 /* Clocks: wall time for what clients see, monotonic for every duration. */
 int64_t sbx_wall_ms (void);

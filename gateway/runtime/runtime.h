@@ -21,6 +21,7 @@
 #include <sys/types.h>
 
 #include "common/err.h"
+#include "gateway/runtime/wire.h"
 
 #define SBX_ID_MAX 64
 #define SBX_EXEC_CHUNK (256 * 1024)
@@ -54,6 +55,7 @@ typedef struct sbx_config_s
   long process_retain;        /* SANDBOX_PROCESS_RETAIN: exited ones kept per sandbox */
   long process_buffer_bytes;  /* SANDBOX_PROCESS_BUFFER_BYTES: output kept per stream */
   bool idle_counts_processes; /* SANDBOX_IDLE_TTL_COUNTS_PROCESSES */
+  long max_watches;           /* SANDBOX_MAX_WATCHES: Watch calls running per sandbox */
 } sbx_config_t;
 
 typedef struct sbx_runtime_s sbx_runtime_t;
@@ -281,6 +283,63 @@ void sbx_proc_info (sbx_runtime_t *rt, sbx_proc_t *p, sbx_proc_info_t *out);
 /* The processes of sandbox `sid`, oldest first, each held (put each, free
  * the array). ENOENT no sandbox. */
 int sbx_proc_list (sbx_runtime_t *rt, const char *sid, sbx_proc_t ***out, size_t *n, err_t *err);
+
+/* The file API (files.c). Every operation runs inside the sandbox, in a
+ * child of its pid 1 (see wire.h, "File requests"): paths are the
+ * sandbox's, relative ones from /root, and the gateway never resolves one.
+ * An operation in flight: */
+typedef struct sbx_file_s sbx_file_t;
+
+/* Most directories one Watch call watches (recursive). */
+#define SBX_WATCH_MAX_DIRS 8192
+/* Most levels ListDir descends. */
+#define SBX_LIST_MAX_DEPTH 64
+
+typedef struct sbx_file_req_s
+{
+  const char *id;
+  sbx_file_op_t op;
+  const char *path;
+  const char *path2; /* rename's destination, else NULL */
+  uint32_t flags;    /* SBX_FILE_F_* */
+  uint32_t mode;     /* write, mkdir: permission bits (07777), 0 the default */
+  uint32_t depth;    /* list */
+  uint64_t offset, length;
+} sbx_file_req_t;
+
+/* An answer of the operation, valid until the next call on it. Strings are
+ * NUL-terminated; what they hold comes from inside the sandbox. */
+typedef struct sbx_file_msg_s
+{
+  sbx_frame_kind_t kind; /* DATA, INFO or EVENT */
+  const uint8_t *data;   /* DATA */
+  size_t len;
+  sbx_file_wire_t info;   /* INFO */
+  sbx_event_wire_t event; /* EVENT */
+  const char *path;       /* INFO, EVENT */
+  const char *target;     /* INFO: a symlink's target; EVENT: the old path of a rename */
+} sbx_file_msg_t;
+
+/* Whether the caller has gone (polled while waiting). */
+typedef bool (*sbx_gone_fn) (void *ctx);
+
+/* Starts operation `req`. EINVAL bad request (empty path), ENOENT no such
+ * sandbox, EAGAIN SANDBOX_MAX_WATCHES watches running. */
+int sbx_file_start (sbx_runtime_t *rt, const sbx_file_req_t *req, sbx_gone_fn gone, void *gone_ctx, sbx_file_t **out,
+                    err_t *err);
+/* The next answer: 1 with *msg, 0 at the end (END), -1 with *err: the
+ * operation's own error (its errno: ENOENT, EISDIR, ENOSPC…), ECANCELED
+ * once `gone`, EIO when it ended without an answer. */
+int sbx_file_next (sbx_file_t *f, sbx_file_msg_t *msg, err_t *err);
+/* Write: the next bytes (`n` spans, any size), and their end. Waits while
+ * the operation is behind (flow control). A write that failed inside the
+ * sandbox (ENOSPC…) fails here with its error. */
+int sbx_file_send (sbx_file_t *f, const struct iovec *iov, int n, err_t *err);
+int sbx_file_send_end (sbx_file_t *f, err_t *err);
+/* Ends the operation: a finished one is waited for; one still running
+ * (the caller gave up) is told to stop, then killed with all it started.
+ * NULL is ignored. */
+void sbx_file_close (sbx_file_t *f);
 
 /* Number of live sandboxes (launching ones included). */
 size_t sbx_count (sbx_runtime_t *rt);

@@ -163,3 +163,37 @@ sbx_exec_decode (char *buf, size_t len, const char **cwd, char **argv, size_t ar
   env[h.envc] = NULL;
   return 0;
 }
+
+ssize_t
+sbx_file_encode (char *buf, size_t cap, sbx_file_hdr_t *h, const char *path, const char *path2)
+{
+  size_t l1 = strlen (path) + 1, l2 = strlen (path2) + 1;
+  if (l1 > SBX_FILE_PATH_MAX || l2 > SBX_FILE_PATH_MAX || sizeof *h + l1 + l2 > cap)
+    return -1;
+  h->magic = SBX_FILE_MAGIC;
+  h->path_len = (uint32_t) l1;
+  h->path2_len = (uint32_t) l2;
+  memcpy (buf, h, sizeof *h);
+  memcpy (buf + sizeof *h, path, l1);
+  memcpy (buf + sizeof *h + l1, path2, l2);
+  return (ssize_t) (sizeof *h + l1 + l2);
+}
+
+int
+sbx_file_decode (char *buf, size_t len, sbx_file_hdr_t *h, const char **path, const char **path2)
+{
+  if (len < sizeof *h)
+    return -1;
+  memcpy (h, buf, sizeof *h);
+  if (h->magic != SBX_FILE_MAGIC || h->path_len == 0 || h->path2_len == 0 || h->path_len > SBX_FILE_PATH_MAX
+      || h->path2_len > SBX_FILE_PATH_MAX || (size_t) h->path_len + h->path2_len != len - sizeof *h)
+    return -1;
+  char *p = buf + sizeof *h, *p2 = p + h->path_len;
+  /* Each string ends exactly at its NUL: no NUL inside. */
+  if (p[h->path_len - 1] != '\0' || strlen (p) != h->path_len - 1 || p2[h->path2_len - 1] != '\0'
+      || strlen (p2) != h->path2_len - 1)
+    return -1;
+  *path = p;
+  *path2 = p2;
+  return 0;
+}

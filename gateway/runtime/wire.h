@@ -89,4 +89,109 @@ void sbx_exec_get_options (const char *buf, uint16_t *rows, uint16_t *cols, uint
 int sbx_exec_decode (char *buf, size_t len, const char **cwd, char **argv, size_t argv_cap, char **env,
                      size_t env_cap);
 
+/* File requests (the file API): the gateway sends the holder one datagram
+ * per operation — an sbx_file_hdr_t, then `path` and `path2` (rename's
+ * destination; may be empty), each NUL-terminated — with SBX_FILE_FDS
+ * descriptors: a stream socket the operation talks over, its report socket
+ * and its cgroup's cgroup.procs. The holder forks a child that joins the
+ * cgroup, confines itself as a command would and performs the operation
+ * itself, inside the sandbox: paths mean what they mean to any process
+ * there. On the stream both sides send frames: an sbx_frame_t, then `len`
+ * bytes (at most SBX_FRAME_MAX). What either side reads from the other is
+ * checked, never trusted: the child runs in the sandbox. */
+#define SBX_FILE_MAGIC 0x53425846u /* "SBXF" */
+#define SBX_FILE_FDS 3             /* stream, report, cgroup.procs */
+#define SBX_FILE_PATH_MAX 4096     /* longest path, its NUL included */
+
+typedef enum sbx_file_op_e
+{
+  SBX_FILE_STAT = 1,   /* answer: INFO (the path itself, symlinks not followed) */
+  SBX_FILE_READ = 2,   /* answer: INFO, DATA..., END */
+  SBX_FILE_WRITE = 3,  /* then from the gateway: DATA..., END; answer: INFO */
+  SBX_FILE_LIST = 4,   /* answer: INFO per entry, END */
+  SBX_FILE_REMOVE = 5, /* answer: END */
+  SBX_FILE_RENAME = 6, /* answer: INFO of the destination */
+  SBX_FILE_MKDIR = 7,  /* answer: INFO */
+  SBX_FILE_WATCH = 8,  /* answer: EVENT... until the gateway closes the stream */
+} sbx_file_op_t;
+
+/* Flags of a file request. */
+#define SBX_FILE_F_PARENTS 1u   /* write, mkdir: make missing parent directories */
+#define SBX_FILE_F_APPEND 2u    /* write: append in place instead of replacing */
+#define SBX_FILE_F_RECURSIVE 4u /* remove, watch: the whole tree */
+#define SBX_FILE_F_OVERWRITE 8u /* rename: replace an existing destination */
+
+typedef struct sbx_file_hdr_s
+{
+  uint32_t magic;
+  uint32_t op;
+  uint32_t flags;
+  uint32_t mode;  /* write, mkdir: permission bits; 0 the default */
+  uint32_t depth; /* list: levels below the directory (1: its entries) */
+  uint32_t limit; /* watch: most directories watched at once */
+  uint64_t offset;
+  uint64_t length;              /* read: 0 to the end */
+  uint32_t path_len, path2_len; /* their NULs included */
+} sbx_file_hdr_t;
+
+/* Encodes a request into buf (cap bytes); `h`'s lengths are filled in.
+ * Returns its length, or -1 when a path is too long. */
+ssize_t sbx_file_encode (char *buf, size_t cap, sbx_file_hdr_t *h, const char *path, const char *path2);
+/* Decodes one in place (*path, *path2 point into buf). 0, or -1 when
+ * malformed. */
+int sbx_file_decode (char *buf, size_t len, sbx_file_hdr_t *h, const char **path, const char **path2);
+
+typedef enum sbx_frame_kind_e
+{
+  SBX_FRAME_DATA = 1,  /* file bytes */
+  SBX_FRAME_INFO = 2,  /* an sbx_file_wire_t, then its path and symlink target */
+  SBX_FRAME_ERROR = 3, /* an int32 errno, then a text (no NUL) */
+  SBX_FRAME_END = 4,   /* no payload */
+  SBX_FRAME_EVENT = 5, /* an sbx_event_wire_t, then its path and old path */
+} sbx_frame_kind_t;
+
+#define SBX_FRAME_MAX (256 * 1024 + 64)
+
+typedef struct sbx_frame_s
+{
+  uint32_t kind;
+  uint32_t len;
+} sbx_frame_t;
+
+/* A file's description as seen inside the sandbox. */
+typedef enum sbx_ftype_e
+{
+  SBX_FTYPE_FILE = 1,
+  SBX_FTYPE_DIR = 2,
+  SBX_FTYPE_SYMLINK = 3,
+  SBX_FTYPE_OTHER = 4,
+} sbx_ftype_t;
+
+typedef struct sbx_file_wire_s
+{
+  uint32_t type; /* sbx_ftype_t */
+  uint32_t mode; /* permission bits and set-id/sticky (07777) */
+  uint32_t uid, gid;
+  uint64_t size;
+  int64_t mtime_ms;
+  uint32_t path_len, target_len; /* bytes, no NULs */
+} sbx_file_wire_t;
+
+typedef enum sbx_event_kind_e
+{
+  SBX_EVENT_WATCHING = 1, /* every watch is in place */
+  SBX_EVENT_CREATED = 2,
+  SBX_EVENT_MODIFIED = 3, /* closed after a write */
+  SBX_EVENT_REMOVED = 4,
+  SBX_EVENT_RENAMED = 5,  /* old_path -> path */
+  SBX_EVENT_OVERFLOW = 6, /* events were lost: what changed must be looked at again */
+} sbx_event_kind_t;
+
+typedef struct sbx_event_wire_s
+{
+  uint32_t kind; /* sbx_event_kind_t */
+  uint32_t is_dir;
+  uint32_t path_len, old_len; /* bytes, no NULs */
+} sbx_event_wire_t;
+
 #endif

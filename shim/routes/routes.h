@@ -48,6 +48,18 @@ struct MHD_Response *route_process_stdin (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_process_signal (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_process_resize (shim_req_t *r, unsigned *status);
 
+/* files.c, files_data.c */
+struct MHD_Response *route_file_get (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_file_put (shim_req_t *r, unsigned *status);
+int route_file_put_upload (shim_req_t *r, const char *data, size_t len);
+void route_file_put_cleanup (shim_req_t *r);
+struct MHD_Response *route_file_stat (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_file_list (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_file_delete (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_file_rename (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_file_mkdir (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_file_watch (shim_req_t *r, unsigned *status);
+
 /* common.c */
 /* A whole unary call to the gateway with the shim's credentials. */
 int route_unary (const char *method, const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,

@@ -23,6 +23,15 @@ const shim_route_t shim_routes[] = {
     {"POST", "/sandboxes/{id}/processes/{pid}/stdin", SHIM_BODY_RAW, true, route_process_stdin, NULL, NULL, false},
     {"POST", "/sandboxes/{id}/processes/{pid}/signal", SHIM_BODY_JSON, true, route_process_signal, NULL, NULL, false},
     {"POST", "/sandboxes/{id}/processes/{pid}/resize", SHIM_BODY_JSON, true, route_process_resize, NULL, NULL, false},
+    {"GET", "/sandboxes/{id}/files", SHIM_BODY_NONE, true, route_file_get, NULL, NULL, false},
+    {"PUT", "/sandboxes/{id}/files", SHIM_BODY_STREAM, true, route_file_put, route_file_put_upload,
+     route_file_put_cleanup, false},
+    {"DELETE", "/sandboxes/{id}/files", SHIM_BODY_NONE, true, route_file_delete, NULL, NULL, false},
+    {"GET", "/sandboxes/{id}/files/stat", SHIM_BODY_NONE, true, route_file_stat, NULL, NULL, false},
+    {"GET", "/sandboxes/{id}/files/list", SHIM_BODY_NONE, true, route_file_list, NULL, NULL, false},
+    {"POST", "/sandboxes/{id}/files/rename", SHIM_BODY_JSON, true, route_file_rename, NULL, NULL, false},
+    {"POST", "/sandboxes/{id}/files/mkdir", SHIM_BODY_JSON, true, route_file_mkdir, NULL, NULL, false},
+    {"GET", "/sandboxes/{id}/files/watch", SHIM_BODY_NONE, true, route_file_watch, NULL, NULL, false},
     {"GET", "/metrics", SHIM_BODY_NONE, true, route_metrics, NULL, NULL, false},
 };
 const size_t shim_n_routes = sizeof shim_routes / sizeof shim_routes[0];

@@ -34,11 +34,23 @@ def _requests(pb2):
         "Get": lambda: pb2.GetRequest(sandbox_id=MISSING_ID),
         "List": lambda: pb2.ListRequest(),
         "Status": lambda: pb2.StatusRequest(),
+        "ReadFile": lambda: pb2.ReadFileRequest(sandbox_id=MISSING_ID, path="/etc/hostname"),
+        "WriteFile": lambda: iter([
+            pb2.WriteFileRequest(header=pb2.WriteFileHeader(sandbox_id=MISSING_ID, path="/tmp/x")),
+            pb2.WriteFileRequest(data=b"x"),
+        ]),
+        "ListDir": lambda: pb2.ListDirRequest(sandbox_id=MISSING_ID, path="/"),
+        "Stat": lambda: pb2.StatRequest(sandbox_id=MISSING_ID, path="/"),
+        "Remove": lambda: pb2.RemoveRequest(sandbox_id=MISSING_ID, path="/tmp/x"),
+        "Rename": lambda: pb2.RenameRequest(sandbox_id=MISSING_ID, to="/tmp/y", **{"from": "/tmp/x"}),
+        "MakeDir": lambda: pb2.MakeDirRequest(sandbox_id=MISSING_ID, path="/tmp/d"),
+        "Watch": lambda: pb2.WatchRequest(sandbox_id=MISSING_ID, path="/tmp"),
     }
 
 
 METHODS = ["Launch", "Restore", "Exec", "Run", "ListProcesses", "SignalProcess", "ExportSnapshot", "PersistSnapshot",
-           "Connect", "Delete", "Get", "List", "Status"]
+           "Connect", "Delete", "Get", "List", "Status", "ReadFile", "WriteFile", "ListDir", "Stat", "Remove",
+           "Rename", "MakeDir", "Watch"]
 
 
 def call(gw, sandbox_api, method, metadata=None):

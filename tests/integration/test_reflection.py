@@ -12,7 +12,8 @@ VERSIONS = ["v1", "v1alpha"]
 SANDBOX_FILE = "sandbox/v1/sandbox.proto"
 SANDBOX_METHODS = ["Launch", "Restore", "Exec", "Run", "ListProcesses", "SignalProcess", "ExportSnapshot",
                    "PersistSnapshot",
-                   "Connect", "Delete", "Get", "List", "Status"]
+                   "Connect", "Delete", "Get", "List", "Status", "ReadFile", "WriteFile", "ListDir", "Stat",
+                   "Remove", "Rename", "MakeDir", "Watch"]
 NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]  # 5
 
 
@@ -137,11 +138,13 @@ def test_client_without_proto_copy_calls_sandbox_via_reflection(reflection, gate
 
     assert [m.name for m in service.descriptor.methods] == SANDBOX_METHODS
     flags = {m.name: streaming_flags(m) for m in service.descriptor.methods}
-    assert flags["Restore"] == (True, False)
+    for name in ["Restore", "WriteFile"]:
+        assert flags[name] == (True, False), name
     assert flags["Run"] == (True, True)
-    for name in ["Exec", "ExportSnapshot", "PersistSnapshot"]:
+    for name in ["Exec", "ExportSnapshot", "PersistSnapshot", "ReadFile", "Watch"]:
         assert flags[name] == (False, True), name
-    for name in ["Launch", "ListProcesses", "SignalProcess", "Connect", "Delete", "Get", "List", "Status"]:
+    for name in ["Launch", "ListProcesses", "SignalProcess", "Connect", "Delete", "Get", "List", "Status", "ListDir",
+                 "Stat", "Remove", "Rename", "MakeDir"]:
         assert flags[name] == (False, False), name
 
     # A request built from the reflected descriptor is wire-compatible with

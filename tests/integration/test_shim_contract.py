@@ -65,6 +65,14 @@ AUTH_ROUTES = [
     ("POST", "/sandboxes/authcheck/processes/p/stdin", b"x"),
     ("POST", "/sandboxes/authcheck/processes/p/signal", {"signal": "TERM"}),
     ("POST", "/sandboxes/authcheck/processes/p/resize", {"rows": 1, "cols": 1}),
+    ("GET", "/sandboxes/authcheck/files?path=/etc/hostname", None),
+    ("PUT", "/sandboxes/authcheck/files?path=/tmp/x", b"x"),
+    ("DELETE", "/sandboxes/authcheck/files?path=/tmp/x", None),
+    ("GET", "/sandboxes/authcheck/files/stat?path=/tmp", None),
+    ("GET", "/sandboxes/authcheck/files/list?path=/tmp", None),
+    ("POST", "/sandboxes/authcheck/files/rename", {"from": "/tmp/a", "to": "/tmp/b"}),
+    ("POST", "/sandboxes/authcheck/files/mkdir", {"path": "/tmp/d"}),
+    ("GET", "/sandboxes/authcheck/files/watch?path=/tmp", None),
     ("GET", "/metrics", None),
 ]
 AUTH_IDS = [f"{m} {p}" for m, p, _ in AUTH_ROUTES]

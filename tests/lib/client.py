@@ -240,6 +240,62 @@ class SandboxClient:
                                               metadata=self.md, timeout=timeout))
 
     # --- clean-up ------------------------------------------------------------
+    # --- the file API ------------------------------------------------------
+    def write_file(self, sid: str, path: str, data: bytes | Iterable[bytes] = b"", *, mode: int = 0,
+                   make_parents: bool = False, append: bool = False, chunk: int = 1 << 20,
+                   timeout: float = STREAM_TIMEOUT_S):
+        """WriteFile: `data` as bytes (sent in `chunk`-sized pieces) or as
+        an iterable of pieces. The FileInfo."""
+        def requests():
+            yield pb.WriteFileRequest(header=pb.WriteFileHeader(
+                sandbox_id=sid, path=path, mode=mode, make_parents=make_parents, append=append))
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                for i in range(0, len(data), chunk):
+                    yield pb.WriteFileRequest(data=bytes(data[i:i + chunk]))
+            else:
+                for piece in data:
+                    yield pb.WriteFileRequest(data=piece)
+        return self.stub.WriteFile(requests(), metadata=self.md, timeout=timeout)
+
+    def read_file_chunks(self, sid: str, path: str, offset: int = 0, length: int = 0,
+                         timeout: float = STREAM_TIMEOUT_S):
+        return self.stub.ReadFile(pb.ReadFileRequest(sandbox_id=sid, path=path, offset=offset, length=length),
+                                  metadata=self.md, timeout=timeout)
+
+    def read_file(self, sid: str, path: str, offset: int = 0, length: int = 0,
+                  timeout: float = STREAM_TIMEOUT_S) -> tuple[bytes, object]:
+        """ReadFile: (the bytes, the FileInfo of the first chunk)."""
+        info, parts = None, []
+        for i, chunk in enumerate(self.read_file_chunks(sid, path, offset, length, timeout)):
+            if i == 0:
+                info = chunk.info
+            parts.append(chunk.data)
+        return b"".join(parts), info
+
+    def stat(self, sid: str, path: str, timeout: float = RPC_TIMEOUT_S):
+        return self.stub.Stat(pb.StatRequest(sandbox_id=sid, path=path), metadata=self.md, timeout=timeout)
+
+    def list_dir(self, sid: str, path: str, depth: int = 1, timeout: float = RPC_TIMEOUT_S):
+        return self.stub.ListDir(pb.ListDirRequest(sandbox_id=sid, path=path, depth=depth),
+                                 metadata=self.md, timeout=timeout).entries
+
+    def remove(self, sid: str, path: str, recursive: bool = False, timeout: float = RPC_TIMEOUT_S):
+        return self.stub.Remove(pb.RemoveRequest(sandbox_id=sid, path=path, recursive=recursive),
+                                metadata=self.md, timeout=timeout)
+
+    def rename(self, sid: str, src: str, dst: str, overwrite: bool = False, timeout: float = RPC_TIMEOUT_S):
+        return self.stub.Rename(pb.RenameRequest(sandbox_id=sid, to=dst, overwrite=overwrite, **{"from": src}),
+                                metadata=self.md, timeout=timeout)
+
+    def mkdir(self, sid: str, path: str, parents: bool = False, mode: int = 0, timeout: float = RPC_TIMEOUT_S):
+        return self.stub.MakeDir(pb.MakeDirRequest(sandbox_id=sid, path=path, parents=parents, mode=mode),
+                                 metadata=self.md, timeout=timeout)
+
+    def watch(self, sid: str, path: str, recursive: bool = False, timeout: float = STREAM_TIMEOUT_S):
+        """Watch: the streaming call (iterate it; cancel() ends it)."""
+        return self.stub.Watch(pb.WatchRequest(sandbox_id=sid, path=path, recursive=recursive),
+                               metadata=self.md, timeout=timeout)
+
     def delete_many(self, ids: Iterable[str], ignore_missing: bool = False,
                     delete_snapshot: bool = False) -> None:
         """Deletes sandboxes concurrently (a delete waits for the sandbox's

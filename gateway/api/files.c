@@ -1,0 +1,399 @@
+/* api/files: the handlers of the file methods — ReadFile, WriteFile,
+ * ListDir, Stat, Remove, Rename, MakeDir, Watch (see internal.h). They turn
+ * messages into file operations of the runtime (runtime.h, "The file
+ * API"), which run inside the sandbox, and their answers back into
+ * messages; contents pass through in bounded pieces with flow control both
+ * ways. No path is interpreted here beyond "not empty, no NUL byte". No
+ * state. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cleanup.h"
+#include "gateway/api/internal.h"
+
+/* Most entries one ListDir answers with (a larger tree fails loudly:
+ * list it with a smaller depth, or directory by directory). */
+#define API_LIST_MAX_ENTRIES 100000
+
+static void
+cleanup_file_fn (sbx_file_t **f)
+{
+  sbx_file_close (*f);
+}
+#define cleanup_file __attribute__ ((cleanup (cleanup_file_fn)))
+
+static bool
+call_gone (void *ctx)
+{
+  return rpc_call_cancelled ((rpc_call_t *) ctx);
+}
+
+/* Receives one request message like api_recv_request, and refuses one
+ * whose strings hold a NUL byte: protobuf-c ends a string at its first
+ * NUL, which would make "a\0b" mean "a". Such a message re-encodes
+ * shorter than it came. */
+static int
+recv_checked (rpc_call_t *call, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err)
+{
+  grpc_byte_buffer *bb = NULL;
+  int rc = rpc_call_recv_raw (call, &bb, err);
+  if (rc == 0)
+    return err_make (err, EINVAL, "%s: no request message", rpc_call_method (call));
+  if (rc < 0)
+    return -1;
+  size_t len = grpc_byte_buffer_length (bb);
+  rc = rpc_unpack (bb, desc, rpc_call_max_message (call), out, err);
+  grpc_byte_buffer_destroy (bb);
+  if (rc < 0)
+    return -1;
+  if (protobuf_c_message_get_packed_size (*out) != len)
+    return err_make (err, EINVAL, "%s: a string of the request holds a NUL byte", rpc_call_method (call));
+  return 0;
+}
+
+static Sandbox__V1__FileType
+type_to_proto (uint32_t t)
+{
+  switch (t)
+    {
+    case SBX_FTYPE_FILE: return SANDBOX__V1__FILE_TYPE__FILE_TYPE_FILE;
+    case SBX_FTYPE_DIR: return SANDBOX__V1__FILE_TYPE__FILE_TYPE_DIRECTORY;
+    case SBX_FTYPE_SYMLINK: return SANDBOX__V1__FILE_TYPE__FILE_TYPE_SYMLINK;
+    default: return SANDBOX__V1__FILE_TYPE__FILE_TYPE_OTHER;
+    }
+}
+
+/* A FileInfo from an INFO answer (its strings point into `path` and
+ * `target`, which the caller keeps). */
+static void
+info_to_proto (const sbx_file_wire_t *in, char *path, char *target, Sandbox__V1__FileInfo *out)
+{
+  sandbox__v1__file_info__init (out);
+  out->path = path;
+  char *slash = strrchr (path, '/');
+  out->name = slash != NULL && slash[1] != '\0' ? slash + 1 : path;
+  out->type = type_to_proto (in->type);
+  out->size = in->size;
+  out->mode = in->mode;
+  out->uid = in->uid;
+  out->gid = in->gid;
+  out->mtime_ms = in->mtime_ms;
+  out->symlink_target = target != NULL ? target : (char *) "";
+}
+
+/* Runs an operation whose answer is one INFO, and replies with it. */
+static int
+reply_info_of (rpc_call_t *call, const api_ctx_t *ctx, const sbx_file_req_t *req, err_t *err)
+{
+  cleanup_file sbx_file_t *f = NULL;
+  sbx_file_msg_t msg;
+  if (sbx_file_start (ctx->rt, req, call_gone, call, &f, err) < 0)
+    return -1;
+  int rc = sbx_file_next (f, &msg, err);
+  if (rc < 0)
+    return -1;
+  if (rc == 0 || msg.kind != SBX_FRAME_INFO)
+    return err_make (err, EIO, "%s: no description came back", rpc_call_method (call));
+  Sandbox__V1__FileInfo info;
+  info_to_proto (&msg.info, (char *) msg.path, (char *) msg.target, &info);
+  return rpc_call_reply (call, &info.base, err);
+}
+
+int
+api_stat (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (recv_checked (call, &sandbox__v1__stat_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__StatRequest *r = (Sandbox__V1__StatRequest *) m;
+  sbx_file_req_t req = {.id = r->sandbox_id, .op = SBX_FILE_STAT, .path = r->path};
+  return reply_info_of (call, ctx, &req, err);
+}
+
+int
+api_make_dir (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (recv_checked (call, &sandbox__v1__make_dir_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__MakeDirRequest *r = (Sandbox__V1__MakeDirRequest *) m;
+  sbx_file_req_t req = {.id = r->sandbox_id,
+                        .op = SBX_FILE_MKDIR,
+                        .path = r->path,
+                        .mode = r->mode,
+                        .flags = r->parents ? SBX_FILE_F_PARENTS : 0};
+  return reply_info_of (call, ctx, &req, err);
+}
+
+int
+api_rename (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (recv_checked (call, &sandbox__v1__rename_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__RenameRequest *r = (Sandbox__V1__RenameRequest *) m;
+  sbx_file_req_t req = {.id = r->sandbox_id,
+                        .op = SBX_FILE_RENAME,
+                        .path = r->from,
+                        .path2 = r->to,
+                        .flags = r->overwrite ? SBX_FILE_F_OVERWRITE : 0};
+  return reply_info_of (call, ctx, &req, err);
+}
+
+int
+api_remove (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (recv_checked (call, &sandbox__v1__remove_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__RemoveRequest *r = (Sandbox__V1__RemoveRequest *) m;
+  sbx_file_req_t req = {
+      .id = r->sandbox_id, .op = SBX_FILE_REMOVE, .path = r->path, .flags = r->recursive ? SBX_FILE_F_RECURSIVE : 0};
+  cleanup_file sbx_file_t *f = NULL;
+  sbx_file_msg_t msg;
+  if (sbx_file_start (ctx->rt, &req, call_gone, call, &f, err) < 0)
+    return -1;
+  int rc = sbx_file_next (f, &msg, err);
+  if (rc < 0)
+    return -1;
+  if (rc > 0)
+    return err_make (err, EIO, "Remove: an unexpected answer");
+  Sandbox__V1__RemoveResponse resp = SANDBOX__V1__REMOVE_RESPONSE__INIT;
+  return rpc_call_reply (call, &resp.base, err);
+}
+
+/* ListDir's entries as they are gathered; strings owned. */
+typedef struct listing_s
+{
+  Sandbox__V1__FileInfo *infos;
+  Sandbox__V1__FileInfo **ptrs;
+  size_t n, cap;
+} listing_t;
+
+static void
+listing_free (listing_t *l)
+{
+  for (size_t i = 0; i < l->n; i++)
+    {
+      free (l->infos[i].path);
+      if (l->infos[i].symlink_target[0] != '\0')
+        free (l->infos[i].symlink_target);
+    }
+  free (l->infos);
+  free (l->ptrs);
+}
+
+static int
+listing_add (listing_t *l, const sbx_file_msg_t *msg, err_t *err)
+{
+  if (l->n >= API_LIST_MAX_ENTRIES)
+    return err_make (err, EMSGSIZE, "ListDir: more than %d entries; list with a smaller depth", API_LIST_MAX_ENTRIES);
+  if (l->n == l->cap)
+    {
+      size_t cap = l->cap ? l->cap * 2 : 64;
+      Sandbox__V1__FileInfo *g = realloc (l->infos, cap * sizeof *g);
+      if (g == NULL)
+        return err_make (err, ENOMEM, "ListDir: out of memory");
+      l->infos = g;
+      l->cap = cap;
+    }
+  char *path = strdup (msg->path), *target = msg->target != NULL ? strdup (msg->target) : NULL;
+  if (path == NULL || (msg->target != NULL && target == NULL))
+    {
+      free (path);
+      free (target);
+      return err_make (err, ENOMEM, "ListDir: out of memory");
+    }
+  info_to_proto (&msg->info, path, target, &l->infos[l->n++]);
+  return 0;
+}
+
+int
+api_list_dir (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (recv_checked (call, &sandbox__v1__list_dir_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__ListDirRequest *r = (Sandbox__V1__ListDirRequest *) m;
+  sbx_file_req_t req = {.id = r->sandbox_id, .op = SBX_FILE_LIST, .path = r->path, .depth = r->depth};
+  cleanup_file sbx_file_t *f = NULL;
+  if (sbx_file_start (ctx->rt, &req, call_gone, call, &f, err) < 0)
+    return -1;
+  listing_t l = {0};
+  int rc;
+  sbx_file_msg_t msg;
+  while ((rc = sbx_file_next (f, &msg, err)) > 0)
+    if (msg.kind != SBX_FRAME_INFO)
+      rc = err_make (err, EIO, "ListDir: an unexpected answer");
+    else if ((rc = listing_add (&l, &msg, err)) < 0)
+      break;
+  if (rc == 0 && (l.ptrs = calloc (l.n + 1, sizeof *l.ptrs)) == NULL)
+    rc = err_make (err, ENOMEM, "ListDir: out of memory");
+  if (rc == 0)
+    {
+      for (size_t i = 0; i < l.n; i++)
+        l.ptrs[i] = &l.infos[i];
+      Sandbox__V1__ListDirResponse resp = SANDBOX__V1__LIST_DIR_RESPONSE__INIT;
+      resp.n_entries = l.n;
+      resp.entries = l.ptrs;
+      if (protobuf_c_message_get_packed_size (&resp.base) > rpc_call_max_message (call))
+        rc = err_make (err, EMSGSIZE, "ListDir: the listing exceeds the message limit; list with a smaller depth");
+      else
+        rc = rpc_call_reply (call, &resp.base, err);
+    }
+  listing_free (&l);
+  return rc < 0 ? -1 : 0;
+}
+
+int
+api_read_file (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (recv_checked (call, &sandbox__v1__read_file_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__ReadFileRequest *r = (Sandbox__V1__ReadFileRequest *) m;
+  sbx_file_req_t req
+      = {.id = r->sandbox_id, .op = SBX_FILE_READ, .path = r->path, .offset = r->offset, .length = r->length};
+  cleanup_file sbx_file_t *f = NULL;
+  sbx_file_msg_t msg;
+  if (sbx_file_start (ctx->rt, &req, call_gone, call, &f, err) < 0)
+    return -1;
+  int rc = sbx_file_next (f, &msg, err);
+  if (rc < 0)
+    return -1;
+  if (rc == 0 || msg.kind != SBX_FRAME_INFO)
+    return err_make (err, EIO, "ReadFile: no description came back");
+  cleanup_free char *path = strdup (msg.path);
+  if (path == NULL)
+    return err_make (err, ENOMEM, "ReadFile: out of memory");
+  Sandbox__V1__FileInfo info;
+  info_to_proto (&msg.info, path, NULL, &info);
+  /* The first chunk carries the description with the first bytes. */
+  Sandbox__V1__FileChunk first = SANDBOX__V1__FILE_CHUNK__INIT;
+  first.info = &info;
+  rc = sbx_file_next (f, &msg, err);
+  if (rc < 0)
+    return -1;
+  if (rc > 0 && msg.kind != SBX_FRAME_DATA)
+    return err_make (err, EIO, "ReadFile: an unexpected answer");
+  if (rc > 0)
+    first.data = (ProtobufCBinaryData){msg.len, (uint8_t *) msg.data};
+  if (rpc_call_send (call, &first.base, err) < 0)
+    return -1;
+  while (rc > 0)
+    {
+      if ((rc = sbx_file_next (f, &msg, err)) < 0)
+        return -1;
+      if (rc > 0 && msg.kind != SBX_FRAME_DATA)
+        return err_make (err, EIO, "ReadFile: an unexpected answer");
+      /* FileChunk.data is field 1. */
+      if (rc > 0 && api_send_bytes_field (call, 1, msg.data, msg.len, false, err) < 0)
+        return -1;
+    }
+  return 0;
+}
+
+/* The contents of a WriteFile call, message by message, into the
+ * operation. 0 once all of it went through. */
+static int
+write_contents (rpc_call_t *call, sbx_file_t *f, err_t *err)
+{
+  for (;;)
+    {
+      ProtobufCMessage *m = NULL;
+      int rc = rpc_call_recv (call, &sandbox__v1__write_file_request__descriptor, &m, err);
+      if (rc < 0)
+        return -1;
+      if (rc == 0)
+        return sbx_file_send_end (f, err);
+      /* The next message arrives while this one goes to the sandbox. */
+      rpc_call_recv_ahead (call);
+      Sandbox__V1__WriteFileRequest *w = (Sandbox__V1__WriteFileRequest *) m;
+      if (w->payload_case != SANDBOX__V1__WRITE_FILE_REQUEST__PAYLOAD_DATA)
+        rc = err_make (err, EINVAL, "WriteFile: only the first message may carry a header");
+      else if (w->data.len > 0)
+        rc = sbx_file_send (f, &(struct iovec){w->data.data, w->data.len}, 1, err);
+      protobuf_c_message_free_unpacked (m, NULL);
+      if (rc < 0)
+        return -1;
+    }
+}
+
+int
+api_write_file (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (recv_checked (call, &sandbox__v1__write_file_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__WriteFileRequest *w = (Sandbox__V1__WriteFileRequest *) m;
+  if (w->payload_case != SANDBOX__V1__WRITE_FILE_REQUEST__PAYLOAD_HEADER || w->header == NULL)
+    return err_make (err, EINVAL, "the first WriteFile message must carry the header");
+  const Sandbox__V1__WriteFileHeader *h = w->header;
+  sbx_file_req_t req = {.id = h->sandbox_id,
+                        .op = SBX_FILE_WRITE,
+                        .path = h->path,
+                        .mode = h->mode,
+                        .flags = (h->make_parents ? SBX_FILE_F_PARENTS : 0) | (h->append ? SBX_FILE_F_APPEND : 0)};
+  cleanup_file sbx_file_t *f = NULL;
+  sbx_file_msg_t msg;
+  if (sbx_file_start (ctx->rt, &req, call_gone, call, &f, err) < 0)
+    return -1;
+  rpc_call_recv_ahead (call);
+  if (write_contents (call, f, err) < 0)
+    return -1;
+  int rc = sbx_file_next (f, &msg, err);
+  if (rc < 0)
+    return -1;
+  if (rc == 0 || msg.kind != SBX_FRAME_INFO)
+    return err_make (err, EIO, "WriteFile: no description came back");
+  Sandbox__V1__FileInfo info;
+  info_to_proto (&msg.info, (char *) msg.path, NULL, &info);
+  return rpc_call_reply (call, &info.base, err);
+}
+
+static Sandbox__V1__FileEvent__Kind
+event_to_proto (uint32_t k)
+{
+  switch (k)
+    {
+    case SBX_EVENT_WATCHING: return SANDBOX__V1__FILE_EVENT__KIND__KIND_WATCHING;
+    case SBX_EVENT_CREATED: return SANDBOX__V1__FILE_EVENT__KIND__KIND_CREATED;
+    case SBX_EVENT_MODIFIED: return SANDBOX__V1__FILE_EVENT__KIND__KIND_MODIFIED;
+    case SBX_EVENT_REMOVED: return SANDBOX__V1__FILE_EVENT__KIND__KIND_REMOVED;
+    case SBX_EVENT_RENAMED: return SANDBOX__V1__FILE_EVENT__KIND__KIND_RENAMED;
+    case SBX_EVENT_OVERFLOW: return SANDBOX__V1__FILE_EVENT__KIND__KIND_OVERFLOW;
+    default: return SANDBOX__V1__FILE_EVENT__KIND__KIND_UNSPECIFIED;
+    }
+}
+
+int
+api_watch (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (recv_checked (call, &sandbox__v1__watch_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__WatchRequest *r = (Sandbox__V1__WatchRequest *) m;
+  sbx_file_req_t req = {
+      .id = r->sandbox_id, .op = SBX_FILE_WATCH, .path = r->path, .flags = r->recursive ? SBX_FILE_F_RECURSIVE : 0};
+  cleanup_file sbx_file_t *f = NULL;
+  sbx_file_msg_t msg;
+  if (sbx_file_start (ctx->rt, &req, call_gone, call, &f, err) < 0)
+    return -1;
+  /* Until the client cancels (ECANCELED), or the watch fails. */
+  for (;;)
+    {
+      int rc = sbx_file_next (f, &msg, err);
+      if (rc <= 0)
+        return rc < 0 ? -1 : 0;
+      if (msg.kind != SBX_FRAME_EVENT)
+        return err_make (err, EIO, "Watch: an unexpected answer");
+      Sandbox__V1__FileEvent ev = SANDBOX__V1__FILE_EVENT__INIT;
+      ev.path = (char *) msg.path;
+      ev.kind = event_to_proto (msg.event.kind);
+      ev.is_dir = msg.event.is_dir != 0;
+      ev.old_path = msg.target != NULL ? (char *) msg.target : (char *) "";
+      if (rpc_call_send (call, &ev.base, err) < 0)
+        return -1;
+    }
+}
