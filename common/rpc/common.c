@@ -82,7 +82,9 @@ static const struct
     {EPERM, GRPC_STATUS_PERMISSION_DENIED},
     {EACCES, GRPC_STATUS_PERMISSION_DENIED},
     {EBUSY, GRPC_STATUS_FAILED_PRECONDITION},
-    {EFBIG, GRPC_STATUS_FAILED_PRECONDITION}, /* the sandbox holds something a snapshot cannot carry */
+    {EFBIG, GRPC_STATUS_FAILED_PRECONDITION},    /* the sandbox holds something a snapshot cannot carry */
+    {ENOTCONN, GRPC_STATUS_FAILED_PRECONDITION}, /* nothing listens on a sandbox's port */
+    {ECONNRESET, GRPC_STATUS_UNAVAILABLE},       /* a sandbox's server reset a forwarded connection */
 };
 
 grpc_status_code

@@ -30,6 +30,8 @@ static const api_method_t api_methods[] = {
     {"/sandbox.v1.Sandbox/Get", api_get},
     {"/sandbox.v1.Sandbox/List", api_list},
     {"/sandbox.v1.Sandbox/Status", api_status},
+    {"/sandbox.v1.Sandbox/Forward", api_forward},
+    {"/sandbox.v1.Sandbox/ListPorts", api_list_ports},
 };
 
 #define N_METHODS (sizeof api_methods / sizeof api_methods[0])

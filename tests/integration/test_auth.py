@@ -34,11 +34,13 @@ def _requests(pb2):
         "Get": lambda: pb2.GetRequest(sandbox_id=MISSING_ID),
         "List": lambda: pb2.ListRequest(),
         "Status": lambda: pb2.StatusRequest(),
+        "Forward": lambda: iter([pb2.ForwardFrame(sandbox_id=MISSING_ID, port=8000)]),
+        "ListPorts": lambda: pb2.ListPortsRequest(sandbox_id=MISSING_ID),
     }
 
 
 METHODS = ["Launch", "Restore", "Exec", "Run", "ListProcesses", "SignalProcess", "ExportSnapshot", "PersistSnapshot",
-           "Connect", "Delete", "Get", "List", "Status"]
+           "Connect", "Delete", "Get", "List", "Status", "Forward", "ListPorts"]
 
 
 def call(gw, sandbox_api, method, metadata=None):

@@ -12,7 +12,7 @@ VERSIONS = ["v1", "v1alpha"]
 SANDBOX_FILE = "sandbox/v1/sandbox.proto"
 SANDBOX_METHODS = ["Launch", "Restore", "Exec", "Run", "ListProcesses", "SignalProcess", "ExportSnapshot",
                    "PersistSnapshot",
-                   "Connect", "Delete", "Get", "List", "Status"]
+                   "Connect", "Delete", "Get", "List", "Status", "Forward", "ListPorts"]
 NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]  # 5
 
 
@@ -139,9 +139,11 @@ def test_client_without_proto_copy_calls_sandbox_via_reflection(reflection, gate
     flags = {m.name: streaming_flags(m) for m in service.descriptor.methods}
     assert flags["Restore"] == (True, False)
     assert flags["Run"] == (True, True)
+    assert flags["Forward"] == (True, True)
     for name in ["Exec", "ExportSnapshot", "PersistSnapshot"]:
         assert flags[name] == (False, True), name
-    for name in ["Launch", "ListProcesses", "SignalProcess", "Connect", "Delete", "Get", "List", "Status"]:
+    for name in ["Launch", "ListProcesses", "SignalProcess", "Connect", "Delete", "Get", "List", "Status",
+                 "ListPorts"]:
         assert flags[name] == (False, False), name
 
     # A request built from the reflected descriptor is wire-compatible with
