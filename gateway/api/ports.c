@@ -13,6 +13,7 @@
  * each. State: per call.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -39,7 +40,9 @@ typedef struct fwd_s
   sbx_runtime_t *rt;
   const char *id;
   int sock;
-  int wake; /* eventfd: the call is ending, stop waiting on the socket */
+  int wake;                  /* eventfd: the call is ending, stop waiting on the socket */
+  int64_t idle_ms;           /* 0: no idle timeout */
+  _Atomic int64_t active_ms; /* monotonic: when a byte last moved */
   bool write_closed;
   bool write_failed; /* the server stopped reading: later data is dropped */
   atomic_bool stop;
@@ -48,6 +51,14 @@ typedef struct fwd_s
   bool input_done; /* mu: the client closed its direction */
   err_t error;     /* mu: a protocol error of the client's stream */
 } fwd_t;
+
+static int64_t
+mono_ms (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static void
 fwd_wake (fwd_t *f)
@@ -95,6 +106,7 @@ sock_write_all (fwd_t *f, const uint8_t *data, size_t len)
       ssize_t w = send (f->sock, data, len, MSG_NOSIGNAL);
       if (w > 0)
         {
+          atomic_store (&f->active_ms, mono_ms ());
           data += w;
           len -= (size_t) w;
           continue;
@@ -126,7 +138,8 @@ static void
 apply_frame (fwd_t *f, const Sandbox__V1__ForwardFrame *fr)
 {
   err_t e = ERR_INIT;
-  if ((fr->sandbox_id != NULL && fr->sandbox_id[0] != '\0') || fr->port != 0 || fr->connected)
+  if ((fr->sandbox_id != NULL && fr->sandbox_id[0] != '\0') || fr->port != 0 || fr->connected
+      || fr->idle_timeout_seconds != 0)
     err_make (&e, EINVAL, "Forward: only the first frame names the sandbox and the port");
   else if (f->write_closed && fr->data.len > 0)
     err_make (&e, EINVAL, "Forward: data after close_write");
@@ -177,14 +190,6 @@ reader_main (void *arg)
 
 /* ---- sandbox -> client (the call's thread) ---------------------------------- */
 
-static int64_t
-mono_ms (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Sends up to FWD_CHUNK bytes read from the socket as one data frame, read
  * straight into the message. 1 sent, 0 the server's EOF, -1 error (*err). */
 static int
@@ -226,12 +231,17 @@ relay_output (fwd_t *f, err_t *err)
   for (;;)
     {
       struct pollfd p[2] = {{.fd = f->sock, .events = POLLIN}, {.fd = f->wake, .events = POLLIN}};
-      if (TEMP_FAILURE_RETRY (poll (p, 2, -1)) < 0)
+      if (TEMP_FAILURE_RETRY (poll (p, 2, f->idle_ms > 0 ? 1000 : -1)) < 0)
         return err_make_sys (err, errno, "Forward: poll");
       if (atomic_load (&f->stop))
         return 1;
       if (p[0].revents == 0)
-        continue;
+        {
+          if (f->idle_ms > 0 && mono_ms () - atomic_load (&f->active_ms) > f->idle_ms)
+            return err_make (err, ETIMEDOUT, "Forward: idle for %" PRId64 " s", f->idle_ms / 1000);
+          continue;
+        }
+      atomic_store (&f->active_ms, mono_ms ());
       int rc = relay_chunk (f, err);
       if (rc < 0)
         return -1;
@@ -286,8 +296,15 @@ api_forward (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   cleanup_close int wake = eventfd (0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0)
     return err_make_sys (err, errno, "Forward: eventfd");
-  fwd_t f = {.call = call, .rt = ctx->rt, .id = first->sandbox_id, .sock = -1, .wake = wake, .error = ERR_INIT};
+  fwd_t f = {.call = call,
+             .rt = ctx->rt,
+             .id = first->sandbox_id,
+             .sock = -1,
+             .wake = wake,
+             .idle_ms = (int64_t) first->idle_timeout_seconds * 1000,
+             .error = ERR_INIT};
   atomic_init (&f.stop, false);
+  atomic_init (&f.active_ms, mono_ms ());
   pthread_mutex_init (&f.mu, NULL);
   pthread_cond_init (&f.cv, NULL);
   pthread_t reader;

@@ -66,6 +66,11 @@ AUTH_ROUTES = [
     ("POST", "/sandboxes/authcheck/processes/p/signal", {"signal": "TERM"}),
     ("POST", "/sandboxes/authcheck/processes/p/resize", {"rows": 1, "cols": 1}),
     ("GET", "/metrics", None),
+    ("GET", "/sandboxes/authcheck/ports", None),
+    ("POST", "/sandboxes/authcheck/ports/8000/links", {"ttl_seconds": 60}),
+    ("GET", "/sandboxes/authcheck/ports/8000", None),
+    ("GET", "/sandboxes/authcheck/ports/8000/", None),
+    ("POST", "/sandboxes/authcheck/ports/8000/x", b"x"),
 ]
 AUTH_IDS = [f"{m} {p}" for m, p, _ in AUTH_ROUTES]
 
