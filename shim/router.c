@@ -18,7 +18,8 @@ take_component (const char *start, size_t len, char *out, size_t cap, bool *too_
 bool
 shim_match_path2 (const char *tmpl, const char *url, char *id, char *pid, size_t cap, bool *too_long)
 {
-  if (strstr (tmpl, "{id}") == NULL && strstr (tmpl, "{pid}") == NULL)
+  if (strstr (tmpl, "{id}") == NULL && strstr (tmpl, "{pid}") == NULL && strstr (tmpl, "{port}") == NULL
+      && strstr (tmpl, "{*}") == NULL)
     return strcmp (tmpl, url) == 0;
   /* Component by component: literals must be equal, placeholders must be
    * non-empty; the results are written only on a match. */
@@ -28,8 +29,13 @@ shim_match_path2 (const char *tmpl, const char *url, char *id, char *pid, size_t
   for (;;)
     {
       size_t tl = strcspn (t, "/"), ul = strcspn (u, "/");
+      /* "{*}", the template's last component: the rest of the path, any
+       * number of components, possibly none. */
+      if (tl == 3 && strncmp (t, "{*}", 3) == 0 && t[3] == '\0')
+        break;
       bool is_id = tl == 4 && strncmp (t, "{id}", 4) == 0;
-      bool is_pid = tl == 5 && strncmp (t, "{pid}", 5) == 0;
+      /* "{port}" is taken like "{pid}", into the second slot. */
+      bool is_pid = (tl == 5 && strncmp (t, "{pid}", 5) == 0) || (tl == 6 && strncmp (t, "{port}", 6) == 0);
       if (is_id || is_pid)
         {
           if (ul == 0 || (is_pid && pid == NULL))
@@ -82,7 +88,7 @@ shim_route_find (const shim_route_t *table, size_t n, const char *url, const cha
       if (!shim_match_path2 (table[i].path, url, got, got_pid, sizeof got, &tl))
         continue;
       *path_known = true;
-      if (strcmp (table[i].method, method) != 0)
+      if (strcmp (table[i].method, "*") != 0 && strcmp (table[i].method, method) != 0)
         continue;
       /* a too long id is refused by the caller */
       *id_too_long = tl || strlen (got) > SHIM_ID_MAX || strlen (got_pid) > SHIM_ID_MAX;

@@ -17,13 +17,15 @@
  * component does not match. `id_cap` must be at least 1. */
 bool shim_match_path (const char *tmpl, const char *url, char *id, size_t id_cap, bool *id_too_long);
 
-/* shim_match_path for templates that may also hold a "{pid}" component
- * after "{id}" ("/sandboxes/{id}/processes/{pid}"), copied into `pid`
- * (`cap` bytes too; *too_long when either was cut). A template with
- * "{pid}" never matches when `pid` is NULL. */
+/* shim_match_path for templates that may also hold a "{pid}" or "{port}"
+ * component after "{id}" ("/sandboxes/{id}/processes/{pid}"), copied into
+ * `pid` (`cap` bytes too; *too_long when either was cut), and end in "{*}",
+ * which matches the rest of the path (any components, or none; not
+ * copied: a route reads it from the request). A template with "{pid}" or
+ * "{port}" never matches when `pid` is NULL. */
 bool shim_match_path2 (const char *tmpl, const char *url, char *id, char *pid, size_t cap, bool *too_long);
 
-/* The route of `table` for `method` and `url`, with the path's id copied
+/* The route of `table` for `method` (a route's method "*" takes any) and `url`, with the path's id copied
  * to id and its process id (if any) to pid (SHIM_ID_MAX + 1 bytes each;
  * cut, with *id_too_long, when longer).
  * NULL when none matches; *path_known then says whether another method

@@ -82,7 +82,7 @@ start_request (shim_req_t *r, const char *url, const char *method)
       else
         {
           shim_check_id (r->id, "path", "sandbox_id", &e);
-          if (r->pid[0] != '\0')
+          if (r->pid[0] != '\0' && strstr (r->route->path, "{pid}") != NULL)
             shim_check_id (r->pid, "path", "process_id", &e);
         }
       if (shim_errors_any (&e))
@@ -151,9 +151,10 @@ access_handler (void *cls, struct MHD_Connection *conn, const char *url, const c
                 const char *upload_data, size_t *upload_data_size, void **con_cls)
 {
   shim_req_t *r = *con_cls;
-  if (r == NULL)
+  if (r == NULL || r->conn == NULL)
     {
-      r = calloc (1, sizeof *r);
+      if (r == NULL)
+        r = calloc (1, sizeof *r);
       if (r == NULL)
         return MHD_NO;
       r->conn = conn;
@@ -205,6 +206,14 @@ completed (void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_Requ
   shim_req_t *r = *con_cls;
   if (r == NULL)
     return;
+  if (r->conn == NULL)
+    {
+      /* Its head never completed: nothing to log. */
+      free (r->uri);
+      free (r);
+      *con_cls = NULL;
+      return;
+    }
   double secs = (double) (shim_mono_ns () - r->start_ns) / 1e9;
   const char *route = r->route != NULL ? r->route->path : "(unmatched)";
   unsigned status = r->status != 0 ? r->status : 499; /* the client left before an answer */
@@ -219,8 +228,22 @@ completed (void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_Requ
   if (r->early != NULL)
     MHD_destroy_response (r->early);
   free (r->body);
+  free (r->uri);
   free (r);
   *con_cls = NULL;
+}
+
+/* MHD_OPTION_URI_LOG_CALLBACK: the request's state begins with its target
+ * as sent (the port proxy passes path and query on undecoded). */
+static void *
+uri_seen (void *cls, const char *uri, struct MHD_Connection *conn)
+{
+  (void) cls;
+  (void) conn;
+  shim_req_t *r = calloc (1, sizeof *r);
+  if (r != NULL)
+    r->uri = strdup (uri);
+  return r;
 }
 
 static void
@@ -243,10 +266,11 @@ shim_server_start (const struct sockaddr *addr, err_t *err)
       MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC
           | MHD_USE_TURBO | MHD_ALLOW_UPGRADE,
       0, NULL, NULL, access_handler, NULL, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, addr,
-      MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_NOTIFY_CONNECTION, watchdog_notify_connection, NULL,
-      MHD_OPTION_CONNECTION_LIMIT, (unsigned) shim.cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-      (unsigned) shim.cfg.connection_timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (256 * 1024),
-      MHD_OPTION_THREAD_STACK_SIZE, (size_t) (512 * 1024), MHD_OPTION_END);
+      MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_URI_LOG_CALLBACK, uri_seen, NULL,
+      MHD_OPTION_NOTIFY_CONNECTION, watchdog_notify_connection, NULL, MHD_OPTION_CONNECTION_LIMIT,
+      (unsigned) shim.cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) shim.cfg.connection_timeout,
+      MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (256 * 1024), MHD_OPTION_THREAD_STACK_SIZE, (size_t) (512 * 1024),
+      MHD_OPTION_END);
   if (d == NULL)
     {
       err_make (err, EADDRINUSE, "cannot listen on %s:%ld (address in use or not valid)", shim.cfg.host,

@@ -39,6 +39,11 @@ typedef struct shim_config_s
   char *gateway_tls_key;
   char *gateway_tls_server_name;
   char *log_level;
+  long max_forwards;             /* SHIM_MAX_FORWARDS */
+  long max_forwards_per_sandbox; /* SHIM_MAX_FORWARDS_PER_SANDBOX */
+  long forward_idle_seconds;     /* SHIM_FORWARD_IDLE_SECONDS */
+  long preview_max_ttl;          /* SHIM_PREVIEW_MAX_TTL_SECONDS */
+  char *public_url;              /* SHIM_PUBLIC_URL, or NULL */
 } shim_config_t;
 
 typedef struct shim_s
@@ -90,7 +95,8 @@ struct shim_req_s
   struct MHD_Connection *conn;
   const shim_route_t *route;
   char id[SHIM_ID_MAX + 1];
-  char pid[SHIM_ID_MAX + 1]; /* a "{pid}" path component (process id), or "" */
+  char pid[SHIM_ID_MAX + 1]; /* a "{pid}" or "{port}" path component, or "" */
+  char *uri;                 /* the request target as sent (path and query, not decoded), or NULL */
   char *body;
   size_t len, cap;
   uint64_t body_bytes;

@@ -40,6 +40,10 @@ int api_export (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_persist (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_connect (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 
+/* ports.c */
+int api_forward (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_list_ports (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+
 /* Receives the single request message of a unary or server-streaming
  * call into *out (freed by the caller: cleanup_message). EINVAL when there
  * is none. */

@@ -38,6 +38,8 @@ static const api_method_t api_methods[] = {
     {"/sandbox.v1.Sandbox/Rename", api_rename},
     {"/sandbox.v1.Sandbox/MakeDir", api_make_dir},
     {"/sandbox.v1.Sandbox/Watch", api_watch},
+    {"/sandbox.v1.Sandbox/Forward", api_forward},
+    {"/sandbox.v1.Sandbox/ListPorts", api_list_ports},
 };
 
 #define N_METHODS (sizeof api_methods / sizeof api_methods[0])

@@ -347,4 +347,30 @@ size_t sbx_count (sbx_runtime_t *rt);
 /* The runtime's configuration. */
 const sbx_config_t *sbx_runtime_config (const sbx_runtime_t *rt);
 
+/* ---- ports (ports.c): servers inside a sandbox ---------------------------- */
+
+/* Connects to TCP `port` on sandbox `id`'s loopback (127.0.0.1, else
+ * [::1]), inside its network namespace. *fd (non-blocking, CLOEXEC) is the
+ * caller's. ENOENT unknown sandbox, EINVAL bad port, ENOTCONN nothing
+ * listens there, ETIMEDOUT the connection is not accepted in time. */
+int sbx_port_connect (sbx_runtime_t *rt, const char *id, unsigned port, int *fd, err_t *err);
+
+/* Renews sandbox `id`'s idle timer (a forwarded connection in use). */
+void sbx_port_touch (sbx_runtime_t *rt, const char *id);
+
+/* A TCP socket listening in a sandbox. */
+typedef struct sbx_port_s
+{
+  unsigned port;
+  char address[46]; /* as text */
+  bool loopback_only;
+  bool ipv6;
+  int pid; /* its owner, as seen inside the sandbox; 0 unknown */
+  unsigned long inode;
+} sbx_port_t;
+
+/* Lists sandbox `id`'s listening TCP sockets, ordered by port. *out is
+ * freed by the caller. ENOENT unknown sandbox. */
+int sbx_port_list (sbx_runtime_t *rt, const char *id, sbx_port_t **out, size_t *n, err_t *err);
+
 #endif

@@ -60,6 +60,14 @@ struct MHD_Response *route_file_rename (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_file_mkdir (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_file_watch (shim_req_t *r, unsigned *status);
 
+/* ports.c (and proxy.c, through proxy.h) */
+struct MHD_Response *route_ports_list (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_port_link (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_port_root (shim_req_t *r, unsigned *status);
+struct MHD_Response *proxy_handle (shim_req_t *r, unsigned *status);
+int proxy_upload (shim_req_t *r, const char *data, size_t len);
+void proxy_cleanup (shim_req_t *r);
+
 /* common.c */
 /* A whole unary call to the gateway with the shim's credentials. */
 int route_unary (const char *method, const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,

@@ -33,5 +33,12 @@ const shim_route_t shim_routes[] = {
     {"POST", "/sandboxes/{id}/files/mkdir", SHIM_BODY_JSON, true, route_file_mkdir, NULL, NULL, false},
     {"GET", "/sandboxes/{id}/files/watch", SHIM_BODY_NONE, true, route_file_watch, NULL, NULL, false},
     {"GET", "/metrics", SHIM_BODY_NONE, true, route_metrics, NULL, NULL, false},
+    {"GET", "/sandboxes/{id}/ports", SHIM_BODY_NONE, true, route_ports_list, NULL, NULL, false},
+    /* Before the proxy: a server's own POST …/links is shadowed by it. */
+    {"POST", "/sandboxes/{id}/ports/{port}/links", SHIM_BODY_JSON, true, route_port_link, NULL, NULL, false},
+    {"*", "/sandboxes/{id}/ports/{port}", SHIM_BODY_NONE, true, route_port_root, NULL, NULL, false},
+    {"*", "/sandboxes/{id}/ports/{port}/{*}", SHIM_BODY_STREAM, true, proxy_handle, proxy_upload, proxy_cleanup,
+     false},
+    {"*", "/p/{*}", SHIM_BODY_STREAM, false, proxy_handle, proxy_upload, proxy_cleanup, false},
 };
 const size_t shim_n_routes = sizeof shim_routes / sizeof shim_routes[0];

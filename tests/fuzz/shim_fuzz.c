@@ -51,6 +51,8 @@ static const char *const routes[] = {
     "/sandboxes/{id}/snapshot",
     "/sandboxes/{id}/connect",
     "/sandboxes/{id}/processes",
+    "/sandboxes/{id}/ports",
+    "/p/{*}",
     "/metrics",
 };
 
@@ -178,9 +180,15 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
          * component; other arbitrary templates are only run, not checked. */
         bool one_id = brace != NULL && strstr (brace + 4, "{id}") == NULL && (brace == tmpl || brace[-1] == '/')
                       && (brace[4] == '\0' || brace[4] == '/');
-        if (m && brace == NULL)
+        /* "{*}" (the rest of the path) as the last component: a match
+         * shares the template's text before it. */
+        const char *rest_at = strstr (tmpl, "{*}");
+        bool tail = rest_at != NULL && rest_at[3] == '\0' && (rest_at == tmpl || rest_at[-1] == '/');
+        if (m && brace == NULL && rest_at == NULL)
           CHECK (strcmp (tmpl, url) == 0);
-        else if (m && one_id)
+        else if (m && tail && brace == NULL && strchr (tmpl, '{') == rest_at)
+          CHECK (strncmp (tmpl, url, (size_t) (rest_at - tmpl)) == 0);
+        else if (m && one_id && rest_at == NULL)
           {
             size_t idlen = strnlen (id, cap);
             CHECK (idlen < cap);

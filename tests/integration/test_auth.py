@@ -45,12 +45,14 @@ def _requests(pb2):
         "Rename": lambda: pb2.RenameRequest(sandbox_id=MISSING_ID, to="/tmp/y", **{"from": "/tmp/x"}),
         "MakeDir": lambda: pb2.MakeDirRequest(sandbox_id=MISSING_ID, path="/tmp/d"),
         "Watch": lambda: pb2.WatchRequest(sandbox_id=MISSING_ID, path="/tmp"),
+        "Forward": lambda: iter([pb2.ForwardFrame(sandbox_id=MISSING_ID, port=8000)]),
+        "ListPorts": lambda: pb2.ListPortsRequest(sandbox_id=MISSING_ID),
     }
 
 
 METHODS = ["Launch", "Restore", "Exec", "Run", "ListProcesses", "SignalProcess", "ExportSnapshot", "PersistSnapshot",
            "Connect", "Delete", "Get", "List", "Status", "ReadFile", "WriteFile", "ListDir", "Stat", "Remove",
-           "Rename", "MakeDir", "Watch"]
+           "Rename", "MakeDir", "Watch", "Forward", "ListPorts"]
 
 
 def call(gw, sandbox_api, method, metadata=None):

@@ -13,7 +13,7 @@ SANDBOX_FILE = "sandbox/v1/sandbox.proto"
 SANDBOX_METHODS = ["Launch", "Restore", "Exec", "Run", "ListProcesses", "SignalProcess", "ExportSnapshot",
                    "PersistSnapshot",
                    "Connect", "Delete", "Get", "List", "Status", "ReadFile", "WriteFile", "ListDir", "Stat",
-                   "Remove", "Rename", "MakeDir", "Watch"]
+                   "Remove", "Rename", "MakeDir", "Watch", "Forward", "ListPorts"]
 NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]  # 5
 
 
@@ -141,10 +141,11 @@ def test_client_without_proto_copy_calls_sandbox_via_reflection(reflection, gate
     for name in ["Restore", "WriteFile"]:
         assert flags[name] == (True, False), name
     assert flags["Run"] == (True, True)
+    assert flags["Forward"] == (True, True)
     for name in ["Exec", "ExportSnapshot", "PersistSnapshot", "ReadFile", "Watch"]:
         assert flags[name] == (False, True), name
     for name in ["Launch", "ListProcesses", "SignalProcess", "Connect", "Delete", "Get", "List", "Status", "ListDir",
-                 "Stat", "Remove", "Rename", "MakeDir"]:
+                 "Stat", "Remove", "Rename", "MakeDir", "ListPorts"]:
         assert flags[name] == (False, False), name
 
     # A request built from the reflected descriptor is wire-compatible with

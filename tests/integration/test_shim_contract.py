@@ -74,6 +74,11 @@ AUTH_ROUTES = [
     ("POST", "/sandboxes/authcheck/files/mkdir", {"path": "/tmp/d"}),
     ("GET", "/sandboxes/authcheck/files/watch?path=/tmp", None),
     ("GET", "/metrics", None),
+    ("GET", "/sandboxes/authcheck/ports", None),
+    ("POST", "/sandboxes/authcheck/ports/8000/links", {"ttl_seconds": 60}),
+    ("GET", "/sandboxes/authcheck/ports/8000", None),
+    ("GET", "/sandboxes/authcheck/ports/8000/", None),
+    ("POST", "/sandboxes/authcheck/ports/8000/x", b"x"),
 ]
 AUTH_IDS = [f"{m} {p}" for m, p, _ in AUTH_ROUTES]
 

@@ -230,6 +230,37 @@ test_id_too_long_is_flagged_and_cut_to_the_limit (void **state)
   assert_true (known);
 }
 
+/* The ports proxy's templates: "{port}" into the second slot, "{*}" the
+ * rest of the path (none, one or many components), "*" any method; an
+ * earlier, more specific route wins. */
+static void
+test_port_and_rest_of_the_path_match_any_method (void **state)
+{
+  (void) state;
+  static const shim_route_t proxy[] = {
+      {"POST", "/s/{id}/ports/{port}/links", SHIM_BODY_JSON, true, NULL, NULL, NULL, false},
+      {"*", "/s/{id}/ports/{port}/{*}", SHIM_BODY_STREAM, true, NULL, NULL, NULL, false},
+      {"*", "/p/{*}", SHIM_BODY_STREAM, false, NULL, NULL, NULL, false},
+  };
+  char id[SHIM_ID_MAX + 1], pid[SHIM_ID_MAX + 1];
+  bool known = false, too_long = false;
+  const shim_route_t *r = shim_route_find (proxy, 3, "/s/box/ports/8000/", "PATCH", id, pid, &known, &too_long);
+  assert_ptr_equal (r, &proxy[1]);
+  assert_string_equal (id, "box");
+  assert_string_equal (pid, "8000");
+  r = shim_route_find (proxy, 3, "/s/box/ports/8000/a/b/c.js", "GET", id, pid, &known, &too_long);
+  assert_ptr_equal (r, &proxy[1]);
+  r = shim_route_find (proxy, 3, "/s/box/ports/8000/links", "POST", id, pid, &known, &too_long);
+  assert_ptr_equal (r, &proxy[0]);
+  r = shim_route_find (proxy, 3, "/s/box/ports/8000/links", "GET", id, pid, &known, &too_long);
+  assert_ptr_equal (r, &proxy[1]);
+  /* No slash after the port: not the proxy. */
+  assert_null (shim_route_find (proxy, 3, "/s/box/ports/8000", "GET", id, pid, &known, &too_long));
+  r = shim_route_find (proxy, 3, "/p/tok.en/x?y", "DELETE", id, pid, &known, &too_long);
+  assert_ptr_equal (r, &proxy[2]);
+  assert_null (shim_route_find (proxy, 3, "/px/tok", "GET", id, pid, &known, &too_long));
+}
+
 int
 main (void)
 {
@@ -244,6 +275,7 @@ main (void)
       cmocka_unit_test (test_unknown_path_is_404_and_known_path_with_another_method_is_405),
       cmocka_unit_test (test_empty_id_and_trailing_slash_are_404),
       cmocka_unit_test (test_id_too_long_is_flagged_and_cut_to_the_limit),
+      cmocka_unit_test (test_port_and_rest_of_the_path_match_any_method),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

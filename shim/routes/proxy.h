@@ -1,0 +1,37 @@
+/* routes/proxy: what the port routes (ports.c) and the HTTP reverse proxy
+ * (proxy.c) share — the forwarded-connection limits and the preview-link
+ * tokens. Threading: every function may be called from any thread. */
+#ifndef SBX_SHIM_ROUTES_PROXY_H
+#define SBX_SHIM_ROUTES_PROXY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "shim/shim.h"
+
+/* Takes a forwarded-connection slot for sandbox `id` (SHIM_MAX_FORWARDS in
+ * all, SHIM_MAX_FORWARDS_PER_SANDBOX per sandbox): false when none is
+ * left. Every slot taken is given back with ports_slot_release. */
+bool ports_slot_take (const char *id);
+void ports_slot_release (const char *id);
+
+/* A preview link's token for `port` of sandbox `id` (created at
+ * `created_ms`, as Get says), valid until `expires` (Unix seconds):
+ * "<id>.<port>.<expires>.<mac>" where mac is base64url(HMAC-SHA256) under a
+ * key derived from the shim's secret. `out` holds PORTS_TOKEN_MAX bytes. */
+#define PORTS_TOKEN_MAX 200
+int ports_token_make (const char *id, unsigned port, int64_t expires, int64_t created_ms, char *out);
+
+/* Checks a token (its text up to the first '/' of `text`): 0 with the
+ * sandbox in `id` (SHIM_ID_MAX + 1 bytes) and the port in *port; -1 when
+ * it is malformed, expired, forged, or its sandbox is gone or was created
+ * again since (asks the gateway). */
+int ports_token_check (const char *text, char *id, unsigned *port);
+
+/* The proxy's route handlers (proxy.c): `/sandboxes/{id}/ports/{port}/…`
+ * (bearer) and `/p/<token>/…` (the token is the credential). */
+struct MHD_Response *proxy_handle (shim_req_t *r, unsigned *status);
+int proxy_upload (shim_req_t *r, const char *data, size_t len);
+void proxy_cleanup (shim_req_t *r);
+
+#endif

@@ -1,0 +1,332 @@
+"""sandbox-shim's port proxy (/sandboxes/{id}/ports/{port}/…), its port
+list and preview links (/p/<token>/…), against a real HTTP server (and a
+WebSocket server) running in a sandbox without egress."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+from tests.lib.client import new_id
+from tests.lib.ports import start_detached, wait_listening
+
+HTTP_PORT = 8000
+WS_PORT = 8001
+WS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ws")
+
+# An HTTP/1.1 server for the sandbox: /echo answers with what it got,
+# /chunked in chunks, /sse three events a second apart.
+SERVER = r"""
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+    def echo(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            body = b""
+            while True:
+                size = int(self.rfile.readline().strip(), 16)
+                if size == 0:
+                    self.rfile.readline(); break
+                body += self.rfile.read(size); self.rfile.readline()
+        else:
+            body = self.rfile.read(n)
+        out = json.dumps({"method": self.command, "path": self.path, "headers": dict(self.headers),
+                          "body": body.decode("latin-1"), "len": len(body), "tag": sys.argv[2]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.send_header("X-Upstream", "yes")
+        self.end_headers()
+        self.wfile.write(out)
+    def do_GET(self):
+        if self.path == "/chunked":
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(5):
+                part = ("part %d;" % i).encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.write(b"0\r\n\r\n")
+        elif self.path == "/sse":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
+            for i in range(3):
+                self.wfile.write(b"data: event %d\n\n" % i)
+                self.wfile.flush()
+                time.sleep(1)
+            self.close_connection = True
+        else:
+            self.echo()
+    do_POST = do_PUT = do_DELETE = do_PATCH = echo
+ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+@pytest.fixture(scope="module")
+def web(sbx):
+    sid = new_id("proxy")
+    sbx.launch(sid)
+    start_detached(sbx, sid, ["python3", "-c", SERVER, str(HTTP_PORT), sid])
+    wait_listening(sbx, sid, HTTP_PORT)
+    return sid
+
+
+def _path(sid, rest="/", port=HTTP_PORT):
+    return f"/sandboxes/{sid}/ports/{port}{rest}"
+
+
+def test_get_passes_path_query_and_headers_and_sets_forwarded(shim, web):
+    r = shim.request("GET", _path(web, "/echo/a%20b?x=1&y=%2F"), headers={"X-Custom": "v"})
+    assert r.status == 200, r
+    assert r.headers["x-upstream"] == "yes"
+    got = r.json()
+    assert got["method"] == "GET" and got["path"] == "/echo/a%20b?x=1&y=%2F" and got["tag"] == web
+    h = {k.lower(): v for k, v in got["headers"].items()}
+    assert h["x-custom"] == "v"
+    assert "authorization" not in h  # our bearer stays with the shim
+    assert h["x-forwarded-prefix"] == f"/sandboxes/{web}/ports/{HTTP_PORT}"
+    assert h["x-forwarded-proto"] == "http" and h["x-forwarded-for"] == "127.0.0.1"
+    assert h["x-forwarded-host"].startswith("127.0.0.1:")
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT"])
+def test_bodies_go_up(shim, web, method):
+    body = os.urandom(3 * 1024 * 1024).hex()[:5_000_000]
+    r = shim.request(method, _path(web, "/echo"), body=body.encode(),
+                     headers={"Content-Type": "text/plain"})
+    assert r.status == 200, r
+    got = r.json()
+    assert got["method"] == method and got["len"] == len(body) and got["body"] == body
+
+
+def test_a_chunked_request_body_goes_up_chunked(shim, web):
+    conn = shim.connection()
+    conn.putrequest("POST", _path(web, "/echo"))
+    for k, v in shim.auth_headers().items():
+        conn.putheader(k, v)
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    for part in (b"hello ", b"chunked ", b"world"):
+        conn.send(b"%x\r\n%s\r\n" % (len(part), part))
+    conn.send(b"0\r\n\r\n")
+    r = conn.getresponse()
+    assert r.status == 200
+    assert json.loads(r.read())["body"] == "hello chunked world"
+
+
+def test_chunked_response_arrives_whole(shim, web):
+    r = shim.request("GET", _path(web, "/chunked"))
+    assert r.status == 200, r
+    assert r.body == b"".join(b"part %d;" % i for i in range(5))
+
+
+def test_sse_arrives_as_it_is_sent(shim, web):
+    conn = shim.connection(timeout=30)
+    conn.request("GET", _path(web, "/sse"), headers=shim.auth_headers())
+    r = conn.getresponse()
+    assert r.status == 200 and r.getheader("content-type") == "text/event-stream"
+    t0 = time.monotonic()
+    first = r.readline()
+    assert first == b"data: event 0\n"
+    assert time.monotonic() - t0 < 0.8  # not held back until the stream ends
+    rest = r.read()
+    assert b"data: event 2" in rest
+    conn.close()
+
+
+def test_nothing_listening_is_502_and_unknown_sandbox_404(shim, web):
+    r = shim.request("GET", _path(web, "/", port=9))
+    assert r.status == 502 and "Nothing listens on port 9" in r.json()["detail"], r
+    r = shim.request("GET", _path("no-such-proxy-box", "/"))
+    assert r.status == 404, r
+    r = shim.request("GET", _path(web, "/", port=70000))
+    assert r.status == 422, r
+
+
+def test_port_root_redirects_to_the_slash(shim, web):
+    r = shim.request("GET", _path(web, ""))
+    assert r.status == 308 and r.headers["location"] == _path(web, "/"), r
+
+
+def test_ports_list(shim, web):
+    r = shim.request("GET", f"/sandboxes/{web}/ports")
+    assert r.status == 200, r
+    ports = r.json()["ports"]
+    mine = [p for p in ports if p["port"] == HTTP_PORT]
+    assert mine and mine[0]["address"] == "0.0.0.0" and mine[0]["loopback_only"] is False
+    assert isinstance(mine[0]["pid"], int) and mine[0]["pid"] > 0
+
+
+# ---- preview links ------------------------------------------------------------------
+
+
+def _link(shim, sid, port=HTTP_PORT, ttl=3600):
+    r = shim.request("POST", f"/sandboxes/{sid}/ports/{port}/links", body={"ttl_seconds": ttl})
+    assert r.status == 201, r
+    return r.json()
+
+
+def test_link_works_without_bearer(shim, web):
+    link = _link(shim, web)
+    assert link["url"].endswith(link["path"]) and link["path"].startswith("/p/")
+    assert link["expires_at"] > time.time() + 3500
+    r = shim.request("GET", link["path"] + "echo?q=1", auth=False)
+    assert r.status == 200, r
+    got = r.json()
+    assert got["path"] == "/echo?q=1" and got["tag"] == web
+    h = {k.lower(): v for k, v in got["headers"].items()}
+    assert h["x-forwarded-prefix"] == link["path"].rstrip("/")
+
+
+def test_expired_link_is_403(shim, web):
+    link = _link(shim, web, ttl=1)
+    time.sleep(2.1)
+    assert shim.request("GET", link["path"], auth=False).status == 403
+
+
+def test_tampered_link_is_403(shim, web):
+    path = _link(shim, web)["path"]
+    token = path.split("/")[2]
+    sid, port, exp, mac = token.split(".")
+    for bad in (f"{sid}.{port}.{int(exp) + 1000}.{mac}", f"{sid}.{port}.{exp}.{mac[:-1]}{'B' if mac[-1] == 'A' else 'A'}",
+                f"{sid}.{port}.{exp}", "garbage", f"{sid}.{port}.{exp}.{mac}.x"):
+        r = shim.request("GET", f"/p/{bad}/", auth=False)
+        assert r.status == 403, (bad, r)
+
+
+def test_link_for_another_port_is_403(shim, web):
+    token = _link(shim, web)["path"].split("/")[2]
+    sid, port, exp, mac = token.split(".")
+    r = shim.request("GET", f"/p/{sid}.{WS_PORT}.{exp}.{mac}/", auth=False)
+    assert r.status == 403, r
+
+
+def test_link_after_delete_and_recreate_is_403(shim, sbx):
+    sid = new_id("proxy-again")
+    sbx.launch(sid)
+    start_detached(sbx, sid, ["python3", "-c", SERVER, str(HTTP_PORT), sid])
+    wait_listening(sbx, sid, HTTP_PORT)
+    path = _link(shim, sid)["path"]
+    assert shim.request("GET", path + "echo", auth=False).status == 200
+    sbx.delete(sid)
+    assert shim.request("GET", path + "echo", auth=False).status == 403
+    sbx.launch(sid)
+    start_detached(sbx, sid, ["python3", "-c", SERVER, str(HTTP_PORT), sid])
+    wait_listening(sbx, sid, HTTP_PORT)
+    assert shim.request("GET", path + "echo", auth=False).status == 403
+    assert shim.request("GET", _link(shim, sid)["path"] + "echo", auth=False).status == 200
+
+
+def test_link_gives_no_access_to_the_api(shim, web):
+    path = _link(shim, web)["path"]
+    # The token is not a bearer.
+    token = path.split("/")[2]
+    r = shim.request("GET", "/sandboxes", headers={"Authorization": f"Bearer {token}"}, auth=False)
+    assert r.status == 401
+
+
+# ---- isolation ------------------------------------------------------------------------
+
+
+def test_two_sandboxes_on_the_same_port_answer_each_for_itself(shim, sbx, web):
+    other = new_id("proxy-other")
+    sbx.launch(other)
+    start_detached(sbx, other, ["python3", "-c", SERVER, str(HTTP_PORT), other])
+    wait_listening(sbx, other, HTTP_PORT)
+    assert shim.request("GET", _path(web, "/echo")).json()["tag"] == web
+    assert shim.request("GET", _path(other, "/echo")).json()["tag"] == other
+
+
+# ---- WebSocket -------------------------------------------------------------------------
+
+WS_SERVER = r"""
+const { WebSocketServer } = require('ws');
+const wss = new WebSocketServer({ port: +process.argv[1], host: '127.0.0.1' });
+wss.on('connection', (ws, req) => {
+  ws.send('hello ' + req.url);
+  ws.on('message', (m, binary) => ws.send(binary ? m : 'echo: ' + m));
+});
+"""
+
+WS_CLIENT = r"""
+const WebSocket = require('ws');
+const [url, auth] = [process.argv[1], process.argv[2]];
+const ws = new WebSocket(url, { headers: auth ? { Authorization: auth } : {} });
+const got = [];
+ws.on('message', (m, binary) => {
+  got.push(binary ? 'bin:' + m.length : m.toString());
+  if (got.length === 1) { ws.send('ping'); ws.send(Buffer.alloc(200000, 7)); }
+  if (got.length === 3) { console.log(JSON.stringify(got)); ws.close(); }
+});
+ws.on('unexpected-response', (req, res) => { console.log(JSON.stringify({ status: res.statusCode })); process.exit(1); });
+ws.on('close', (code) => { if (got.length < 3) console.log(JSON.stringify({ closed: code, got })); });
+ws.on('error', (e) => { console.log(JSON.stringify({ error: String(e) })); process.exit(1); });
+"""
+
+
+@pytest.fixture(scope="module")
+def node_ws():
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.fail("node or npm is not installed")
+    if not os.path.isdir(os.path.join(WS_DIR, "node_modules", "ws")):
+        r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=WS_DIR, capture_output=True, text=True,
+                           timeout=600, check=False)
+        assert r.returncode == 0, r.stderr[-800:]
+    return node
+
+
+def _ws_client(node, url, auth=None):
+    r = subprocess.run([node, "-e", WS_CLIENT, url, auth or ""], cwd=WS_DIR, capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "NODE_PATH": os.path.join(WS_DIR, "node_modules")})
+    lines = r.stdout.strip().splitlines()
+    assert lines, (r.returncode, r.stderr[-2000:])
+    return json.loads(lines[-1])
+
+
+@pytest.fixture(scope="module")
+def ws_box(sbx, node_ws):
+    sid = new_id("proxy-ws")
+    sbx.launch(sid)
+    start_detached(sbx, sid, ["env", "NODE_PATH=" + os.path.join(WS_DIR, "node_modules"), node_ws, "-e",
+                              WS_SERVER, str(WS_PORT)])
+    wait_listening(sbx, sid, WS_PORT)
+    return sid
+
+
+def test_websocket_echo_through_the_proxy(shim, node_ws, ws_box):
+    url = f"ws://{shim.host}:{shim.port}{_path(ws_box, '/chat?room=1', port=WS_PORT)}"
+    got = _ws_client(node_ws, url, f"Bearer {shim.secret}")
+    assert got == ["hello /chat?room=1", "echo: ping", "bin:200000"], got
+
+
+def test_websocket_through_a_preview_link(shim, node_ws, ws_box):
+    path = _link(shim, ws_box, port=WS_PORT)["path"]
+    got = _ws_client(node_ws, f"ws://{shim.host}:{shim.port}{path}live")
+    assert got == ["hello /live", "echo: ping", "bin:200000"], got
+
+
+def test_slow_head_on_a_preview_link_is_cut(shim, web):
+    s = socket.create_connection((shim.host, shim.port), timeout=30)
+    s.sendall(b"GET /p/x/ HTTP/1.1\r\nHost: a\r\n")  # and never the rest
+    t0 = time.monotonic()
+    s.settimeout(30)
+    try:
+        data = s.recv(100)
+    except OSError:
+        data = b""
+    assert time.monotonic() - t0 < 25
+    assert data == b"" or b"408" in data or b"400" in data
+    s.close()
