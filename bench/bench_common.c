@@ -387,6 +387,17 @@ int
 bc_exec (rpc_channel_t *ch, const char *id, char **argv, size_t argc, uint32_t timeout_s, uint64_t *out_bytes,
          err_t *err)
 {
+  return bc_exec_capture (ch, id, argv, argc, timeout_s, out_bytes, NULL, 0, err);
+}
+
+int
+bc_exec_capture (rpc_channel_t *ch, const char *id, char **argv, size_t argc, uint32_t timeout_s, uint64_t *out_bytes,
+                 char *out, size_t out_size, err_t *err)
+{
+  if (out_size == 0)
+    out = NULL;
+  if (out != NULL)
+    out[0] = '\0';
   Sandbox__V1__ExecRequest req = SANDBOX__V1__EXEC_REQUEST__INIT;
   req.sandbox_id = (char *) id;
   req.argv = argv;
@@ -413,7 +424,16 @@ bc_exec (rpc_channel_t *ch, const char *id, char **argv, size_t argc, uint32_t t
         break;
       Sandbox__V1__ExecEvent *ev = (Sandbox__V1__ExecEvent *) m;
       if (ev->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDOUT)
-        bytes += ev->stdout.len;
+        {
+          if (out != NULL && bytes < out_size)
+            {
+              size_t room = out_size - 1 - (size_t) bytes;
+              size_t n = ev->stdout.len < room ? ev->stdout.len : room;
+              memcpy (out + bytes, ev->stdout.data, n);
+              out[bytes + n] = '\0';
+            }
+          bytes += ev->stdout.len;
+        }
       else if (ev->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDERR && stderr_head[0] == '\0')
         snprintf (stderr_head, sizeof stderr_head, "%.*s", (int) (ev->stderr.len < 199 ? ev->stderr.len : 199),
                   (const char *) ev->stderr.data);
@@ -428,6 +448,9 @@ bc_exec (rpc_channel_t *ch, const char *id, char **argv, size_t argc, uint32_t t
     return -1;
   if (exit_code != 0)
     return err_make (err, EIO, "exec `%s`: exit %d, signal %d; stderr: %s", argv[0], exit_code, sig, stderr_head);
+  if (out != NULL && bytes >= out_size)
+    return err_make (err, EMSGSIZE, "exec `%s`: %llu bytes of output, more than the %zu expected", argv[0],
+                     (unsigned long long) bytes, out_size - 1);
   if (out_bytes != NULL)
     *out_bytes = bytes;
   return 0;

@@ -1,4 +1,4 @@
-/* bench_common: what runtime_bench, snapshots_bench and shim_bench share: a
+/* bench_common: what the benchmark programs (runtime, snapshots, shim, ports) share: a
  * clock, series of samples with their median and tail, the results table
  * (plain and Markdown), spawning a baseline tool, and calls to the gateway.
  *
@@ -108,5 +108,10 @@ int bc_call_finish (rpc_client_call_t *c, const char *what, err_t *err);
  * and the call's deadline is 360 s. */
 int bc_exec (rpc_channel_t *ch, const char *id, char **argv, size_t argc, uint32_t timeout_s, uint64_t *out_bytes,
              err_t *err);
+
+/* The same, with stdout kept as text in `out` (out_size > 0, always
+ * NUL-terminated); more than out_size - 1 bytes fail with EMSGSIZE. */
+int bc_exec_capture (rpc_channel_t *ch, const char *id, char **argv, size_t argc, uint32_t timeout_s,
+                     uint64_t *out_bytes, char *out, size_t out_size, err_t *err);
 
 #endif

@@ -3,7 +3,7 @@
 FILE in place of the lines from "<!-- bench/NAME: begin -->" to
 "<!-- bench/NAME: end -->", or at the end of FILE (after a blank line) when
 FILE has no such block yet. SECTION carries the markers itself. Used by
-bench/snapshots and bench/shim --docs, so that each rewrites only its own
+bench/snapshots, bench/shim and bench/ports --docs, so that each rewrites only its own
 section of docs/benchmarks.md."""
 
 import os

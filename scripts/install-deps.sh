@@ -24,6 +24,8 @@ PACKAGES=(
   # Tests
   iproute2 procps
   libcmocka-dev python3 python3-grpcio python3-protobuf python3-pytest
+  # A real browser through a preview link (tests/integration/test_ports_browser.py)
+  chromium
 )
 
 # The GCS cross-check runs Google's Node.js client and the API check runs buf
