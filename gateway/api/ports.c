@@ -293,6 +293,9 @@ api_forward (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   const Sandbox__V1__ForwardFrame *first = (const Sandbox__V1__ForwardFrame *) m;
   if (first->sandbox_id == NULL || first->sandbox_id[0] == '\0')
     return err_make (err, EINVAL, "Forward: the first frame must name sandbox_id and port");
+  /* A half-close only shuts the connection's write side, and a cancelled
+   * call closes the connection anyway: no need to tell them apart first. */
+  rpc_call_quick_half_close (call);
   cleanup_close int wake = eventfd (0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0)
     return err_make_sys (err, errno, "Forward: eventfd");

@@ -74,21 +74,18 @@ build_env (char *const *extra, bool pty)
   return env;
 }
 
-/* An output buffer, lent to the sink (sbx_exec_hold): the exec holds one
+/* An output buffer, lent to a sink (sbx_exec_hold): its reader holds one
  * reference to each of its own, a sink one per message in flight. */
-typedef struct outbuf_s
+struct sbx_outbuf_s
 {
   atomic_int refs;
   uint8_t data[];
-} outbuf_t;
-/* Buffers an exec keeps for reuse (more are in flight only briefly: the
- * sink's send returns once the transport has the message). */
-#define EXEC_OUTBUFS 4
+};
 
-static outbuf_t *
+static sbx_outbuf_t *
 outbuf_of (const uint8_t *data)
 {
-  return (outbuf_t *) (void *) ((uint8_t *) data - offsetof (outbuf_t, data));
+  return (sbx_outbuf_t *) (void *) ((uint8_t *) data - offsetof (sbx_outbuf_t, data));
 }
 
 void
@@ -100,9 +97,39 @@ sbx_exec_hold (const uint8_t *data)
 void
 sbx_exec_release (const uint8_t *data)
 {
-  outbuf_t *b = outbuf_of (data);
+  sbx_outbuf_t *b = outbuf_of (data);
   if (atomic_fetch_sub (&b->refs, 1) == 1)
     free (b);
+}
+
+uint8_t *
+sbx_outbufs_get (sbx_outbufs_t *p, size_t size)
+{
+  for (size_t i = 0; i < SBX_OUTBUFS; i++)
+    if (p->b[i] != NULL && atomic_load (&p->b[i]->refs) == 1)
+      return p->b[i]->data;
+  size_t slot = 0;
+  while (slot < SBX_OUTBUFS - 1 && p->b[slot] != NULL)
+    slot++;
+  sbx_outbuf_t *b = malloc (sizeof *b + size);
+  if (b == NULL)
+    return NULL;
+  atomic_init (&b->refs, 1);
+  if (p->b[slot] != NULL)
+    sbx_exec_release (p->b[slot]->data);
+  p->b[slot] = b;
+  return b->data;
+}
+
+void
+sbx_outbufs_free (sbx_outbufs_t *p)
+{
+  for (size_t i = 0; i < SBX_OUTBUFS; i++)
+    if (p->b[i] != NULL)
+      {
+        sbx_exec_release (p->b[i]->data);
+        p->b[i] = NULL;
+      }
 }
 
 typedef struct pump_s
@@ -129,7 +156,7 @@ typedef struct exec_run_s
   bool exited, killed, consumer_gone;
   bool started_seen; /* the STARTED report came (or never will) */
   char start_error[sizeof ((sbx_report_t *) 0)->text];
-  outbuf_t *bufs[EXEC_OUTBUFS]; /* NULL until needed */
+  sbx_outbufs_t bufs; /* output is read into these (SBX_EXEC_CHUNK each) */
 } exec_run_t;
 
 static void
@@ -139,33 +166,7 @@ exec_run_close (exec_run_t *x)
   for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
     if (*fds[i] >= 0)
       close (take_fd (fds[i]));
-  for (size_t i = 0; i < EXEC_OUTBUFS; i++)
-    if (x->bufs[i] != NULL)
-      {
-        sbx_exec_release (x->bufs[i]->data);
-        x->bufs[i] = NULL;
-      }
-}
-
-/* A buffer to read output into: one of the exec's that no sink holds, or
- * a new one in place of one still in flight. NULL when out of memory. */
-static uint8_t *
-free_outbuf (exec_run_t *x)
-{
-  for (size_t i = 0; i < EXEC_OUTBUFS; i++)
-    if (x->bufs[i] != NULL && atomic_load (&x->bufs[i]->refs) == 1)
-      return x->bufs[i]->data;
-  size_t slot = 0;
-  while (slot < EXEC_OUTBUFS - 1 && x->bufs[slot] != NULL)
-    slot++;
-  outbuf_t *b = malloc (sizeof *b + SBX_EXEC_CHUNK);
-  if (b == NULL)
-    return NULL;
-  atomic_init (&b->refs, 1);
-  if (x->bufs[slot] != NULL)
-    sbx_exec_release (x->bufs[slot]->data);
-  x->bufs[slot] = b;
-  return b->data;
+  sbx_outbufs_free (&x->bufs);
 }
 
 static int
@@ -379,7 +380,7 @@ on_stdin (exec_run_t *x)
 static void
 on_output (exec_run_t *x, pump_t *p, bool *got)
 {
-  uint8_t *buf = free_outbuf (x);
+  uint8_t *buf = sbx_outbufs_get (&x->bufs, SBX_EXEC_CHUNK);
   if (buf == NULL)
     return; /* out of memory: try again on the next round */
   ssize_t n = TEMP_FAILURE_RETRY (read (p->fd, buf, SBX_EXEC_CHUNK));
@@ -459,7 +460,7 @@ describe_end (exec_run_t *x, uint32_t timeout)
   if (x->start_error[0] != '\0' && !x->consumer_gone)
     {
       /* In one of the exec's buffers: the sink may keep it. */
-      uint8_t *line = free_outbuf (x);
+      uint8_t *line = sbx_outbufs_get (&x->bufs, SBX_EXEC_CHUNK);
       if (line != NULL)
         {
           int len = snprintf ((char *) line, SBX_EXEC_CHUNK, "sandbox: %s\n", x->start_error);

@@ -43,7 +43,8 @@ struct sbx_file_s
   bool ended; /* the child gave its last answer (END or ERROR) */
   sbx_gone_fn gone;
   void *gone_ctx;
-  uint8_t *buf; /* one frame's payload, NUL-terminated past it */
+  uint8_t *buf;       /* the last frame's payload, NUL-terminated past it */
+  sbx_outbufs_t bufs; /* where frames are read: DATA payloads are lent to the sink */
 };
 
 static int
@@ -126,15 +127,12 @@ sbx_file_start (sbx_runtime_t *rt, const sbx_file_req_t *req, sbx_gone_fn gone, 
   if (s == NULL)
     return err_make (err, ENOENT, "sandbox `%s` not found", req->id);
   sbx_file_t *f = calloc (1, sizeof *f);
-  uint8_t *buf = malloc (SBX_FRAME_MAX + 1);
-  if (f == NULL || buf == NULL)
+  if (f == NULL)
     {
-      free (f);
-      free (buf);
       sbx_release (rt, s);
       return err_make (err, ENOMEM, "file operation: out of memory");
     }
-  *f = (sbx_file_t){.rt = rt, .s = s, .sock = -1, .report = -1, .gone = gone, .gone_ctx = gone_ctx, .buf = buf};
+  *f = (sbx_file_t){.rt = rt, .s = s, .sock = -1, .report = -1, .gone = gone, .gone_ctx = gone_ctx};
   snprintf (f->id, sizeof f->id, "%s", req->id);
   if (req->op == SBX_FILE_WATCH && take_watch (rt, s, err) < 0)
     {
@@ -207,6 +205,10 @@ sbx_file_next (sbx_file_t *f, sbx_file_msg_t *msg, err_t *err)
     return err_make (err, EIO, "the file operation in `%s` has ended", f->id);
   if (read_exact (f, &h, sizeof h, err) < 0)
     return -1;
+  /* A buffer no sink still holds (the last DATA may be in flight). */
+  f->buf = sbx_outbufs_get (&f->bufs, SBX_FRAME_MAX + 1);
+  if (f->buf == NULL)
+    return err_make (err, ENOMEM, "file operation: out of memory");
   if (h.len > SBX_FRAME_MAX - 2 || read_exact (f, f->buf, h.len, err) < 0)
     return err_make (err, EIO, "a malformed answer from the file operation in `%s`", f->id);
   msg->kind = (sbx_frame_kind_t) h.kind;
@@ -372,6 +374,6 @@ sbx_file_close (sbx_file_t *f)
       pthread_mutex_unlock (&rt->mu);
     }
   sbx_release (rt, f->s);
-  free (f->buf);
+  sbx_outbufs_free (&f->bufs);
   free (f);
 }

@@ -29,6 +29,20 @@
 #include "gateway/runtime/runtime.h"
 #include "gateway/runtime/wire.h"
 
+/* Buffers a reader lends to sinks (sbx_exec_hold, sbx_exec_release): a few
+ * per reader, each reused once no sink holds it. */
+#define SBX_OUTBUFS 4
+typedef struct sbx_outbuf_s sbx_outbuf_t;
+typedef struct sbx_outbufs_s
+{
+  sbx_outbuf_t *b[SBX_OUTBUFS];
+} sbx_outbufs_t;
+/* One of `size` bytes that no sink holds (a new one in place of one still
+ * held when all are): NULL when out of memory. All of one set must be of
+ * the same size. */
+uint8_t *sbx_outbufs_get (sbx_outbufs_t *p, size_t size);
+void sbx_outbufs_free (sbx_outbufs_t *p);
+
 /* A user of a sandbox's layer (sbx_with_layer), while it runs. */
 typedef struct sbx_layer_user_s
 {

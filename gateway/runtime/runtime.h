@@ -329,7 +329,9 @@ int sbx_file_start (sbx_runtime_t *rt, const sbx_file_req_t *req, sbx_gone_fn go
                     err_t *err);
 /* The next answer: 1 with *msg, 0 at the end (END), -1 with *err: the
  * operation's own error (its errno: ENOENT, EISDIR, ENOSPC…), ECANCELED
- * once `gone`, EIO when it ended without an answer. */
+ * once `gone`, EIO when it ended without an answer. A DATA message's bytes
+ * are lent as an exec's output is: kept past the next call only with
+ * sbx_exec_hold. */
 int sbx_file_next (sbx_file_t *f, sbx_file_msg_t *msg, err_t *err);
 /* Write: the next bytes (`n` spans, any size), and their end. Waits while
  * the operation is behind (flow control). A write that failed inside the
