@@ -1,5 +1,6 @@
 """Configuration from the environment, --help, JSON logs, and exit codes."""
 
+import os
 import signal
 import socket
 import subprocess
@@ -225,3 +226,39 @@ def test_max_message_size_limits_incoming_messages(gateways, std_protos):
     assert _check_with_padding(default, std_protos, 2 * 1024 * 1024) == serving
     assert _check_with_padding(default, std_protos, 17 * 1024 * 1024) == \
         grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+# --- secrets: one trailing line end is forgiven, other whitespace refused ----
+
+@pytest.mark.parametrize("line_end", ["\n", "\r\n"])
+def test_secret_with_a_trailing_line_end_works_with_the_plain_token(gateways, sandbox_api, line_end):
+    token = "tok-" + os.urandom(8).hex()
+    gw = gateways.gateway(secret=token + line_end)
+    shim = gateways.shim(gw)  # the same value, line end included
+    pb2, pb2_grpc = sandbox_api
+    stub = pb2_grpc.SandboxStub(gw.channel())
+    stub.List(pb2.ListRequest(), metadata=[("authorization", f"Bearer {token}")], timeout=10)
+    r = shim.request("GET", "/sandboxes", token=token)
+    assert r.status == 200, r
+    assert shim.request("GET", "/sandboxes", token=token + "x").status == 401
+    for proc, var in ((gw, "CLOUD_RUN_SANDBOX_GATEWAY_SECRET"), (shim, "CLOUD_RUN_SANDBOX_GATEWAY_SECRET")):
+        warnings = proc.logs.find(lambda r: r.get("severity") == "WARNING" and var in r.get("message", ""))
+        assert warnings, proc.describe()
+        assert token not in "\n".join(proc.logs.snapshot()), "the secret was logged"
+
+
+@pytest.mark.parametrize("value", ["tok en", " token", "token ", "tok\ten", "token \n", "token\n\n", "to\nken"])
+def test_gateway_secret_with_whitespace_is_refused_naming_the_variable(value):
+    result = run_to_completion([require_gateway_binary()], gateway_env(secret=value), timeout=10)
+    assert result.returncode != 0, result.stderr
+    assert "CLOUD_RUN_SANDBOX_GATEWAY_SECRET" in result.stderr, result.stderr
+    assert "tok" not in result.stderr, "the secret was logged"
+
+
+@pytest.mark.parametrize("var", ["CLOUD_RUN_SANDBOX_GATEWAY_SECRET", "SHIM_GATEWAY_SECRET"])
+def test_shim_secret_with_whitespace_is_refused_naming_the_variable(var):
+    env = shim_env(f"127.0.0.1:{free_port()}", free_port(), "plain", {var: "tok en"})
+    result = run_to_completion([require_shim_binary()], env, timeout=10)
+    assert result.returncode != 0, result.stderr
+    assert var in result.stderr, result.stderr
+    assert "tok" not in result.stderr, "the secret was logged"
