@@ -10,6 +10,7 @@
  * sigwait() on the main thread; everything else runs on the call layer's
  * threads.
  */
+#include <errno.h>
 #include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
@@ -121,8 +122,16 @@ start (gateway_t *g, err_t *err)
       || health_register (g->server, served_services, err) < 0
       || reflection_register (g->server, gateway_descriptor_set, gateway_descriptor_set_len, err) < 0)
     return -1;
+  /* Failing to bind is EADDRINUSE; with TLS, EINVAL is its credentials
+   * (their files were checked at start, so it is their content). */
   if (rpc_server_start (g->server, c->listen, &g->port, err) < 0)
-    return err_wrap (err, "SANDBOX_LISTEN");
+    {
+      if (err->status == EADDRINUSE)
+        return err_wrap (err, "SANDBOX_LISTEN");
+      if (c->tls_cert != NULL && err->status == EINVAL)
+        return err_wrap (err, "SANDBOX_TLS_CERT, SANDBOX_TLS_KEY");
+      return -1;
+    }
   return 0;
 }
 
@@ -157,7 +166,7 @@ main (int argc, char **argv)
 
   gateway_t g = {0};
   err_t err = ERR_INIT;
-  if (gw_config_load (&g.cfg, &err) < 0)
+  if (gw_config_load (&g.cfg, &err) < 0 || gw_config_check_files (&g.cfg, &err) < 0)
     {
       log_msg (SEV_ERROR, "configuration: %s", err_msg (&err));
       err_release (&err);
