@@ -44,8 +44,9 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        "a call whose request has not arrived this long after it was accepted is cancelled", 1, 3600,
        &c->first_message_seconds, NULL, false},
       {"SANDBOX_SHUTDOWN_GRACE_SECONDS", CFG_INT, "10",
-       "on SIGTERM, how long calls in flight may run before they are cancelled", 0, 3600, &c->grace_seconds, NULL,
-       false},
+       "on SIGTERM (health turns NOT_SERVING, new calls get UNAVAILABLE \"shutting down\"), how long calls in "
+       "flight may run before they are cancelled; the gateway exits as soon as none is left",
+       0, 3600, &c->grace_seconds, NULL, false},
       {"SANDBOX_TLS_CERT", CFG_STRING, NULL, "PEM certificate chain; with SANDBOX_TLS_KEY, serve TLS", 0, 0,
        &c->tls_cert, NULL, false},
       {"SANDBOX_TLS_KEY", CFG_STRING, NULL, "PEM private key for SANDBOX_TLS_CERT", 0, 0, &c->tls_key, NULL, false},

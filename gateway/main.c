@@ -3,8 +3,9 @@
  * main() reads the configuration from the environment (config.c, see
  * --help), serves sandbox.v1.Sandbox (api/), grpc.health.v1.Health and
  * server reflection, and shuts down gracefully on SIGTERM or SIGINT: health
- * turns NOT_SERVING, no new calls are accepted, calls in flight get
- * SANDBOX_SHUTDOWN_GRACE_SECONDS to finish, the rest are cancelled.
+ * turns NOT_SERVING, new sandbox calls are answered UNAVAILABLE "shutting
+ * down", calls in flight get SANDBOX_SHUTDOWN_GRACE_SECONDS to finish, the
+ * rest are cancelled; it exits as soon as none is left.
  *
  * Threading: signals are blocked before any thread starts and taken with
  * sigwait() on the main thread; everything else runs on the call layer's
@@ -202,9 +203,15 @@ main (int argc, char **argv)
   log_fields (SEV_INFO,
               json_pack ("{s:s, s:i}", "signal", strsignal (sig), "grace_seconds", (int) g.cfg.grace_seconds),
               "shutting down");
+  /* Health turns NOT_SERVING at once (load balancers stop sending); new
+   * sandbox calls are answered UNAVAILABLE "shutting down" while those in
+   * flight finish, for up to the grace; what is left of it goes to the
+   * rest (health Watch, reflection), then anything still running is
+   * cancelled. */
   health_shutdown ();
+  int64_t rest_ms = rpc_server_drain (g.server, g.cfg.grace_seconds * 1000);
   sbx_runtime_stop (g.rt);
-  rpc_server_shutdown (g.server, g.cfg.grace_seconds * 1000);
+  rpc_server_shutdown (g.server, rest_ms);
   stop (&g);
   log_msg (SEV_INFO, "stopped");
   return 0;
