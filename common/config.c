@@ -6,6 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "common/log.h"
+
 int
 cfg_parse_bool (const char *text, bool *out)
 {
@@ -27,9 +29,12 @@ cfg_parse_bool (const char *text, bool *out)
   return -1;
 }
 
+/* The text of `v` and, in *from, the variable it came from (v's name, its
+ * fallback's, or v's name for the default). */
 static const char *
-lookup (const cfg_var_t *v)
+lookup (const cfg_var_t *v, const char **from)
 {
+  *from = v->name;
   const char *s = getenv (v->name);
   if (s != NULL && *s != '\0')
     return s;
@@ -37,15 +42,50 @@ lookup (const cfg_var_t *v)
     {
       s = getenv (v->fallback);
       if (s != NULL && *s != '\0')
-        return s;
+        {
+          *from = v->fallback;
+          return s;
+        }
     }
   return v->def;
+}
+
+/* A secret as written by `echo` or a mounted file ends with "\n" (or
+ * "\r\n" from a Windows editor): that one line end is removed, with a
+ * warning that names the variable, never the value. Any other whitespace or
+ * control character, inside or around, is refused: a bearer token cannot
+ * carry it, so the secret could never match and every call would fail. */
+static int
+clean_secret (char *s, const char *from, bool warn, err_t *err)
+{
+  size_t n = strlen (s);
+  bool stripped = false;
+  if (n > 0 && s[n - 1] == '\n')
+    {
+      s[--n] = '\0';
+      if (n > 0 && s[n - 1] == '\r')
+        s[--n] = '\0';
+      stripped = true;
+    }
+  for (size_t i = 0; i < n; i++)
+    {
+      unsigned char ch = (unsigned char) s[i];
+      if (ch <= ' ' || ch == 0x7f)
+        return err_make (err, EINVAL, "%s: the secret contains whitespace or a control character (byte %zu of %zu)",
+                         from, i + 1, n);
+    }
+  if (n == 0)
+    return err_make (err, EINVAL, "%s: the secret is only a line end", from);
+  if (stripped && warn)
+    log_msg (SEV_WARNING, "%s: removed the line end that ended the secret", from);
+  return 0;
 }
 
 static int
 load_one (const cfg_var_t *v, err_t *err)
 {
-  const char *text = lookup (v);
+  const char *from = NULL;
+  const char *text = lookup (v, &from);
   switch (v->type)
     {
     case CFG_STRING:
@@ -54,6 +94,14 @@ load_one (const cfg_var_t *v, err_t *err)
         *dst = text != NULL ? strdup (text) : NULL;
         if (text != NULL && *dst == NULL)
           return err_make (err, ENOMEM, "%s: out of memory", v->name);
+        /* A value taken from the fallback variable was already warned
+         * about when that variable was read itself. */
+        if (*dst != NULL && v->secret && clean_secret (*dst, from, from == v->name, err) < 0)
+          {
+            free (*dst);
+            *dst = NULL;
+            return -1;
+          }
         return 0;
       }
     case CFG_INT:

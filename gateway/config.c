@@ -6,11 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/cleanup.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/tls_files.h"
 
 static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "Serves sandbox.v1.Sandbox (isolated Linux sandboxes: launch, exec with streamed\n"
@@ -42,8 +44,9 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        "a call whose request has not arrived this long after it was accepted is cancelled", 1, 3600,
        &c->first_message_seconds, NULL, false},
       {"SANDBOX_SHUTDOWN_GRACE_SECONDS", CFG_INT, "10",
-       "on SIGTERM, how long calls in flight may run before they are cancelled", 0, 3600, &c->grace_seconds, NULL,
-       false},
+       "on SIGTERM (health turns NOT_SERVING, new calls get UNAVAILABLE \"shutting down\"), how long calls in "
+       "flight may run before they are cancelled; the gateway exits as soon as none is left",
+       0, 3600, &c->grace_seconds, NULL, false},
       {"SANDBOX_TLS_CERT", CFG_STRING, NULL, "PEM certificate chain; with SANDBOX_TLS_KEY, serve TLS", 0, 0,
        &c->tls_cert, NULL, false},
       {"SANDBOX_TLS_KEY", CFG_STRING, NULL, "PEM private key for SANDBOX_TLS_CERT", 0, 0, &c->tls_key, NULL, false},
@@ -285,6 +288,37 @@ gw_config_load (gw_config_t *c, err_t *err)
   if (asprintf (&c->unpacker, "%.*ssandbox-unpack", slash != NULL ? (int) (slash - c->helper + 1) : 0, c->helper) < 0)
     return err_make (err, ENOMEM, "out of memory");
   return parse_volumes (c, err);
+}
+
+int
+gw_config_check_files (const gw_config_t *c, err_t *err)
+{
+  struct stat st;
+  if (stat (c->rootfs, &st) < 0)
+    return err_make_sys (err, errno, "SANDBOX_ROOTFS: `%s`", c->rootfs);
+  if (!S_ISDIR (st.st_mode))
+    return err_make (err, ENOTDIR, "SANDBOX_ROOTFS: `%s` is not a directory", c->rootfs);
+
+  /* The state directory is made here if missing (its parent must exist),
+   * so that a path that can never hold it is refused under its name. */
+  if (mkdir (c->state_dir, 0700) < 0 && errno != EEXIST)
+    return err_make_sys (err, errno, "SANDBOX_STATE_DIR: create `%s`", c->state_dir);
+  if (stat (c->state_dir, &st) < 0)
+    return err_make_sys (err, errno, "SANDBOX_STATE_DIR: `%s`", c->state_dir);
+  if (!S_ISDIR (st.st_mode))
+    return err_make (err, ENOTDIR, "SANDBOX_STATE_DIR: `%s` is not a directory", c->state_dir);
+  if (access (c->state_dir, W_OK | X_OK) < 0)
+    return err_make_sys (err, errno, "SANDBOX_STATE_DIR: `%s` is not writable", c->state_dir);
+
+  tls_files_t tls = {
+      .cert_var = "SANDBOX_TLS_CERT",
+      .cert = c->tls_cert,
+      .key_var = "SANDBOX_TLS_KEY",
+      .key = c->tls_key,
+      .ca_var = "SANDBOX_TLS_CLIENT_CA",
+      .ca = c->tls_client_ca,
+  };
+  return tls_files_check (&tls, err);
 }
 
 void

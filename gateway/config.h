@@ -90,6 +90,13 @@ int gw_config_load (gw_config_t *cfg, err_t *err);
  * `cap` (the uid pool's ranges). */
 long gw_default_max_sandboxes (long cap);
 
+/* Checks what the configuration names on the filesystem, naming the
+ * variable on failure: SANDBOX_ROOTFS is a directory; SANDBOX_STATE_DIR is
+ * (or, when missing, is made as) a writable directory; the TLS files are
+ * readable regular files holding PEM. Kept apart from gw_config_load so
+ * that parsing stays free of the filesystem. */
+int gw_config_check_files (const gw_config_t *cfg, err_t *err);
+
 /* Frees what gw_config_load allocated. */
 void gw_config_release (gw_config_t *cfg);
 

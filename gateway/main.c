@@ -3,13 +3,15 @@
  * main() reads the configuration from the environment (config.c, see
  * --help), serves sandbox.v1.Sandbox (api/), grpc.health.v1.Health and
  * server reflection, and shuts down gracefully on SIGTERM or SIGINT: health
- * turns NOT_SERVING, no new calls are accepted, calls in flight get
- * SANDBOX_SHUTDOWN_GRACE_SECONDS to finish, the rest are cancelled.
+ * turns NOT_SERVING, new sandbox calls are answered UNAVAILABLE "shutting
+ * down", calls in flight get SANDBOX_SHUTDOWN_GRACE_SECONDS to finish, the
+ * rest are cancelled; it exits as soon as none is left.
  *
  * Threading: signals are blocked before any thread starts and taken with
  * sigwait() on the main thread; everything else runs on the call layer's
  * threads.
  */
+#include <errno.h>
 #include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
@@ -121,8 +123,16 @@ start (gateway_t *g, err_t *err)
       || health_register (g->server, served_services, err) < 0
       || reflection_register (g->server, gateway_descriptor_set, gateway_descriptor_set_len, err) < 0)
     return -1;
+  /* Failing to bind is EADDRINUSE; with TLS, EINVAL is its credentials
+   * (their files were checked at start, so it is their content). */
   if (rpc_server_start (g->server, c->listen, &g->port, err) < 0)
-    return err_wrap (err, "SANDBOX_LISTEN");
+    {
+      if (err->status == EADDRINUSE)
+        return err_wrap (err, "SANDBOX_LISTEN");
+      if (c->tls_cert != NULL && err->status == EINVAL)
+        return err_wrap (err, "SANDBOX_TLS_CERT, SANDBOX_TLS_KEY");
+      return -1;
+    }
   return 0;
 }
 
@@ -157,7 +167,7 @@ main (int argc, char **argv)
 
   gateway_t g = {0};
   err_t err = ERR_INIT;
-  if (gw_config_load (&g.cfg, &err) < 0)
+  if (gw_config_load (&g.cfg, &err) < 0 || gw_config_check_files (&g.cfg, &err) < 0)
     {
       log_msg (SEV_ERROR, "configuration: %s", err_msg (&err));
       err_release (&err);
@@ -193,9 +203,15 @@ main (int argc, char **argv)
   log_fields (SEV_INFO,
               json_pack ("{s:s, s:i}", "signal", strsignal (sig), "grace_seconds", (int) g.cfg.grace_seconds),
               "shutting down");
+  /* Health turns NOT_SERVING at once (load balancers stop sending); new
+   * sandbox calls are answered UNAVAILABLE "shutting down" while those in
+   * flight finish, for up to the grace; what is left of it goes to the
+   * rest (health Watch, reflection), then anything still running is
+   * cancelled. */
   health_shutdown ();
+  int64_t rest_ms = rpc_server_drain (g.server, g.cfg.grace_seconds * 1000);
   sbx_runtime_stop (g.rt);
-  rpc_server_shutdown (g.server, g.cfg.grace_seconds * 1000);
+  rpc_server_shutdown (g.server, rest_ms);
   stop (&g);
   log_msg (SEV_INFO, "stopped");
   return 0;

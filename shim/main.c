@@ -19,7 +19,9 @@
 
 #include "common/config.h"
 #include "common/log.h"
+#include "common/tls_files.h"
 #include "shim/shim.h"
+#include "shim/target.h"
 
 struct MHD_Daemon *shim_server_start (const struct sockaddr *addr, err_t *err);
 
@@ -30,8 +32,10 @@ static const cfg_var_t shim_vars[] = {
     {"CLOUD_RUN_SANDBOX_GATEWAY_SECRET", CFG_STRING, NULL,
      "bearer secret clients must present; unset: every endpoint but /health answers 503", 0, 0, &shim.cfg.secret,
      NULL, true},
-    {"SHIM_GATEWAY_TARGET", CFG_STRING, "127.0.0.1:50051", "the gateway's gRPC address", 0, 0,
-     &shim.cfg.gateway_target, NULL, false},
+    {"SHIM_GATEWAY_TARGET", CFG_STRING, "127.0.0.1:50051",
+     "the gateway's gRPC address: host:port, [IPv6]:port, dns:[//authority/]host:port, ipv4:addr:port, "
+     "ipv6:[addr]:port, unix:path or unix-abstract:name",
+     0, 0, &shim.cfg.gateway_target, NULL, false},
     {"SHIM_GATEWAY_SECRET", CFG_STRING, NULL, "bearer secret sent to the gateway", 0, 0, &shim.cfg.gateway_secret,
      "CLOUD_RUN_SANDBOX_GATEWAY_SECRET", true},
     {"SHIM_MAX_EXEC_OUTPUT", CFG_INT, "67108864",
@@ -59,13 +63,17 @@ static const cfg_var_t shim_vars[] = {
     {"SHIM_MIN_UPLOAD_RATE", CFG_INT, "16384", "least average bytes per second of a restore body", 0, 1073741824,
      &shim.cfg.min_upload_rate, NULL, false},
     {"SHIM_GATEWAY_TLS", CFG_BOOL, "false", "speak TLS to the gateway", 0, 0, &shim.cfg.gateway_tls, NULL, false},
-    {"SHIM_GATEWAY_TLS_CA", CFG_STRING, NULL, "PEM roots to verify the gateway with; unset: the system's", 0, 0,
+    {"SHIM_GATEWAY_TLS_CA", CFG_STRING, NULL,
+     "PEM roots to verify the gateway with (needs SHIM_GATEWAY_TLS); unset: the system's", 0, 0,
      &shim.cfg.gateway_tls_ca, NULL, false},
-    {"SHIM_GATEWAY_TLS_CERT", CFG_STRING, NULL, "PEM client certificate for mutual TLS", 0, 0,
+    {"SHIM_GATEWAY_TLS_CERT", CFG_STRING, NULL,
+     "PEM client certificate for mutual TLS (needs SHIM_GATEWAY_TLS and SHIM_GATEWAY_TLS_KEY)", 0, 0,
      &shim.cfg.gateway_tls_cert, NULL, false},
-    {"SHIM_GATEWAY_TLS_KEY", CFG_STRING, NULL, "PEM key of SHIM_GATEWAY_TLS_CERT", 0, 0, &shim.cfg.gateway_tls_key,
-     NULL, false},
-    {"SHIM_GATEWAY_TLS_SERVER_NAME", CFG_STRING, NULL, "name to verify the gateway's certificate against", 0, 0,
+    {"SHIM_GATEWAY_TLS_KEY", CFG_STRING, NULL,
+     "PEM key of SHIM_GATEWAY_TLS_CERT (needs SHIM_GATEWAY_TLS and SHIM_GATEWAY_TLS_CERT)", 0, 0,
+     &shim.cfg.gateway_tls_key, NULL, false},
+    {"SHIM_GATEWAY_TLS_SERVER_NAME", CFG_STRING, NULL,
+     "name to verify the gateway's certificate against (needs SHIM_GATEWAY_TLS)", 0, 0,
      &shim.cfg.gateway_tls_server_name, NULL, false},
     {"SHIM_MAX_FORWARDS", CFG_INT, "512",
      "most connections the port proxy and preview links forward into sandboxes at once (WebSockets included; each "
@@ -92,6 +100,41 @@ static const char usage[] = "Usage: sandbox-shim [--help]\n\n"
                             "Serves the sandbox REST contract over HTTP and translates it into gRPC calls\n"
                             "to sandbox-gateway. Configuration comes from the environment only.";
 
+/* The gateway's address and the TLS settings of the hop to it: what gRPC
+ * would only find out when connecting (again and again) is refused here. */
+static int
+check_gateway_config (err_t *err)
+{
+  const shim_config_t *c = &shim.cfg;
+  if (!shim_target_valid (c->gateway_target))
+    return err_make (err, EINVAL,
+                     "SHIM_GATEWAY_TARGET: `%s` is not host:port, dns:[//authority/]host:port, ipv4:addr:port, "
+                     "ipv6:[addr]:port, unix:path or unix-abstract:name (port 1..65535)",
+                     c->gateway_target);
+  if (c->gateway_tls_cert != NULL && c->gateway_tls_key == NULL)
+    return err_make (err, EINVAL, "SHIM_GATEWAY_TLS_CERT is set without SHIM_GATEWAY_TLS_KEY");
+  if (c->gateway_tls_key != NULL && c->gateway_tls_cert == NULL)
+    return err_make (err, EINVAL, "SHIM_GATEWAY_TLS_KEY is set without SHIM_GATEWAY_TLS_CERT");
+  const char *const tls_vars[][2] = {
+      {"SHIM_GATEWAY_TLS_CA", c->gateway_tls_ca},
+      {"SHIM_GATEWAY_TLS_CERT", c->gateway_tls_cert},
+      {"SHIM_GATEWAY_TLS_KEY", c->gateway_tls_key},
+      {"SHIM_GATEWAY_TLS_SERVER_NAME", c->gateway_tls_server_name},
+  };
+  for (size_t i = 0; i < sizeof tls_vars / sizeof tls_vars[0]; i++)
+    if (tls_vars[i][1] != NULL && !c->gateway_tls)
+      return err_make (err, EINVAL, "%s is set but SHIM_GATEWAY_TLS is false (it would be ignored)", tls_vars[i][0]);
+  tls_files_t files = {
+      .cert_var = "SHIM_GATEWAY_TLS_CERT",
+      .cert = c->gateway_tls_cert,
+      .key_var = "SHIM_GATEWAY_TLS_KEY",
+      .key = c->gateway_tls_key,
+      .ca_var = "SHIM_GATEWAY_TLS_CA",
+      .ca = c->gateway_tls_ca,
+  };
+  return tls_files_check (&files, err);
+}
+
 /* Reads and checks the environment into shim.cfg. */
 static int
 load_config (err_t *err)
@@ -103,7 +146,7 @@ load_config (err_t *err)
     return err_make (err, EINVAL, "SHIM_LOG_LEVEL: `%s` is not one of debug, info, warning, error",
                      shim.cfg.log_level);
   log_set_level (level);
-  return 0;
+  return check_gateway_config (err);
 }
 
 /* SHIM_HOST and PORT as a socket address. */

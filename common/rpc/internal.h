@@ -115,6 +115,7 @@ struct rpc_server_s
   rpc_call_t *handoff;
   bool pool_closed;
   atomic_bool shutting_down;
+  atomic_bool draining; /* rpc_server_drain: new admitted calls are refused */
   bool shutdown_called;
   bool shutdown_done;
   bool destroyed_grpc;

@@ -174,6 +174,15 @@ int rpc_server_add_admitted_method (rpc_server_t *s, const char *path, rpc_admit
  * *bound_port when not NULL) and starts accepting calls. */
 int rpc_server_start (rpc_server_t *s, const char *addr, int *bound_port, err_t *err);
 
+/* The first step of a graceful shutdown: the server keeps accepting calls,
+ * but those to methods with an admission check (the service's own, not
+ * health or reflection) are answered UNAVAILABLE "shutting down" from the
+ * handler layer, while the calls already admitted run on. Returns when
+ * none of those is left, or after `grace_ms`: the milliseconds of the grace
+ * still unused (0 when calls were still running). Call rpc_server_shutdown
+ * next. */
+int64_t rpc_server_drain (rpc_server_t *s, int64_t grace_ms);
+
 /* Graceful shutdown: stops accepting calls, lets in-flight calls finish for
  * up to `grace_ms`, then cancels the rest and waits for their handlers to
  * return. Idempotent. */

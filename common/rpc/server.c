@@ -217,6 +217,14 @@ admit (rpc_server_t *s, rpc_call_t *c)
       return false;
     }
   c->open = c->method->admit == NULL;
+  /* Draining: the service's own calls are refused from the handler layer,
+   * so a client sees "the server said unavailable", not "no server";
+   * health and reflection still answer (health says NOT_SERVING). */
+  if (!c->open && atomic_load (&s->draining))
+    {
+      refuse (c, GRPC_STATUS_UNAVAILABLE, "shutting down");
+      return false;
+    }
   pthread_mutex_lock (&s->mu);
   bool full = s->inflight >= s->max_calls || (c->open && s->inflight_open >= s->max_open_calls);
   if (!full)
@@ -417,6 +425,7 @@ rpc_server_new (const rpc_opts_t *opts, rpc_server_t **out, err_t *err)
   pthread_condattr_destroy (&ca);
   pthread_cond_init (&s->work_cv, NULL);
   atomic_init (&s->shutting_down, false);
+  atomic_init (&s->draining, false);
   s->max_calls = s->opts.max_calls > 0 ? s->opts.max_calls : RPC_DEFAULT_MAX_CALLS;
   s->max_open_calls = s->opts.max_open_calls > 0 ? s->opts.max_open_calls : RPC_DEFAULT_MAX_OPEN_CALLS;
   s->first_message_ms = s->opts.first_message_ms > 0 ? s->opts.first_message_ms : RPC_DEFAULT_FIRST_MESSAGE_MS;
@@ -534,6 +543,41 @@ rpc_server_inflight (rpc_server_t *s)
   return n;
 }
 
+/* CLOCK_MONOTONIC `ms` from now. */
+static struct timespec
+mono_in (int64_t ms)
+{
+  struct timespec until;
+  clock_gettime (CLOCK_MONOTONIC, &until);
+  if (ms < 0)
+    ms = 0;
+  int64_t ns = (int64_t) until.tv_nsec + ms % 1000 * 1000000;
+  until.tv_sec += ms / 1000 + ns / 1000000000;
+  until.tv_nsec = ns % 1000000000;
+  return until;
+}
+
+int64_t
+rpc_server_drain (rpc_server_t *s, int64_t grace_ms)
+{
+  int64_t start = mono_ms ();
+  atomic_store (&s->draining, true);
+  struct timespec until = mono_in (grace_ms);
+  pthread_mutex_lock (&s->mu);
+  size_t left = s->inflight - s->inflight_open;
+  if (left > 0)
+    log_msg (SEV_INFO, "rpc: draining: %zu call(s) in flight may finish; new calls are refused", left);
+  while (s->inflight - s->inflight_open > 0)
+    if (pthread_cond_timedwait (&s->cv, &s->mu, &until) == ETIMEDOUT)
+      break;
+  left = s->inflight - s->inflight_open;
+  pthread_mutex_unlock (&s->mu);
+  int64_t rest = grace_ms - (mono_ms () - start);
+  if (left > 0)
+    return 0;
+  return rest > 0 ? rest : 0;
+}
+
 void
 rpc_server_shutdown (rpc_server_t *s, int64_t grace_ms)
 {
@@ -567,11 +611,7 @@ rpc_server_shutdown (rpc_server_t *s, int64_t grace_ms)
     }
 
   grpc_server_shutdown_and_notify (s->server, s->cq, &s->shutdown_tag);
-  struct timespec until;
-  clock_gettime (CLOCK_MONOTONIC, &until);
-  int64_t ns = (int64_t) until.tv_nsec + (grace_ms > 0 ? grace_ms : 0) % 1000 * 1000000;
-  until.tv_sec += (grace_ms > 0 ? grace_ms : 0) / 1000 + ns / 1000000000;
-  until.tv_nsec = ns % 1000000000;
+  struct timespec until = mono_in (grace_ms);
 
   pthread_mutex_lock (&s->mu);
   while (!s->shutdown_done)

@@ -25,6 +25,9 @@ struct MHD_Response *route_list (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_delete (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_metrics (shim_req_t *r, unsigned *status);
 
+/* ready.c */
+struct MHD_Response *route_ready (shim_req_t *r, unsigned *status);
+
 /* exec.c */
 struct MHD_Response *route_exec (shim_req_t *r, unsigned *status);
 

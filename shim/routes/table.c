@@ -5,6 +5,7 @@
 
 const shim_route_t shim_routes[] = {
     {"GET", "/health", SHIM_BODY_NONE, false, route_health, NULL, NULL, false},
+    {"GET", "/ready", SHIM_BODY_NONE, false, route_ready, NULL, NULL, false},
     {"POST", "/sandboxes", SHIM_BODY_JSON, true, route_launch, NULL, NULL, false},
     {"GET", "/sandboxes", SHIM_BODY_NONE, true, route_list, NULL, NULL, false},
     {"DELETE", "/sandboxes/{id}", SHIM_BODY_NONE, true, route_delete, NULL, NULL, false},

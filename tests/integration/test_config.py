@@ -1,5 +1,6 @@
 """Configuration from the environment, --help, JSON logs, and exit codes."""
 
+import os
 import signal
 import socket
 import subprocess
@@ -225,3 +226,127 @@ def test_max_message_size_limits_incoming_messages(gateways, std_protos):
     assert _check_with_padding(default, std_protos, 2 * 1024 * 1024) == serving
     assert _check_with_padding(default, std_protos, 17 * 1024 * 1024) == \
         grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+# --- secrets: one trailing line end is forgiven, other whitespace refused ----
+
+@pytest.mark.parametrize("line_end", ["\n", "\r\n"])
+def test_secret_with_a_trailing_line_end_works_with_the_plain_token(gateways, sandbox_api, line_end):
+    token = "tok-" + os.urandom(8).hex()
+    gw = gateways.gateway(secret=token + line_end)
+    shim = gateways.shim(gw)  # the same value, line end included
+    pb2, pb2_grpc = sandbox_api
+    stub = pb2_grpc.SandboxStub(gw.channel())
+    stub.List(pb2.ListRequest(), metadata=[("authorization", f"Bearer {token}")], timeout=10)
+    r = shim.request("GET", "/sandboxes", token=token)
+    assert r.status == 200, r
+    assert shim.request("GET", "/sandboxes", token=token + "x").status == 401
+    for proc, var in ((gw, "CLOUD_RUN_SANDBOX_GATEWAY_SECRET"), (shim, "CLOUD_RUN_SANDBOX_GATEWAY_SECRET")):
+        warnings = proc.logs.find(lambda r: r.get("severity") == "WARNING" and var in r.get("message", ""))
+        assert warnings, proc.describe()
+        assert token not in "\n".join(proc.logs.snapshot()), "the secret was logged"
+
+
+@pytest.mark.parametrize("value", ["tok en", " token", "token ", "tok\ten", "token \n", "token\n\n", "to\nken"])
+def test_gateway_secret_with_whitespace_is_refused_naming_the_variable(value):
+    result = run_to_completion([require_gateway_binary()], gateway_env(secret=value), timeout=10)
+    assert result.returncode != 0, result.stderr
+    assert "CLOUD_RUN_SANDBOX_GATEWAY_SECRET" in result.stderr, result.stderr
+    assert "tok" not in result.stderr, "the secret was logged"
+
+
+@pytest.mark.parametrize("var", ["CLOUD_RUN_SANDBOX_GATEWAY_SECRET", "SHIM_GATEWAY_SECRET"])
+def test_shim_secret_with_whitespace_is_refused_naming_the_variable(var):
+    env = shim_env(f"127.0.0.1:{free_port()}", free_port(), "plain", {var: "tok en"})
+    result = run_to_completion([require_shim_binary()], env, timeout=10)
+    assert result.returncode != 0, result.stderr
+    assert var in result.stderr, result.stderr
+    assert "tok" not in result.stderr, "the secret was logged"
+
+
+# --- values that name things on the filesystem or the network ----------------
+
+def _refused(argv, env, var):
+    """Runs a program expected to refuse its configuration: non-zero exit,
+    stderr naming `var`. Returns stderr."""
+    try:
+        result = run_to_completion(argv, env, timeout=10)
+    except subprocess.TimeoutExpired as e:
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+        pytest.fail(f"{var} was accepted: the program kept running\n{stderr}")
+    assert result.returncode != 0, f"{var} was accepted:\n{result.stderr}"
+    assert var in result.stderr, f"the error does not name {var}:\n{result.stderr}"
+    return result.stderr
+
+
+def _pem(path, body="CERTIFICATE"):
+    path.write_text(f"-----BEGIN {body}-----\nAAAA\n-----END {body}-----\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("var,value", [
+    ("SANDBOX_ROOTFS", "/nonexistent"),
+    ("SANDBOX_ROOTFS", "<file>"),
+    ("SANDBOX_STATE_DIR", "/proc/nope"),
+    ("SANDBOX_STATE_DIR", "<file>"),
+])
+def test_gateway_path_that_cannot_be_used_is_refused_naming_the_variable(tmp_path, var, value):
+    if value == "<file>":
+        (tmp_path / "file").write_text("x")
+        value = str(tmp_path / "file")
+    _refused([require_gateway_binary()], gateway_env({var: value}, secret="s"), var)
+
+
+@pytest.mark.parametrize("broken", ["missing", "directory", "not-pem"])
+def test_unreadable_tls_cert_is_reported_as_such_not_as_a_listen_failure(tmp_path, broken):
+    cert = {"missing": str(tmp_path / "missing.pem"), "directory": str(tmp_path),
+            "not-pem": str(tmp_path / "junk.pem")}[broken]
+    (tmp_path / "junk.pem").write_text("junk\n")
+    env = gateway_env({"SANDBOX_TLS_CERT": cert, "SANDBOX_TLS_KEY": _pem(tmp_path / "key.pem", "PRIVATE KEY")},
+                      secret="s")
+    stderr = _refused([require_gateway_binary()], env, "SANDBOX_TLS_CERT")
+    assert "SANDBOX_LISTEN" not in stderr and "cannot listen" not in stderr, stderr
+
+
+def test_tls_pem_that_grpc_rejects_is_not_reported_as_a_listen_failure(tmp_path):
+    env = gateway_env({"SANDBOX_TLS_CERT": _pem(tmp_path / "cert.pem"),
+                       "SANDBOX_TLS_KEY": _pem(tmp_path / "key.pem", "PRIVATE KEY")}, secret="s")
+    stderr = _refused([require_gateway_binary()], env, "SANDBOX_TLS_CERT")
+    assert "SANDBOX_LISTEN" not in stderr and "cannot listen" not in stderr, stderr
+
+
+@pytest.mark.parametrize("target", ["nonsense", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:99999", "http://gw:50051",
+                                    "gw:50051 ", "dns:gw", "unix:", "[::1]50051", "host_name:50051"])
+def test_shim_gateway_target_that_grpc_could_not_dial_is_refused(target):
+    env = shim_env(target, free_port(), "s")
+    _refused([require_shim_binary()], env, "SHIM_GATEWAY_TARGET")
+
+
+@pytest.mark.parametrize("target", ["localhost:50051", "[::1]:50051", "dns:///localhost:50051",
+                                    "ipv4:127.0.0.1:50051", "unix:/run/none.sock"])
+def test_shim_gateway_target_forms_grpc_accepts_start_the_shim(shims, target):
+    shim = shims.shim(target=target, secret="s")
+    assert shim.alive()
+
+
+@pytest.mark.parametrize("present,missing", [("SHIM_GATEWAY_TLS_CERT", "SHIM_GATEWAY_TLS_KEY"),
+                                             ("SHIM_GATEWAY_TLS_KEY", "SHIM_GATEWAY_TLS_CERT")])
+@pytest.mark.parametrize("tls", ["true", "false"])
+def test_shim_client_cert_without_its_pair_is_refused(tmp_path, present, missing, tls):
+    env = shim_env(f"127.0.0.1:{free_port()}", free_port(), "s",
+                   {"SHIM_GATEWAY_TLS": tls, present: _pem(tmp_path / "x.pem")})
+    stderr = _refused([require_shim_binary()], env, present)
+    assert missing in stderr, stderr
+
+
+@pytest.mark.parametrize("var", ["SHIM_GATEWAY_TLS_CA", "SHIM_GATEWAY_TLS_SERVER_NAME"])
+def test_shim_tls_setting_without_tls_is_refused(tmp_path, var):
+    value = _pem(tmp_path / "ca.pem") if var.endswith("_CA") else "gateway.example.com"
+    env = shim_env(f"127.0.0.1:{free_port()}", free_port(), "s", {var: value})
+    _refused([require_shim_binary()], env, var)
+
+
+def test_shim_unreadable_tls_ca_is_refused_naming_the_variable(tmp_path):
+    env = shim_env(f"127.0.0.1:{free_port()}", free_port(), "s",
+                   {"SHIM_GATEWAY_TLS": "true", "SHIM_GATEWAY_TLS_CA": str(tmp_path / "missing.pem")})
+    _refused([require_shim_binary()], env, "SHIM_GATEWAY_TLS_CA")

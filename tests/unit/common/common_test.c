@@ -114,6 +114,47 @@ test_config_help_lists_every_variable_and_hides_secrets (void **state)
   free (text);
 }
 
+static char *secret_val;
+static const cfg_var_t secret_vars[] = {
+    {"T_SECRET", CFG_STRING, NULL, "a secret", 0, 0, &secret_val, NULL, true},
+};
+
+static void
+test_config_secret_loses_one_line_end_and_refuses_other_whitespace (void **state)
+{
+  static const struct
+  {
+    const char *value, *want; /* want NULL: refused */
+  } cases[] = {
+      {"s3cret", "s3cret"}, {"s3cret\n", "s3cret"}, {"s3cret\r\n", "s3cret"},
+      {"s3cret\n\n", NULL}, {"s3 cret", NULL},      {" s3cret", NULL},
+      {"s3cret ", NULL},    {"s3cret\t", NULL},     {"s3cret \n", NULL},
+      {"s3\ncret", NULL},   {"\n", NULL},           {"s3cret\r", NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    {
+      err_t err = ERR_INIT;
+      setenv ("T_SECRET", cases[i].value, 1);
+      int rc = cfg_load (secret_vars, 1, &err);
+      if (cases[i].want != NULL)
+        {
+          assert_int_equal (rc, 0);
+          assert_string_equal (secret_val, cases[i].want);
+        }
+      else
+        {
+          assert_int_equal (rc, -1);
+          assert_non_null (strstr (err_msg (&err), "T_SECRET"));
+          assert_null (strstr (err_msg (&err), "s3"));
+          assert_null (secret_val);
+        }
+      err_release (&err);
+      free (secret_val);
+      secret_val = NULL;
+    }
+  unsetenv ("T_SECRET");
+}
+
 static void
 test_bearer_matches_only_the_exact_secret (void **state)
 {
@@ -137,6 +178,7 @@ main (void)
       cmocka_unit_test (test_config_reads_defaults_and_values),
       cmocka_unit_test (test_config_refuses_bad_values_naming_the_variable),
       cmocka_unit_test (test_config_help_lists_every_variable_and_hides_secrets),
+      cmocka_unit_test (test_config_secret_loses_one_line_end_and_refuses_other_whitespace),
       cmocka_unit_test (test_bearer_matches_only_the_exact_secret),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);

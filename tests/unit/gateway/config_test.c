@@ -405,6 +405,77 @@ test_relative_state_dir_and_rootfs_are_refused (void **state)
   expect_refused ("SANDBOX_ROOTFS", "image", "SANDBOX_ROOTFS", EINVAL);
 }
 
+/* Loads with the current environment, then expects gw_config_check_files
+ * to refuse naming `named`. */
+static void
+expect_files_refused (const char *named)
+{
+  gw_config_t c;
+  load_ok (&c);
+  err_t err = ERR_INIT;
+  if (gw_config_check_files (&c, &err) == 0)
+    fail_msg ("the files were accepted (expected a refusal naming %s)", named);
+  if (strstr (err_msg (&err), named) == NULL)
+    fail_msg ("the message `%s` does not name %s", err_msg (&err), named);
+  err_release (&err);
+  gw_config_release (&c);
+}
+
+static void
+test_files_the_configuration_names_are_checked_naming_the_variable (void **state)
+{
+  cleanup_free char *image = scratch_dir ("image");
+  cleanup_free char *state_dir = fmt ("%s/state", scratch);
+  cleanup_free char *file = fmt ("%s/file", scratch);
+  cleanup_free char *pem = fmt ("%s/cert.pem", scratch);
+  cleanup_free char *junk = fmt ("%s/junk.pem", scratch);
+  FILE *f = fopen (file, "w");
+  assert_non_null (f);
+  fclose (f);
+  f = fopen (pem, "w");
+  assert_non_null (f);
+  /* PEM framing around what is no certificate. */
+  fputs ("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n", f);
+  fclose (f);
+  f = fopen (junk, "w");
+  assert_non_null (f);
+  fputs ("not a certificate\n", f);
+  fclose (f);
+
+  setenv ("SANDBOX_ROOTFS", image, 1);
+  setenv ("SANDBOX_STATE_DIR", state_dir, 1);
+  gw_config_t c;
+  load_ok (&c);
+  err_t err = ERR_INIT;
+  if (gw_config_check_files (&c, &err) != 0)
+    fail_msg ("refused: %s", err_msg (&err));
+  gw_config_release (&c);
+  struct stat st;
+  assert_int_equal (stat (state_dir, &st), 0); /* made when missing */
+  assert_true (S_ISDIR (st.st_mode));
+
+  setenv ("SANDBOX_ROOTFS", "/nonexistent-rootfs", 1);
+  expect_files_refused ("SANDBOX_ROOTFS");
+  setenv ("SANDBOX_ROOTFS", file, 1);
+  expect_files_refused ("SANDBOX_ROOTFS");
+  setenv ("SANDBOX_ROOTFS", image, 1);
+
+  setenv ("SANDBOX_STATE_DIR", "/proc/nope", 1);
+  expect_files_refused ("SANDBOX_STATE_DIR");
+  setenv ("SANDBOX_STATE_DIR", file, 1);
+  expect_files_refused ("SANDBOX_STATE_DIR");
+  setenv ("SANDBOX_STATE_DIR", state_dir, 1);
+
+  /* Files a certificate cannot come from (usable ones: tests/integration/test_tls.py). */
+  setenv ("SANDBOX_TLS_KEY", pem, 1);
+  const char *const bad_certs[] = {"/nonexistent.pem", scratch, junk, pem};
+  for (size_t i = 0; i < sizeof bad_certs / sizeof bad_certs[0]; i++)
+    {
+      setenv ("SANDBOX_TLS_CERT", bad_certs[i], 1);
+      expect_files_refused ("SANDBOX_TLS_CERT");
+    }
+}
+
 static void
 test_snapshot_prefix_must_be_relative_without_dotdot (void **state)
 {
@@ -676,6 +747,8 @@ main (void)
       cmocka_unit_test_setup_teardown (test_cpus_become_rounded_millis, setup, teardown),
       cmocka_unit_test_setup_teardown (test_tls_files_must_come_together, setup, teardown),
       cmocka_unit_test_setup_teardown (test_relative_state_dir_and_rootfs_are_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_files_the_configuration_names_are_checked_naming_the_variable, setup,
+                                       teardown),
       cmocka_unit_test_setup_teardown (test_snapshot_prefix_must_be_relative_without_dotdot, setup, teardown),
       cmocka_unit_test_setup_teardown (test_integers_out_of_bounds_are_refused, setup, teardown),
       cmocka_unit_test_setup_teardown (test_other_bad_values_are_refused_naming_the_variable, setup, teardown),

@@ -1,0 +1,134 @@
+/* routes/ready: GET /ready, the readiness probe beside /health.
+ *
+ * /health answers 200 whenever the shim runs (the contract's liveness
+ * check, with what it knows in its body). /ready answers 200 only when
+ * traffic sent now could succeed: the gateway is reachable, reports
+ * SERVING (grpc.health.v1 Check), and accepts the shim's credentials (an
+ * authenticated sandbox.v1.Sandbox/Status). Otherwise 503 with the reason
+ * in "detail". No auth, like /health.
+ *
+ * State: the last verdict and when it was reached, under `ready_mu`; a
+ * verdict younger than READY_CACHE_MS is reused, so probes from many
+ * replicas or a tight period cost the gateway one check per interval.
+ * The mutex is held while checking: concurrent probes wait for that one
+ * check instead of starting their own.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "grpc/health/v1/health.pb-c.h"
+#include "sandbox/v1/sandbox.pb-c.h"
+#include "shim/routes/routes.h"
+
+/* How long a verdict is reused. */
+#define READY_CACHE_MS 1000
+/* Deadline of each of the two checks. */
+#define READY_CALL_MS 2000
+
+static pthread_mutex_t ready_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool ready_known;
+static int64_t ready_at_ms;
+static bool ready_ok;
+static char ready_reason[512];
+
+static int64_t
+now_ms (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Why a gateway call failed, for the reason text. */
+static void
+describe_failure (const char *what, const rpc_status_t *st, char *buf, size_t cap)
+{
+  const char *d = st->details != NULL && st->details[0] != '\0' ? st->details : rpc_status_name (st->code);
+  if ((st->code == GRPC_STATUS_UNAVAILABLE && !st->from_handler) || st->code == GRPC_STATUS_DEADLINE_EXCEEDED)
+    snprintf (buf, cap, "Gateway unreachable (%s): %.300s", rpc_status_name (st->code), d);
+  else if (st->code == GRPC_STATUS_UNAUTHENTICATED || st->code == GRPC_STATUS_PERMISSION_DENIED)
+    snprintf (buf, cap, "Gateway rejects the shim's secret (%s): check SHIM_GATEWAY_SECRET",
+              rpc_status_name (st->code));
+  else if (st->code == GRPC_STATUS_UNAVAILABLE)
+    /* The gateway itself said unavailable: no secret configured, or
+     * shutting down; its message says which. */
+    snprintf (buf, cap, "Gateway unavailable (UNAVAILABLE): %.300s", d);
+  else
+    snprintf (buf, cap, "Gateway %s failed (%s): %.300s", what, rpc_status_name (st->code), d);
+}
+
+/* grpc.health.v1 Check of the sandbox service: true when SERVING. */
+static bool
+check_serving (char *reason, size_t cap)
+{
+  Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  req.service = "sandbox.v1.Sandbox";
+  ProtobufCMessage *resp = NULL;
+  rpc_status_t st = RPC_STATUS_INIT;
+  err_t err = ERR_INIT;
+  bool ok = false;
+  if (rpc_client_unary (shim.channel, "/grpc.health.v1.Health/Check", READY_CALL_MS, NULL, 0, &req.base,
+                        &grpc__health__v1__health_check_response__descriptor, &resp, &st, &err)
+      < 0)
+    describe_failure ("health check", &st, reason, cap);
+  else if (((Grpc__Health__V1__HealthCheckResponse *) resp)->status
+           != GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING)
+    snprintf (reason, cap, "Gateway not serving (health NOT_SERVING: shutting down)");
+  else
+    ok = true;
+  if (resp != NULL)
+    protobuf_c_message_free_unpacked (resp, NULL);
+  rpc_status_release (&st);
+  err_release (&err);
+  return ok;
+}
+
+/* An authenticated Status call: true when the gateway accepts the shim. */
+static bool
+check_accepted (char *reason, size_t cap)
+{
+  if (shim.n_md == 0)
+    {
+      snprintf (reason, cap,
+                "The shim has no secret for the gateway (SHIM_GATEWAY_SECRET and CLOUD_RUN_SANDBOX_GATEWAY_SECRET "
+                "are unset)");
+      return false;
+    }
+  Sandbox__V1__StatusRequest req = SANDBOX__V1__STATUS_REQUEST__INIT;
+  ProtobufCMessage *resp = NULL;
+  rpc_status_t st = RPC_STATUS_INIT;
+  bool ok = route_unary ("/sandbox.v1.Sandbox/Status", &req.base, &sandbox__v1__status_response__descriptor, &resp,
+                         &st, READY_CALL_MS)
+            == 0;
+  if (!ok)
+    describe_failure ("status call", &st, reason, cap);
+  if (resp != NULL)
+    protobuf_c_message_free_unpacked (resp, NULL);
+  rpc_status_release (&st);
+  return ok;
+}
+
+struct MHD_Response *
+route_ready (shim_req_t *r, unsigned *status)
+{
+  (void) r;
+  char reason[sizeof ready_reason];
+  pthread_mutex_lock (&ready_mu);
+  int64_t now = now_ms ();
+  if (!ready_known || now - ready_at_ms >= READY_CACHE_MS)
+    {
+      ready_reason[0] = '\0';
+      ready_ok
+          = check_serving (ready_reason, sizeof ready_reason) && check_accepted (ready_reason, sizeof ready_reason);
+      ready_at_ms = now_ms ();
+      ready_known = true;
+    }
+  bool ok = ready_ok;
+  memcpy (reason, ready_reason, sizeof reason);
+  pthread_mutex_unlock (&ready_mu);
+  if (ok)
+    return shim_json (json_pack ("{s:b}", "ready", true), 200, status);
+  return shim_detail (503, reason, status);
+}
