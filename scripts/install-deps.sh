@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package the build and the tests need. Idempotent:
+# Installs every Debian 12 package the build and the tests need (with
+# --run: only what building and running the system needs). Idempotent:
 # when everything is already installed it changes nothing and does not touch
 # the network.
 set -euo pipefail
 
-PACKAGES=(
+# What building and running the gateway and the shim need
+# (scripts/run-local.sh installs only these: --run).
+RUN_PACKAGES=(
   # Build
   bazel-bootstrap bazel-rules-java
-  gcc g++ clang libclang-rt-14-dev pkg-config ca-certificates
+  gcc g++ pkg-config ca-certificates
   # gRPC and protobuf (C core, protobuf-c, code generators, standard protos)
   libgrpc-dev grpc-proto
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
@@ -17,21 +20,31 @@ PACKAGES=(
   libjansson-dev libseccomp-dev libwslay-dev
   # Sandbox runtime: user-mode networking for egress
   slirp4netns
+  iproute2 procps
+)
+
+# What the tests add (the test command installs them).
+TEST_PACKAGES=(
+  # Fuzzing (libFuzzer)
+  clang libclang-rt-14-dev
   # Container image (//deploy:image) and its test
   debootstrap debian-archive-keyring gpgv umoci skopeo crun
   # Layout check (scripts/format.sh --check)
   clang-format
   # Tests
-  iproute2 procps
   libcmocka-dev python3 python3-grpcio python3-protobuf python3-pytest
   # A real browser through a preview link (tests/integration/test_ports_browser.py)
   chromium
 )
 
-# The GCS cross-check runs Google's Node.js client and the API check runs buf
-# (both from npm): Node.js from Debian unless the machine already has one.
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-  PACKAGES+=(nodejs npm)
+PACKAGES=("${RUN_PACKAGES[@]}")
+if [[ "${1:-}" != "--run" ]]; then
+  PACKAGES+=("${TEST_PACKAGES[@]}")
+  # The GCS cross-check runs Google's Node.js client and the API check runs
+  # buf (both from npm): Node.js from Debian unless the machine has one.
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    PACKAGES+=(nodejs npm)
+  fi
 fi
 
 missing=()

@@ -10,13 +10,14 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-scripts/install-deps.sh
-bazel build //gateway:sandbox-gateway //shim:sandbox-shim
-
 if [[ $(id -u) -ne 0 ]]; then
   echo "run-local: the gateway makes sandboxes (namespaces, mounts, cgroups): run this as root" >&2
   exit 1
 fi
+
+# Only what building and running needs (the test command installs the rest).
+scripts/install-deps.sh --run
+bazel build //gateway:sandbox-gateway //shim:sandbox-shim
 
 # The plain build's outputs (bazel-bin follows the last configuration built).
 GATEWAY_BIN=bazel-out/k8-fastbuild/bin/gateway/sandbox-gateway
