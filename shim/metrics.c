@@ -7,7 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_SERIES 256
+/* Label values come from fixed sets (methods below, route templates, the
+ * statuses the shim answers), so the series are few; should they ever fill
+ * the table, the rest is counted in the last slot ({route="overflow"})
+ * rather than dropped. */
+#define MAX_SERIES 1024
 
 typedef struct series_s
 {
@@ -39,9 +43,24 @@ find_series (int n, const char *method, const char *route, unsigned status)
   return NULL;
 }
 
+/* A method as a label: one of the methods HTTP defines, else "other" (a
+ * request line's method is whatever the client wrote). */
+static const char *
+method_label (const char *method)
+{
+  static const char *const known[] = {"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"};
+  for (size_t i = 0; method != NULL && i < sizeof known / sizeof known[0]; i++)
+    if (strcmp (method, known[i]) == 0)
+      return known[i];
+  return "other";
+}
+
 void
 metrics_request (const char *method, const char *route, unsigned status, double seconds)
 {
+  method = method_label (method);
+  if (route == NULL || route[0] != '/')
+    route = "other"; /* no route matched: one series, whatever the path */
   series_t *s = find_series (atomic_load (&n_series), method, route, status);
   if (s == NULL)
     {
@@ -49,18 +68,20 @@ metrics_request (const char *method, const char *route, unsigned status, double 
       pthread_mutex_lock (&series_mu);
       int n = atomic_load (&n_series);
       s = find_series (n, method, route, status);
-      if (s == NULL && n < MAX_SERIES)
+      if (s == NULL)
         {
-          s = &series[n];
-          snprintf (s->method, sizeof s->method, "%s", method);
-          snprintf (s->route, sizeof s->route, "%s", route);
-          s->status = status;
-          atomic_store (&s->used, true);
-          atomic_store (&n_series, n + 1);
+          bool full = n >= MAX_SERIES - 1;
+          s = &series[full ? MAX_SERIES - 1 : n];
+          if (!atomic_load (&s->used))
+            {
+              snprintf (s->method, sizeof s->method, "%s", full ? "other" : method);
+              snprintf (s->route, sizeof s->route, "%s", full ? "overflow" : route);
+              s->status = full ? 0 : status;
+              atomic_store (&s->used, true);
+              atomic_store (&n_series, full ? MAX_SERIES : n + 1);
+            }
         }
       pthread_mutex_unlock (&series_mu);
-      if (s == NULL)
-        return;
     }
   atomic_fetch_add (&s->count, 1);
   atomic_fetch_add (&s->micros, (unsigned long long) (seconds * 1e6));

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import os
 import tarfile
 import tempfile
@@ -769,3 +770,30 @@ def test_debug_log_never_contains_secrets(shims, gateway):
     for secret in ("client-side-secret-1234", gateway.secret, "presented-wrong-token-5678"):
         assert secret not in text
     assert s.logs.find(lambda r: r.get("message") == "request" and r.get("sandbox_id") == sid)
+
+
+def test_metrics_labels_come_from_fixed_sets_and_junk_cannot_crowd_out_real_series(client, shim):
+    """A request line's method and path are the client's words: they never
+    become label values, the text stays valid Prometheus, and a flood of
+    junk cannot keep real routes from being counted."""
+    from tests.lib.shim import raw_connect
+    junk = ['X"}1 {x', "BREW", "M\\\\", "A" * 7]
+    for i in range(200):
+        s = raw_connect(shim)
+        try:
+            method = junk[i % len(junk)] if i % 2 else "GET"
+            s.sendall(f"{method} /junk/{i}?q=\"{{}} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            while s.recv(65536):
+                pass
+        finally:
+            s.close()
+    sid = client.launch()
+    client.run(sid, ["true"])
+    text = shim.request("GET", "/metrics").body.decode()
+    line = re.compile(r'^(# (HELP|TYPE) .*|[a-z_]+(\{([a-z_]+="[^"\\]*"(,[a-z_]+="[^"\\]*")*)?\})? [0-9.e+-]+)$')
+    bad = [l for l in text.splitlines() if l and not line.match(l)]
+    assert bad == [], bad[:5]
+    methods = set(re.findall(r'method="([^"]*)"', text))
+    assert methods <= {"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "other"}, methods
+    assert not any("junk" in r for r in re.findall(r'route="([^"]*)"', text))
+    assert re.search(r'shim_requests_total\{method="POST",route="/sandboxes/\{id\}/exec",status="200"\} [1-9]', text)
