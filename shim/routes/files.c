@@ -63,6 +63,18 @@ query_path (shim_req_t *r, const char *name, json_t **bad)
   return NULL;
 }
 
+/* `path` and the optional boolean `recursive` of the query: NULL with a
+ * 422 body in *bad when either is wrong. */
+static const char *
+query_path_recursive (shim_req_t *r, bool *recursive, json_t **bad)
+{
+  *recursive = false;
+  const char *path = query_path (r, "path", bad);
+  if (path != NULL && (*bad = route_query_bool (r, "recursive", recursive)) != NULL)
+    return NULL;
+  return path;
+}
+
 /* An unsigned query parameter (octal for `mode`); 0 when absent. */
 json_t *
 query_uint (shim_req_t *r, const char *name, int base, unsigned long max, unsigned long *out)
@@ -182,9 +194,9 @@ struct MHD_Response *
 route_file_delete (shim_req_t *r, unsigned *status)
 {
   json_t *bad;
-  bool recursive = false;
-  const char *path = query_path (r, "path", &bad);
-  if (path == NULL || (bad = route_query_bool (r, "recursive", &recursive)) != NULL)
+  bool recursive;
+  const char *path = query_path_recursive (r, &recursive, &bad);
+  if (path == NULL)
     return shim_json (bad, 422, status);
   Sandbox__V1__RemoveRequest req = SANDBOX__V1__REMOVE_REQUEST__INIT;
   req.sandbox_id = r->id;
@@ -318,9 +330,9 @@ struct MHD_Response *
 route_file_watch (shim_req_t *r, unsigned *status)
 {
   json_t *bad;
-  bool recursive = false;
-  const char *path = query_path (r, "path", &bad);
-  if (path == NULL || (bad = route_query_bool (r, "recursive", &recursive)) != NULL)
+  bool recursive;
+  const char *path = query_path_recursive (r, &recursive, &bad);
+  if (path == NULL)
     return shim_json (bad, 422, status);
   Sandbox__V1__WatchRequest req = SANDBOX__V1__WATCH_REQUEST__INIT;
   req.sandbox_id = r->id;
