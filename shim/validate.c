@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -270,6 +271,76 @@ parse_argv (json_t *root, char ***out, size_t *n_out, shim_errors_t *e)
     }
 }
 
+static void parse_env (json_t *root, bool check_names, char ***keys, char ***values, size_t *n_out, shim_errors_t *e);
+
+long
+shim_base64_decode (const char *text, size_t len, unsigned char *out)
+{
+  static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  if (len % 4 != 0)
+    return -1;
+  size_t pad = 0;
+  while (pad < 2 && pad < len && text[len - 1 - pad] == '=')
+    pad++;
+  long n = 0;
+  uint32_t acc = 0;
+  for (size_t i = 0; i < len; i++)
+    {
+      const char *p = i < len - pad && text[i] != '\0' ? strchr (alphabet, text[i]) : NULL;
+      if (i < len - pad && p == NULL)
+        return -1;
+      acc = (acc << 6) | (uint32_t) (p != NULL ? p - alphabet : 0);
+      if (i % 4 != 3)
+        continue;
+      size_t keep = i == len - 1 ? 3 - pad : 3;
+      for (size_t k = 0; k < keep; k++)
+        out[n++] = (unsigned char) (acc >> (16 - 8 * k));
+      acc = 0;
+    }
+  return n;
+}
+
+/* "cwd": an absolute path, as the gateway requires. */
+static void
+parse_exec_cwd (json_t *root, shim_exec_body_t *out, shim_errors_t *e)
+{
+  json_t *cwd = json_object_get (root, "cwd");
+  if (cwd == NULL || json_is_null (cwd))
+    return;
+  if (!json_is_string (cwd))
+    shim_errors_add (e, "string_type", "body", "cwd", "Input should be a valid string");
+  else if (json_string_value (cwd)[0] != '/')
+    shim_errors_add (e, "value_error", "body", "cwd", "Value error, cwd must be an absolute path");
+  else
+    out->cwd = strdup (json_string_value (cwd));
+}
+
+/* "stdin_b64": the command's standard input, as base64. */
+static void
+parse_exec_stdin (json_t *root, shim_exec_body_t *out, shim_errors_t *e)
+{
+  json_t *in = json_object_get (root, "stdin_b64");
+  if (in == NULL || json_is_null (in))
+    return;
+  if (!json_is_string (in))
+    {
+      shim_errors_add (e, "string_type", "body", "stdin_b64", "Input should be a valid string");
+      return;
+    }
+  size_t len = json_string_length (in);
+  out->stdin_data = malloc (len / 4 * 3 + 1);
+  long n = out->stdin_data != NULL ? shim_base64_decode (json_string_value (in), len, out->stdin_data) : -1;
+  if (n < 0)
+    {
+      free (out->stdin_data);
+      out->stdin_data = NULL;
+      shim_errors_add (e, "base64_decode", "body", "stdin_b64",
+                       "Base64 decoding error: expected standard, padded base64");
+      return;
+    }
+  out->stdin_len = (size_t) n;
+}
+
 bool
 shim_parse_exec (const char *content_type, const char *body, size_t len, shim_exec_body_t *out, shim_errors_t *e)
 {
@@ -280,6 +351,9 @@ shim_parse_exec (const char *content_type, const char *body, size_t len, shim_ex
     return false;
   parse_argv (root, &out->argv, &out->argc, e);
   parse_int_field (root, NULL, "timeout", 1, SHIM_TIMEOUT_MAX, &out->timeout, e);
+  parse_exec_cwd (root, out, e);
+  parse_env (root, true, &out->env_keys, &out->env_values, &out->n_env, e);
+  parse_exec_stdin (root, out, e);
   json_decref (root);
   if (shim_errors_any (e))
     {
@@ -294,16 +368,33 @@ shim_exec_body_release (shim_exec_body_t *b)
 {
   for (size_t i = 0; b->argv != NULL && i < b->argc; i++)
     free (b->argv[i]);
+  for (size_t i = 0; b->env_keys != NULL && i < b->n_env; i++)
+    {
+      free (b->env_keys[i]);
+      free (b->env_values[i]);
+    }
   free (b->argv);
-  b->argv = NULL;
-  b->argc = 0;
+  free (b->env_keys);
+  free (b->env_values);
+  free (b->cwd);
+  free (b->stdin_data);
+  memset (b, 0, sizeof *b);
 }
 
 /* ---- the process routes ---------------------------------------------------- */
 
-/* "env": an object of strings (owned copies), or the error. */
+/* A name the gateway takes for an environment variable: not empty, no '='. */
+static bool
+env_name_ok (const char *name)
+{
+  return name[0] != '\0' && strchr (name, '=') == NULL;
+}
+
+/* "env": an object of strings (owned copies in *keys and *values, *n of
+ * them), or the error. With `check_names`, names the gateway would refuse
+ * are errors too. */
 static void
-parse_env (json_t *root, shim_process_body_t *out, shim_errors_t *e)
+parse_env (json_t *root, bool check_names, char ***keys, char ***values, size_t *n_out, shim_errors_t *e)
 {
   json_t *env = json_object_get (root, "env");
   if (env == NULL || json_is_null (env))
@@ -314,22 +405,28 @@ parse_env (json_t *root, shim_process_body_t *out, shim_errors_t *e)
       return;
     }
   size_t n = json_object_size (env);
-  out->env_keys = calloc (n + 1, sizeof *out->env_keys);
-  out->env_values = calloc (n + 1, sizeof *out->env_values);
-  if (out->env_keys == NULL || out->env_values == NULL)
+  *keys = calloc (n + 1, sizeof **keys);
+  *values = calloc (n + 1, sizeof **values);
+  if (*keys == NULL || *values == NULL)
     return;
   const char *key;
   json_t *value;
   json_object_foreach (env, key, value)
   {
+    if (check_names && !env_name_ok (key))
+      {
+        errors_add_in (e, "value_error", "env", key,
+                       "Value error, not an environment variable name (empty or contains '=')");
+        continue;
+      }
     if (!json_is_string (value))
       {
         errors_add_in (e, "string_type", "env", key, "Input should be a valid string");
         continue;
       }
-    out->env_keys[out->n_env] = strdup (key);
-    out->env_values[out->n_env] = strdup (json_string_value (value));
-    out->n_env++;
+    (*keys)[*n_out] = strdup (key);
+    (*values)[*n_out] = strdup (json_string_value (value));
+    (*n_out)++;
   }
 }
 
@@ -365,7 +462,7 @@ shim_parse_process (const char *content_type, const char *body, size_t len, shim
   if (root == NULL)
     return false;
   parse_argv (root, &out->argv, &out->argc, e);
-  parse_env (root, out, e);
+  parse_env (root, false, &out->env_keys, &out->env_values, &out->n_env, e);
   json_t *cwd = json_object_get (root, "cwd");
   if (cwd != NULL && !json_is_null (cwd) && !json_is_string (cwd))
     shim_errors_add (e, "string_type", "body", "cwd", "Input should be a valid string");

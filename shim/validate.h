@@ -33,6 +33,11 @@ void shim_errors_release (shim_errors_t *e);
  * error at loc [where, field] when it fails. */
 bool shim_check_id (const char *id, const char *where, const char *field, shim_errors_t *e);
 
+/* Decodes standard, padded base64 (`len` a multiple of 4, '=' only as the
+ * last one or two characters) into `out` (room for 3 * len / 4 bytes).
+ * The decoded length, or -1 when `text` is not such base64. */
+long shim_base64_decode (const char *text, size_t len, unsigned char *out);
+
 /* Parses a boolean as pydantic does in lax mode (true/false, 1/0, "yes",
  * "on", ...). 0 ok, -1 not a boolean. */
 int shim_parse_bool_text (const char *text, bool *out);
@@ -44,13 +49,21 @@ typedef struct shim_launch_body_s
   bool allow_egress;
 } shim_launch_body_t;
 
-/* POST /sandboxes/{id}/exec body; argv is owned (free with
- * shim_exec_body_release). */
+/* POST /sandboxes/{id}/exec body; every pointer owned (free with
+ * shim_exec_body_release). Beyond the contract's argv and timeout, the
+ * optional "cwd" (absolute), "env" (names as the gateway takes them: not
+ * empty, no '=') and "stdin_b64" (standard base64, padded; bounded by the
+ * JSON body cap). */
 typedef struct shim_exec_body_s
 {
   char **argv;
   size_t argc;
   long timeout;
+  char *cwd; /* NULL: the gateway's default */
+  char **env_keys, **env_values;
+  size_t n_env;
+  unsigned char *stdin_data; /* NULL: no input */
+  size_t stdin_len;
 } shim_exec_body_t;
 
 /* Parses and validates a JSON body. `content_type` may be NULL (taken as

@@ -38,6 +38,7 @@ api_exit_to_proto (const sbx_exec_result_t *in, Sandbox__V1__ExitStatus *out)
   out->timed_out = in->timed_out;
   out->duration_ms = in->duration_ms;
   out->oom_killed = in->oom_killed;
+  out->pids_limited = in->pids_limited;
   out->message = (char *) in->message;
 }
 

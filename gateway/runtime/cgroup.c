@@ -501,15 +501,15 @@ sum_keyed (const char *dir, const char *file, const char *key, int depth)
 }
 
 void
-sbx_cg_events (const sbx_cg_layout_t *l, const char *id, sbx_cg_events_t *out)
+sbx_cg_events (const sbx_cg_layout_t *l, const char *id, const char *sub, sbx_cg_events_t *out)
 {
   char dir[300];
-  path_of (dir, sizeof dir, l->roots[0], id, NULL, NULL);
+  path_of (dir, sizeof dir, l->roots[0], id, sub, NULL);
   out->pids_max_hits = sum_keyed (dir, "pids.events", "max", 0);
   out->oom_kills = 0;
   if (l->memory >= 0)
     {
-      path_of (dir, sizeof dir, l->roots[l->memory], id, NULL, NULL);
+      path_of (dir, sizeof dir, l->roots[l->memory], id, sub, NULL);
       out->oom_kills = sum_keyed (dir, l->v2 ? "memory.events" : "memory.oom_control", "oom_kill", 0);
     }
 }

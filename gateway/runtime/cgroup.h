@@ -113,7 +113,9 @@ typedef struct sbx_cg_events_s
   long oom_kills;
 } sbx_cg_events_t;
 
-void sbx_cg_events (const sbx_cg_layout_t *l, const char *id, sbx_cg_events_t *out);
+/* The counters of the sandbox (`sub` NULL) or of its group <id>/<sub>,
+ * each summed over the group and its sub-groups. */
+void sbx_cg_events (const sbx_cg_layout_t *l, const char *id, const char *sub, sbx_cg_events_t *out);
 
 /* Ids of sandbox groups found under our roots (to clean after a crash).
  * Returns a NULL-terminated array the caller frees (each entry and it). */

@@ -487,7 +487,9 @@ describe_limits (sbx_runtime_t *rt, const sbx_cg_events_t *before, const sbx_cg_
       snprintf (res->message, sizeof res->message, "the sandbox's memory limit (%ld MiB) killed a process",
                 rt->cfg.memory_mb);
     }
-  else if (after->pids_max_hits > before->pids_max_hits && res->message[0] == '\0')
+  if (after->pids_max_hits > before->pids_max_hits)
+    res->pids_limited = true;
+  if (res->pids_limited && !res->oom_killed && res->message[0] == '\0')
     snprintf (res->message, sizeof res->message, "the sandbox's process limit (%ld) refused new processes",
               rt->cfg.pids_max);
 }
@@ -593,7 +595,7 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
       /* The sandbox's limit events since the last exec's end: one read of
        * the counters per exec instead of a read before and after. */
       sbx_cg_events_t before, after;
-      sbx_cg_events (&rt->cg, req->id, &after);
+      sbx_cg_events (&rt->cg, req->id, NULL, &after);
       pthread_mutex_lock (&rt->mu);
       before = s->cg_seen;
       s->cg_seen = after;
@@ -609,9 +611,23 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
    * server started with `&`) lives on in the sandbox's background group,
    * as it would after a shell's exit, and dies with the sandbox. */
   err_t rerr = ERR_INIT;
+  sbx_cg_events_t gone = {0};
+  if (rc == 0) /* s->cg_seen then counts this group's events */
+    sbx_cg_events (&rt->cg, req->id, x.group, &gone);
   if ((x.exited && sbx_cg_move_all (&rt->cg, req->id, x.group, SBX_CG_BACKGROUND, &rerr) < 0)
       || sbx_cg_remove (&rt->cg, req->id, x.group, &rerr) < 0)
     err_warn_release (&rerr, "exec in `%s`", req->id);
+  else
+    {
+      /* Where a kernel counts an event in the exec's own group (cgroup v1,
+       * and v2's local pids events), the sandbox's sum loses it with the
+       * group: so must what the next exec compares with, or its own events
+       * would go unseen. */
+      pthread_mutex_lock (&rt->mu);
+      s->cg_seen.pids_max_hits -= gone.pids_max_hits;
+      s->cg_seen.oom_kills -= gone.oom_kills;
+      pthread_mutex_unlock (&rt->mu);
+    }
   err_release (&rerr);
   if (req->background)
     {

@@ -209,6 +209,7 @@ struct sbx_exec_result_s
   bool timed_out;
   bool cancelled;
   bool oom_killed;
+  bool pids_limited; /* the process limit refused a fork during the command */
   uint64_t duration_ms;
   char message[256]; /* detail for an abnormal end */
 };

@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -228,6 +229,77 @@ typedef struct dir_time_s
 } dir_time_t;
 
 /* One extraction in progress. */
+/* The tar's source: a descriptor read 1 MiB at a time (as large as the
+ * restore pipe: fewer reads, and file writes large enough for the disk's
+ * large folios), with its first bytes kept to name a refused compression. */
+#define UNPACK_READ_SIZE (1024 * 1024)
+
+typedef struct unpack_src_s
+{
+  int fd;
+  uint8_t *buf;
+  uint8_t head[8]; /* the stream's first bytes */
+  size_t n_head;
+} unpack_src_t;
+
+static la_ssize_t
+src_read (struct archive *a, void *cls, const void **out)
+{
+  unpack_src_t *s = cls;
+  ssize_t n;
+  do
+    n = read (s->fd, s->buf, UNPACK_READ_SIZE);
+  while (n < 0 && errno == EINTR);
+  if (n < 0)
+    {
+      archive_set_error (a, errno, "read the snapshot");
+      return ARCHIVE_FATAL;
+    }
+  for (ssize_t i = 0; i < n && s->n_head < sizeof s->head; i++)
+    s->head[s->n_head++] = s->buf[i];
+  *out = s->buf;
+  return n;
+}
+
+/* The name of a compression snapshots do not use, from a stream's first
+ * bytes; NULL when they are none of those. Only named, never decoded:
+ * every decoder is attack surface a hostile tar could reach. */
+static const char *
+refused_compression (const uint8_t *head, size_t n)
+{
+  static const struct
+  {
+    const char *name;
+    uint8_t magic[6];
+    size_t len;
+  } known[] = {
+      {"xz", {0xfd, '7', 'z', 'X', 'Z', 0x00}, 6},
+      {"bzip2", {'B', 'Z', 'h'}, 3},
+      {"lzip", {'L', 'Z', 'I', 'P'}, 4},
+      {"lz4", {0x04, 0x22, 0x4d, 0x18}, 4},
+      {"lzma", {0x5d, 0x00, 0x00}, 3},
+      {"compress (.Z)", {0x1f, 0x9d}, 2},
+  };
+  for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+    if (n >= known[i].len && memcmp (head, known[i].magic, known[i].len) == 0)
+      return known[i].name;
+  return NULL;
+}
+
+/* Why the stream could not be opened: a refused compression by name, else
+ * libarchive's reason. */
+static int
+open_fail (struct archive *a, const unpack_src_t *src, err_t *err)
+{
+  const char *name = refused_compression (src->head, src->n_head);
+  if (name != NULL)
+    return err_make (err, EINVAL,
+                     "the snapshot is %s-compressed: restore reads a tar that is uncompressed, gzip- or "
+                     "zstd-compressed",
+                     name);
+  return extract_fail (a, "(start)", err);
+}
+
 typedef struct unpack_s
 {
   struct archive *a; /* the tar being read */
@@ -451,10 +523,11 @@ snap_unpack (int fd, long max_entries, bool userxattr, err_t *err)
                                            | ARCHIVE_EXTRACT_SECURE_NODOTDOT
                                            | ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS);
   int rc = -1;
-  /* Reads as large as the restore pipe (1 MiB): fewer reads, and file
-   * writes large enough for the disk's large folios. */
-  if (archive_read_open_fd (u.a, fd, 1024 * 1024) != ARCHIVE_OK)
-    extract_fail (u.a, "(start)", err);
+  unpack_src_t src = {.fd = fd, .buf = malloc (UNPACK_READ_SIZE)};
+  if (src.buf == NULL)
+    err_make (err, ENOMEM, "out of memory");
+  else if (archive_read_open (u.a, &src, NULL, src_read, NULL) != ARCHIVE_OK)
+    open_fail (u.a, &src, err);
   else if (unpack_all (&u, max_entries, err) == 0)
     {
       if (archive_write_close (u.w) < ARCHIVE_WARN)
@@ -475,5 +548,6 @@ snap_unpack (int fd, long max_entries, bool userxattr, err_t *err)
   free (u.index);
   archive_read_free (u.a);
   archive_write_free (u.w);
+  free (src.buf);
   return rc;
 }

@@ -1,7 +1,8 @@
 /* snapshot/unpack: the snapshot tar importer of sandbox-unpack, as a library
  * (for the binary and the fuzzer).
  *
- * Reads a tar (any compression libarchive reads) from `fd` and extracts it
+ * Reads a tar (uncompressed, gzip or zstd; any other compression is EINVAL
+ * naming it) from `fd` and extracts it
  * into the current directory: relative paths only, no "..", nothing written
  * through symlinks, hard links only to files already unpacked, no device
  * nodes, fifos or sockets, at most `max_entries` entries, overlay's own

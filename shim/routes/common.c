@@ -51,6 +51,7 @@ typedef struct ndjson_s
   rpc_client_call_t *call;
   const ProtobufCMessageDescriptor *desc;
   route_event_fn event;
+  void *ctx; /* the events' state, owned */
   watch_t *watch;
   char *line;
   size_t len, off;
@@ -101,7 +102,7 @@ ndjson_next (ndjson_t *n)
   else
     {
       n->any = true;
-      ev = n->event (m);
+      ev = n->event (m, n->ctx);
       protobuf_c_message_free_unpacked (m, NULL);
     }
   if (ev == NULL)
@@ -137,22 +138,25 @@ ndjson_free (void *cls)
   rpc_client_destroy (n->call);
   free (n->line);
   rpc_status_release (&n->st);
+  free (n->ctx);
   free (n);
 }
 
 struct MHD_Response *
 route_ndjson (shim_req_t *r, rpc_client_call_t *c, const ProtobufCMessageDescriptor *desc, route_event_fn event,
-              route_error_fn error, unsigned *status)
+              void *ctx, route_error_fn error, unsigned *status)
 {
   ndjson_t *n = calloc (1, sizeof *n);
   if (n == NULL)
     {
       rpc_client_destroy (c);
+      free (ctx);
       return shim_detail (503, "Out of memory", status);
     }
   n->call = c;
   n->desc = desc;
   n->event = event;
+  n->ctx = ctx;
   n->watch = watch_add (shim_req_fd (r), c);
   /* The first message decides the status: an unknown sandbox is a 404,
    * not a 200 with an error line. */

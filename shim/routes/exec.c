@@ -1,9 +1,8 @@
 /* routes/exec: POST /sandboxes/{id}/exec — buffered JSON (the contract) or,
  * with Accept: application/x-ndjson, one JSON event per line as output
- * arrives. While the call runs, the hang-up watcher cancels it if the
- * client leaves. State: per request, but for the bytes all buffered answers
- * hold (SHIM_MAX_BUFFERED_OUTPUT), an atomic counter every request thread
- * updates. */
+ * arrives; either way each stream is cut at SHIM_MAX_EXEC_OUTPUT. While the call runs, the hang-up watcher cancels it
+ * if the client leaves. State: per request, but for the bytes all buffered answers hold (SHIM_MAX_BUFFERED_OUTPUT),
+ * an atomic counter every request thread updates. */
 #include <errno.h>
 #include <openssl/evp.h>
 #include <stdatomic.h>
@@ -157,11 +156,34 @@ exec_b64_release (exec_b64_t *o)
 static rpc_client_call_t *
 exec_start (shim_req_t *r, const shim_exec_body_t *b, rpc_status_t *st)
 {
+  cleanup_free Sandbox__V1__ExecRequest__EnvEntry *entries = calloc (b->n_env + 1, sizeof *entries);
+  cleanup_free Sandbox__V1__ExecRequest__EnvEntry **ptrs = calloc (b->n_env + 1, sizeof *ptrs);
+  if (entries == NULL || ptrs == NULL)
+    {
+      /* Answered 503 as the shim's own failures are. */
+      st->code = GRPC_STATUS_UNAVAILABLE;
+      st->from_handler = true;
+      st->details = strdup ("Out of memory");
+      return NULL;
+    }
   Sandbox__V1__ExecRequest req = SANDBOX__V1__EXEC_REQUEST__INIT;
   req.sandbox_id = r->id;
   req.argv = b->argv;
   req.n_argv = b->argc;
   req.timeout_seconds = (uint32_t) b->timeout;
+  for (size_t i = 0; i < b->n_env; i++)
+    {
+      sandbox__v1__exec_request__env_entry__init (&entries[i]);
+      entries[i].key = b->env_keys[i];
+      entries[i].value = b->env_values[i];
+      ptrs[i] = &entries[i];
+    }
+  req.env = ptrs;
+  req.n_env = b->n_env;
+  if (b->cwd != NULL)
+    req.cwd = b->cwd;
+  req.stdin.data = b->stdin_data;
+  req.stdin.len = b->stdin_len;
   return route_call_open ("/sandbox.v1.Sandbox/Exec", b->timeout * 1000 + ROUTE_EXEC_MARGIN_MS, &req.base, NULL, 0,
                           true, st);
 }
@@ -176,24 +198,55 @@ exit_json (const Sandbox__V1__ExitStatus *x)
     code = json_integer (-x->signal); /* as Python's subprocess reports it */
   else
     code = json_integer (x->exit_code);
-  return json_pack ("{s:o, s:b}", "exit_code", code, "timed_out", x->timed_out);
+  json_t *j = json_pack ("{s:o, s:b}", "exit_code", code, "timed_out", x->timed_out);
+  /* Additive, and only when true: the contract's answer is otherwise
+   * unchanged. */
+  if (j != NULL && x->oom_killed)
+    json_object_set_new (j, "oom_killed", json_true ());
+  if (j != NULL && x->pids_limited)
+    json_object_set_new (j, "pids_limited", json_true ());
+  return j;
 }
 
-/* One exec event as an NDJSON line (route_ndjson). */
-static json_t *
-exec_event_json (const ProtobufCMessage *m)
+/* An NDJSON exec's state: how much of each stream has been forwarded.
+ * Each stream is cut at SHIM_MAX_EXEC_OUTPUT as the buffered answer's is;
+ * what comes after is read (the command is not held up) but not sent, and
+ * the exit line then says "truncated": true. */
+typedef struct exec_stream_s
 {
+  size_t sent[2]; /* stdout, stderr */
+  bool truncated;
+} exec_stream_t;
+
+/* One exec event as an NDJSON line (route_ndjson; `ctx` an exec_stream_t). */
+static json_t *
+exec_event_json (const ProtobufCMessage *m, void *ctx)
+{
+  exec_stream_t *s = ctx;
   const Sandbox__V1__ExecEvent *e = (const Sandbox__V1__ExecEvent *) m;
   if (e->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDOUT
       || e->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDERR)
     {
       bool out = e->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_STDOUT;
-      return route_output_json (out, out ? e->stdout : e->stderr);
+      ProtobufCBinaryData d = out ? e->stdout : e->stderr;
+      size_t max = (size_t) shim.cfg.max_exec_output, *sent = &s->sent[out ? 0 : 1];
+      if (d.len > max - *sent)
+        {
+          d.len = max - *sent;
+          s->truncated = true;
+        }
+      if (d.len == 0)
+        return NULL;
+      *sent += d.len;
+      return route_output_json (out, d);
     }
   if (e->event_case == SANDBOX__V1__EXEC_EVENT__EVENT_EXIT && e->exit != NULL)
     {
       metrics_exec_duration ((double) e->exit->duration_ms / 1000.0);
-      return exit_json (e->exit);
+      json_t *j = exit_json (e->exit);
+      if (j != NULL && s->truncated)
+        json_object_set_new (j, "truncated", json_true ());
+      return j;
     }
   return NULL;
 }
@@ -375,7 +428,13 @@ route_exec (shim_req_t *r, unsigned *status)
       rpc_status_release (&st);
       return out;
     }
-  return wants_ndjson (r)
-             ? route_ndjson (r, c, &sandbox__v1__exec_event__descriptor, exec_event_json, shim_gateway_error, status)
-             : exec_buffered (r, c, status);
+  if (!wants_ndjson (r))
+    return exec_buffered (r, c, status);
+  exec_stream_t *s = calloc (1, sizeof *s);
+  if (s == NULL)
+    {
+      rpc_client_destroy (c);
+      return shim_detail (503, "Out of memory", status);
+    }
+  return route_ndjson (r, c, &sandbox__v1__exec_event__descriptor, exec_event_json, s, shim_gateway_error, status);
 }

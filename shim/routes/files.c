@@ -316,8 +316,9 @@ event_name (Sandbox__V1__FileEvent__Kind k)
 }
 
 static json_t *
-file_event_json (const ProtobufCMessage *m)
+file_event_json (const ProtobufCMessage *m, void *ctx)
 {
+  (void) ctx;
   const Sandbox__V1__FileEvent *ev = (const Sandbox__V1__FileEvent *) m;
   json_t *j = json_pack ("{s:s, s:o, s:b}", "event", event_name (ev->kind), "path", text_json (ev->path), "is_dir",
                          ev->is_dir);
@@ -346,5 +347,5 @@ route_file_watch (shim_req_t *r, unsigned *status)
       rpc_status_release (&st);
       return out;
     }
-  return route_ndjson (r, c, &sandbox__v1__file_event__descriptor, file_event_json, read_error, status);
+  return route_ndjson (r, c, &sandbox__v1__file_event__descriptor, file_event_json, NULL, read_error, status);
 }

@@ -56,8 +56,9 @@ process_info_json (const Sandbox__V1__ProcessInfo *p)
 /* One event of an attachment as an NDJSON line (route_ndjson): output in
  * base64, the exit status last; `started` is not shown. */
 static json_t *
-process_event_json (const ProtobufCMessage *m)
+process_event_json (const ProtobufCMessage *m, void *ctx)
 {
+  (void) ctx;
   const Sandbox__V1__ProcessEvent *e = (const Sandbox__V1__ProcessEvent *) m;
   if (e->event_case == SANDBOX__V1__PROCESS_EVENT__EVENT_STDOUT
       || e->event_case == SANDBOX__V1__PROCESS_EVENT__EVENT_STDERR)
@@ -320,8 +321,8 @@ route_process_output (shim_req_t *r, unsigned *status)
   rpc_client_call_t *c = run_open (&in, NULL, 0, true, 0, &st);
   if (c == NULL)
     return call_error (&st, false, status);
-  return route_ndjson (r, c, &sandbox__v1__process_event__descriptor, process_event_json, shim_gateway_error_named,
-                       status);
+  return route_ndjson (r, c, &sandbox__v1__process_event__descriptor, process_event_json, NULL,
+                       shim_gateway_error_named, status);
 }
 
 /* ---- POST .../stdin, .../signal, .../resize ---------------------------------------- */

@@ -91,8 +91,9 @@ char *route_base64 (const uint8_t *data, size_t len);
 json_t *route_query_bool (shim_req_t *r, const char *name, bool *out);
 
 /* One message of a streaming call as an NDJSON event: a new JSON object
- * (the caller takes it), or NULL to send nothing for it. */
-typedef json_t *(*route_event_fn) (const ProtobufCMessage *m);
+ * (the caller takes it), or NULL to send nothing for it. `ctx` is the one
+ * given to route_ndjson. */
+typedef json_t *(*route_event_fn) (const ProtobufCMessage *m, void *ctx);
 /* The answer for a call that failed (shim_gateway_error or a variant). */
 typedef struct MHD_Response *(*route_error_fn) (grpc_status_code code, const rpc_status_t *st, unsigned *status);
 /* Answers with NDJSON (application/x-ndjson): one line per event of the
@@ -100,8 +101,9 @@ typedef struct MHD_Response *(*route_error_fn) (grpc_status_code code, const rpc
  * arrive, for as long as the call runs; the hang-up watcher cancels it if
  * the client leaves. The first message decides the status: a call that
  * fails before it is answered by `error`, not a 200; one that fails later
- * ends with an {"error", "detail"} line. */
+ * ends with an {"error", "detail"} line. `ctx` (taken; NULL or from
+ * malloc, freed with free() with the answer) is the events' state. */
 struct MHD_Response *route_ndjson (shim_req_t *r, rpc_client_call_t *c, const ProtobufCMessageDescriptor *desc,
-                                   route_event_fn event, route_error_fn error, unsigned *status);
+                                   route_event_fn event, void *ctx, route_error_fn error, unsigned *status);
 
 #endif

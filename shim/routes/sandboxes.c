@@ -50,6 +50,24 @@ route_health (shim_req_t *r, unsigned *status)
 
 /* ---- POST /sandboxes, GET /sandboxes, DELETE /sandboxes/{id} ------------------- */
 
+/* The 201 of a launch: {"sandbox_id"}, and "allow_egress": false when
+ * egress was asked for but the gateway does not allow it (the contract's
+ * answer is otherwise unchanged). */
+static struct MHD_Response *
+launched (const shim_launch_body_t *body, const Sandbox__V1__SandboxInfo *info, unsigned *status)
+{
+  json_t *j = json_pack ("{s:s}", "sandbox_id", body->id);
+  if (body->allow_egress && !info->allow_egress)
+    {
+      log_fields (SEV_WARNING, json_pack ("{s:s}", "sandbox_id", body->id),
+                  "sandbox `%s` asked for egress, which the gateway does not allow (ALLOW_EGRESS): launched "
+                  "without network access",
+                  body->id);
+      json_object_set_new (j, "allow_egress", json_false ());
+    }
+  return shim_json (j, 201, status);
+}
+
 struct MHD_Response *
 route_launch (shim_req_t *r, unsigned *status)
 {
@@ -70,7 +88,7 @@ route_launch (shim_req_t *r, unsigned *status)
   if (route_unary ("/sandbox.v1.Sandbox/Launch", &req.base, &sandbox__v1__sandbox_info__descriptor, &resp, &st,
                    ROUTE_SHORT_CALL_MS)
       == 0)
-    out = shim_json (json_pack ("{s:s}", "sandbox_id", body.id), 201, status);
+    out = launched (&body, (const Sandbox__V1__SandboxInfo *) resp, status);
   else if (st.code == GRPC_STATUS_ALREADY_EXISTS || st.code == GRPC_STATUS_INVALID_ARGUMENT
            || st.code == GRPC_STATUS_RESOURCE_EXHAUSTED || st.code == GRPC_STATUS_UNAUTHENTICATED
            || st.code == GRPC_STATUS_UNAVAILABLE || st.code == GRPC_STATUS_DEADLINE_EXCEEDED)

@@ -20,6 +20,7 @@ typedef struct restore_s
 {
   rpc_client_call_t *call;
   bool failed;
+  bool egress; /* asked for */
   uint64_t sent;
 } restore_t;
 
@@ -43,6 +44,7 @@ route_restore_upload (shim_req_t *r, const char *data, size_t len)
           return -1;
         }
       r->state = s;
+      s->egress = egress;
       err_t err = ERR_INIT;
       Sandbox__V1__RestoreHeader h = SANDBOX__V1__RESTORE_HEADER__INIT;
       h.sandbox_id = r->id;
@@ -88,13 +90,29 @@ route_restore (shim_req_t *r, unsigned *status)
   ProtobufCMessage *m = NULL;
   int rc = rpc_client_recv (s->call, &sandbox__v1__sandbox_info__descriptor, &m, &err);
   err_release (&err);
+  /* As a launch answers: "allow_egress": false when egress was asked for
+   * but the gateway does not allow it. */
+  bool refused = s->egress && m != NULL && !((Sandbox__V1__SandboxInfo *) m)->allow_egress;
   if (m != NULL)
     protobuf_c_message_free_unpacked (m, NULL);
   rpc_status_t st = RPC_STATUS_INIT;
   grpc_status_code code = rpc_client_finish (s->call, &st);
-  struct MHD_Response *out = code == GRPC_STATUS_OK && rc == 1
-                                 ? shim_json (json_pack ("{s:s}", "sandbox_id", r->id), 201, status)
-                                 : shim_gateway_error (code, &st, status);
+  struct MHD_Response *out;
+  if (code == GRPC_STATUS_OK && rc == 1)
+    {
+      json_t *j = json_pack ("{s:s}", "sandbox_id", r->id);
+      if (refused)
+        {
+          log_fields (SEV_WARNING, json_pack ("{s:s}", "sandbox_id", r->id),
+                      "sandbox `%s` asked for egress, which the gateway does not allow (ALLOW_EGRESS): restored "
+                      "without network access",
+                      r->id);
+          json_object_set_new (j, "allow_egress", json_false ());
+        }
+      out = shim_json (j, 201, status);
+    }
+  else
+    out = shim_gateway_error (code, &st, status);
   rpc_status_release (&st);
   return out;
 }

@@ -143,9 +143,14 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
               CHECK (b.argv[i] != NULL);
             CHECK (b.argv[b.argc] == NULL);
             CHECK (b.timeout >= 1 && b.timeout <= SHIM_TIMEOUT_MAX);
+            CHECK (b.cwd == NULL || b.cwd[0] == '/');
+            for (size_t i = 0; i < b.n_env; i++)
+              CHECK (b.env_keys[i][0] != '\0' && strchr (b.env_keys[i], '=') == NULL && b.env_values[i] != NULL);
+            CHECK (b.stdin_len == 0 || b.stdin_data != NULL);
+            CHECK (b.stdin_len <= rlen);
           }
         else
-          CHECK (b.argv == NULL && b.argc == 0);
+          CHECK (b.argv == NULL && b.argc == 0 && b.cwd == NULL && b.env_keys == NULL && b.stdin_data == NULL);
         check_errors (&e, !ok);
         shim_exec_body_release (&b);
         free (body);

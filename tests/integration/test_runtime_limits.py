@@ -95,6 +95,7 @@ def test_memory_hog_is_oom_killed_and_reported(limited, victim, bystander):
     assert_works(limited, victim)
     assert res.exit.oom_killed, f"oom_killed not set\n{res.describe()}"
     assert "memory" in res.exit.message, res.describe()
+    assert not res.exit.pids_limited, res.describe()
 
 
 def test_oom_kill_of_a_child_is_reported_even_when_the_command_survives(limited, victim):
@@ -121,6 +122,7 @@ def test_hitting_the_process_limit_is_reported_in_the_exit_message(limited, vict
     res = limited.exec(victim, ["python3", "-c", script], timeout_seconds=30)
     assert res.code == 0 and res.out == "True\n", res.describe()
     assert "process limit" in res.exit.message, f"no word of the limit\n{res.describe()}"
+    assert res.exit.pids_limited and not res.exit.oom_killed, res.describe()
 
 
 def test_disk_filler_gets_no_space_left_on_device(limited, victim, bystander):
