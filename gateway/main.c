@@ -94,6 +94,7 @@ start (gateway_t *g, err_t *err)
   const gw_config_t *c = &g->cfg;
   sbx_config_t rcfg;
   gw_config_runtime (c, &rcfg);
+  rcfg.health = health_set_failing;
   if (sbx_runtime_new (&rcfg, &g->rt, err) < 0)
     return -1;
   store_choice_t choice = {

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/log.h"
 #include "grpc/health/v1/health.pb-c.h"
 
 typedef Grpc__Health__V1__HealthCheckResponse__ServingStatus serving_t;
@@ -23,6 +24,7 @@ static pthread_mutex_t health_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t health_cv;
 static const char *const *health_services;
 static bool health_down;
+static bool health_failing; /* the runtime's self-check fails */
 static unsigned long health_generation;
 
 /* The status of `name`, under health_mu. */
@@ -34,7 +36,7 @@ status_of (const char *name)
     known = strcmp (health_services[i], name) == 0;
   if (!known)
     return SERVICE_UNKNOWN;
-  return health_down ? NOT_SERVING : SERVING;
+  return health_down || health_failing ? NOT_SERVING : SERVING;
 }
 
 static int
@@ -143,4 +145,23 @@ health_shutdown (void)
   health_generation++;
   pthread_cond_broadcast (&health_cv);
   pthread_mutex_unlock (&health_mu);
+}
+
+void
+health_set_failing (const char *failure)
+{
+  pthread_mutex_lock (&health_mu);
+  bool failing = failure != NULL;
+  bool changed = failing != health_failing;
+  if (changed)
+    {
+      health_failing = failing;
+      health_generation++;
+      pthread_cond_broadcast (&health_cv);
+    }
+  pthread_mutex_unlock (&health_mu);
+  if (changed && failing)
+    log_msg (SEV_ERROR, "self-check failed, health is NOT_SERVING: %s", failure);
+  else if (changed)
+    log_msg (SEV_INFO, "self-check passes again, health is SERVING");
 }

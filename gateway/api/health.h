@@ -22,4 +22,8 @@ int health_register (rpc_server_t *server, const char *const *services, err_t *e
 /* Marks every service NOT_SERVING and ends Watch streams (at shutdown). */
 void health_shutdown (void);
 
+/* The runtime's self-check: a failure (its text) turns every service
+ * NOT_SERVING until a check passes again (NULL); changes are logged. */
+void health_set_failing (const char *failure);
+
 #endif

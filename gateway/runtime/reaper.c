@@ -114,6 +114,7 @@ sbx_reaper_main (void *arg)
 {
   sbx_runtime_t *rt = arg;
   int64_t ttl_ms = rt->cfg.idle_ttl_seconds * 1000;
+  unsigned round = 0;
   pthread_mutex_lock (&rt->mu);
   while (!rt->stopping)
     {
@@ -123,6 +124,13 @@ sbx_reaper_main (void *arg)
       pthread_cond_timedwait (&rt->cv, &rt->mu, &until);
       pthread_mutex_unlock (&rt->mu);
       sbx_enforce_freeze_deadlines (rt);
+      if (rt->cfg.health != NULL && round++ % 2 == 0)
+        {
+          /* The self-check, every two seconds: what health reports. */
+          err_t cerr = ERR_INIT;
+          rt->cfg.health (sbx_runtime_check (rt, &cerr) < 0 ? err_msg (&cerr) : NULL);
+          err_release (&cerr);
+        }
       pthread_mutex_lock (&rt->mu);
       char id[SBX_ID_MAX + 1];
       if (rt->stopping || ttl_ms <= 0 || !find_idle_locked (rt, ttl_ms, id))

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <sys/mount.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
@@ -65,6 +67,30 @@ const sbx_config_t *
 sbx_runtime_config (const sbx_runtime_t *rt)
 {
   return &rt->cfg;
+}
+
+int
+sbx_runtime_check (sbx_runtime_t *rt, err_t *err)
+{
+  struct stat st;
+  if (stat (rt->cfg.rootfs, &st) < 0 || !S_ISDIR (st.st_mode))
+    return err_make (err, ENOENT, "the image `%s` (SANDBOX_ROOTFS) is gone", rt->cfg.rootfs);
+  if (access (rt->cfg.state_dir, W_OK | X_OK) < 0)
+    return err_make_sys (err, errno, "the state directory `%s` (SANDBOX_STATE_DIR) takes no files",
+                         rt->cfg.state_dir);
+  /* The hierarchies this instance's groups live in (the groups themselves
+   * are made with the first sandbox). */
+  for (size_t i = 0; i < rt->cg.n; i++)
+    {
+      char parent[sizeof rt->cg.roots[i]];
+      snprintf (parent, sizeof parent, "%s", rt->cg.roots[i]);
+      char *slash = strrchr (parent, '/');
+      if (slash != NULL && slash != parent)
+        *slash = '\0';
+      if (stat (parent, &st) < 0 || !S_ISDIR (st.st_mode))
+        return err_make (err, ENOENT, "the cgroup hierarchy `%s` is gone", parent);
+    }
+  return 0;
 }
 
 sbx_t *

@@ -30,6 +30,9 @@
 
 typedef struct sbx_config_s
 {
+  /* Told the result of the runtime's self-check every few seconds, from
+   * its reaper thread: NULL when it passes, else what fails (may be NULL). */
+  void (*health) (const char *failure);
   const char *state_dir;    /* SANDBOX_STATE_DIR */
   const char *rootfs;       /* SANDBOX_ROOTFS: the image, lower layer */
   const char *helper;       /* path of sandbox-helper */
@@ -349,6 +352,10 @@ size_t sbx_count (sbx_runtime_t *rt);
 
 /* The runtime's configuration. */
 const sbx_config_t *sbx_runtime_config (const sbx_runtime_t *rt);
+/* Whether the runtime can still do its job: its image is a directory, its
+ * state directory takes files, its cgroup hierarchies are there. -1 with
+ * *err naming what fails. */
+int sbx_runtime_check (sbx_runtime_t *rt, err_t *err);
 
 /* ---- ports (ports.c): servers inside a sandbox ---------------------------- */
 

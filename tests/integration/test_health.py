@@ -113,3 +113,23 @@ def test_concurrent_checks_from_many_threads_all_succeed(health, std_protos):
     assert not any(t.is_alive() for t in threads), "health checks hung"
     assert errors == []
     assert statuses == [std_protos.ServingStatus.SERVING] * 200
+
+
+def test_health_follows_the_runtime_self_check(std_protos, gateway_secret, tmp_path):
+    """The gateway checks every few seconds that it can still do its job:
+    its image gone, health turns NOT_SERVING (and says why in its log);
+    back, SERVING again."""
+    from tests.lib.gateway import running_gateway
+    from tests.lib.procs import wait_until
+    image = tmp_path / "image"
+    image.mkdir()
+    with running_gateway({"SANDBOX_ROOTFS": str(image)}, secret=gateway_secret) as gw:
+        h = HealthClient(gw.channel(), std_protos)
+        serving, not_serving = std_protos.ServingStatus.SERVING, std_protos.ServingStatus.NOT_SERVING
+        assert h.check("").status == serving
+        image.rename(tmp_path / "elsewhere")
+        assert wait_until(lambda: h.check("").status == not_serving, 10.0)
+        assert h.check(SANDBOX_SERVICE).status == not_serving
+        assert wait_until(lambda: "SANDBOX_ROOTFS" in gw.logs.text(), 5.0), gw.logs.text()[-2000:]
+        (tmp_path / "elsewhere").rename(image)
+        assert wait_until(lambda: h.check("").status == serving, 10.0)
