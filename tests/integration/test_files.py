@@ -318,3 +318,41 @@ def test_files_work_while_a_command_runs_and_with_egress(client):
     finally:
         call.cancel()
         client.delete(sid)
+
+
+def test_a_gigabyte_moves_both_ways_with_flat_gateway_memory(client, sid, gateway):
+    """Streams are bounded chunks with flow control both ways: 1 GiB written
+    and read back (the reader pausing now and then) moves through a gateway
+    whose resident memory stays within a small bound of where it started."""
+    from tests.lib.procs import vm_rss_kib
+    size, piece = 1024 * MiB, os.urandom(MiB)
+    base = vm_rss_kib(gateway.pid)
+    peak = [base]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], vm_rss_kib(gateway.pid))
+            time.sleep(0.02)
+
+    t = threading.Thread(target=sample)
+    t.start()
+    try:
+        info = client.write_file(sid, "/root/gig.bin", (piece for _ in range(size // MiB)))
+        assert info.size == size
+        h, got = hashlib.sha256(), 0
+        for i, chunk in enumerate(client.read_file_chunks(sid, "/root/gig.bin")):
+            h.update(chunk.data)
+            got += len(chunk.data)
+            if i % 256 == 255:
+                time.sleep(0.2)  # a slow reader: the gateway must wait, not buffer
+        assert got == size
+        want = hashlib.sha256()
+        for _ in range(size // MiB):
+            want.update(piece)
+        assert h.hexdigest() == want.hexdigest()
+    finally:
+        done.set()
+        t.join()
+        client.remove(sid, "/root/gig.bin")
+    assert peak[0] - base < 96 * 1024, (base, peak[0])
