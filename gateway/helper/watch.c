@@ -302,5 +302,9 @@ file_op_watch (const char *path, uint32_t flags, uint32_t limit)
         return 0; /* the gateway closed the stream: the call is over */
       if (p[0].revents != 0 && pump (buf, sizeof buf) < 0)
         return -1;
+      /* The watched path itself is gone (its REMOVED event sent): nothing
+       * more can come, the watch ends. */
+      if (n_watches == 0)
+        return file_send (SBX_FRAME_END, NULL, 0, NULL, 0, NULL, 0);
     }
 }

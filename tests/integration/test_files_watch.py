@@ -132,3 +132,16 @@ def test_watching_a_missing_path_is_not_found(client):
     with pytest.raises(grpc.RpcError) as e:
         next(iter(client.watch(sid, "/tmp/nope", timeout=30)))
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_watch_ends_when_the_watched_directory_goes(client):
+    sid = client.launch().sandbox_id
+    client.exec(sid, ["mkdir", "-p", "/tmp/gone/sub"])
+    w = Watcher(client, sid, "/tmp/gone", recursive=True)
+    client.exec(sid, ["rm", "-rf", "/tmp/gone"])
+    w.until(lambda ev: ev.kind == K.KIND_REMOVED and ev.path == "/tmp/gone")
+    # Then the stream ends, OK: nothing more can come.
+    w.thread.join(10)
+    assert not w.thread.is_alive()
+    assert w.events.empty(), w.events.get()
+    assert w.call.code() == grpc.StatusCode.OK

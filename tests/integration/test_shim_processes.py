@@ -28,7 +28,7 @@ FETCH = ("import urllib.request, time\n"
 INFO_KEYS = {"process_id", "pid", "argv", "pty", "detached", "running", "started_at_ms", "output_dropped_bytes",
              "exit"}
 MIB = 1024 * 1024
-EXIT_KEYS = {"exit_code", "signal", "timed_out", "oom_killed", "message"}
+EXIT_KEYS = {"exit_code", "signal", "timed_out", "oom_killed", "pids_limited", "message"}
 
 
 @pytest.fixture(scope="module")
