@@ -37,6 +37,14 @@ ws.onopen = () => ws.send('hello-from-page');
 ws.onmessage = (m) => { out.textContent = 'ws-ok:' + m.data; ws.close(); };
 ws.onerror = () => { out.textContent = 'ws-error'; };
 ws.onclose = (e) => { if (!out.textContent.startsWith('ws-ok')) out.textContent = 'ws-closed:' + e.code; };
+// Headless Chromium's virtual time does not wait for a WebSocket, only for
+// fetches: keep one pending (the server answers it after 200 ms of real
+// time) until the socket has had its say, so a slow machine is not read
+// as a failure.
+(async () => {
+  for (let i = 0; i < 150 && ['ws-pending', 'ws-connecting'].includes(out.textContent); i++)
+    await fetch(location.pathname + 'hold').catch(() => {});
+})();
 </script>
 </body></html>
 """
@@ -45,7 +53,7 @@ ws.onclose = (e) => { if (!out.textContent.startsWith('ws-ok')) out.textContent 
 # GET /ws with an Upgrade is a WebSocket (RFC 6455) that answers the first
 # text frame with "echo:<its text>" and closes.
 SERVER = r"""
-import base64, hashlib, struct, sys
+import base64, hashlib, struct, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 PAGE = sys.argv[2].encode()
@@ -83,6 +91,11 @@ class H(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/ws" and self.headers.get("Upgrade", "").lower() == "websocket":
             return self.websocket()
+        if self.path == "/hold":
+            time.sleep(0.2)
+            self.send_response(204)
+            self.end_headers()
+            return
         if self.path != "/":
             self.send_error(404)
             return
