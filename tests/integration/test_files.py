@@ -356,3 +356,39 @@ def test_a_gigabyte_moves_both_ways_with_flat_gateway_memory(client, sid, gatewa
         t.join()
         client.remove(sid, "/root/gig.bin")
     assert peak[0] - base < 96 * 1024, (base, peak[0])
+
+
+def test_files_in_a_volume_and_links_planted_in_it_stay_inside(gateway_secret):
+    """A volume's files are reached as the sandbox sees them: written and
+    read through /data; a link planted in the volume on the host, pointing
+    at a host file outside it, resolves inside the sandbox (where that path
+    is masked, or the sandbox's own), so the host file is never read or
+    changed through the file API."""
+    from tests.lib.gateway import gateway_client
+    src = Path(f"/tmp/sgw-files-volume-{secrets.token_hex(6)}")
+    src.mkdir()
+    try:
+        with gateway_client({"SANDBOX_VOLUME_MOUNTS": f"{src}:/data"}, secret=gateway_secret) as c:
+            outside = Path(c.gw.state_dir) / f"sgw-files-outside-{secrets.token_hex(6)}"
+            outside.write_bytes(b"host secret")
+            (src / "escape").symlink_to(outside)
+            sid = c.launch().sandbox_id
+            info = c.write_file(sid, "/data/made.txt", b"from the file API")
+            assert info.size == 17
+            assert (src / "made.txt").read_bytes() == b"from the file API"  # a volume is the host directory
+            got, _ = c.read_file(sid, "/data/made.txt")
+            assert got == b"from the file API"
+            code = None
+            try:
+                got, _ = c.read_file(sid, "/data/escape")
+            except grpc.RpcError as e:
+                code = e.code()
+            assert code is not None or got != b"host secret"
+            try:
+                c.write_file(sid, "/data/escape", b"overwritten")
+            except grpc.RpcError:
+                pass
+            assert outside.read_bytes() == b"host secret"
+            outside.unlink()
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
