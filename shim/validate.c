@@ -363,19 +363,26 @@ shim_parse_exec (const char *content_type, const char *body, size_t len, shim_ex
   return true;
 }
 
+/* Frees an argv and an environment as the body parsers made them. */
+static void
+free_command (char **argv, size_t argc, char **keys, char **values, size_t n_env)
+{
+  for (size_t i = 0; argv != NULL && i < argc; i++)
+    free (argv[i]);
+  for (size_t i = 0; keys != NULL && i < n_env; i++)
+    {
+      free (keys[i]);
+      free (values[i]);
+    }
+  free (argv);
+  free (keys);
+  free (values);
+}
+
 void
 shim_exec_body_release (shim_exec_body_t *b)
 {
-  for (size_t i = 0; b->argv != NULL && i < b->argc; i++)
-    free (b->argv[i]);
-  for (size_t i = 0; b->env_keys != NULL && i < b->n_env; i++)
-    {
-      free (b->env_keys[i]);
-      free (b->env_values[i]);
-    }
-  free (b->argv);
-  free (b->env_keys);
-  free (b->env_values);
+  free_command (b->argv, b->argc, b->env_keys, b->env_values, b->n_env);
   free (b->cwd);
   free (b->stdin_data);
   memset (b, 0, sizeof *b);
@@ -487,16 +494,7 @@ shim_parse_process (const char *content_type, const char *body, size_t len, shim
 void
 shim_process_body_release (shim_process_body_t *b)
 {
-  for (size_t i = 0; b->argv != NULL && i < b->argc; i++)
-    free (b->argv[i]);
-  for (size_t i = 0; b->env_keys != NULL && i < b->n_env; i++)
-    {
-      free (b->env_keys[i]);
-      free (b->env_values[i]);
-    }
-  free (b->argv);
-  free (b->env_keys);
-  free (b->env_values);
+  free_command (b->argv, b->argc, b->env_keys, b->env_values, b->n_env);
   free (b->cwd);
   memset (b, 0, sizeof *b);
 }
