@@ -20,6 +20,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "common/tls_files.h"
+#include "shim/members.h"
 #include "shim/shim.h"
 #include "shim/target.h"
 
@@ -36,6 +37,16 @@ static const cfg_var_t shim_vars[] = {
      "the gateway's gRPC address: host:port, [IPv6]:port, dns:[//authority/]host:port, ipv4:addr:port, "
      "ipv6:[addr]:port, unix:path or unix-abstract:name",
      0, 0, &shim.cfg.gateway_target, NULL, false},
+    {"SHIM_GATEWAYS", CFG_STRING, NULL,
+     "several gateways, each sandbox id routed to its owner (rendezvous hashing): a comma list of gateway "
+     "addresses, or dns-srv:<name> (the SRV records of a headless Service's port); unset: SHIM_GATEWAY_TARGET alone",
+     0, 0, &shim.cfg.gateways, NULL, false},
+    {"SHIM_GATEWAYS_REFRESH_SECONDS", CFG_INT, "10", "how often a dns-srv: gateway set is resolved again", 1, 3600,
+     &shim.cfg.gateways_refresh, NULL, false},
+    {"SHIM_GATEWAYS_HEALTH_SECONDS", CFG_INT, "2",
+     "how often each gateway of SHIM_GATEWAYS gets a health check (one that fails is out of the set until one "
+     "passes)",
+     1, 60, &shim.cfg.gateways_health, NULL, false},
     {"SHIM_GATEWAY_SECRET", CFG_STRING, NULL, "bearer secret sent to the gateway", 0, 0, &shim.cfg.gateway_secret,
      "CLOUD_RUN_SANDBOX_GATEWAY_SECRET", true},
     {"SHIM_MAX_EXEC_OUTPUT", CFG_INT, "67108864",
@@ -106,6 +117,11 @@ static int
 check_gateway_config (err_t *err)
 {
   const shim_config_t *c = &shim.cfg;
+  const char *why = members_check_spec (c->gateways);
+  if (why != NULL)
+    return err_make (err, EINVAL, "SHIM_GATEWAYS: `%s` %s", c->gateways, why);
+  if (c->gateways != NULL && getenv ("SHIM_GATEWAY_TARGET") != NULL && getenv ("SHIM_GATEWAY_TARGET")[0] != '\0')
+    return err_make (err, EINVAL, "SHIM_GATEWAYS and SHIM_GATEWAY_TARGET are both set: name the gateways in one");
   if (!shim_target_valid (c->gateway_target))
     return err_make (err, EINVAL,
                      "SHIM_GATEWAY_TARGET: `%s` is not host:port, dns:[//authority/]host:port, ipv4:addr:port, "
@@ -205,7 +221,16 @@ start (const struct sockaddr_storage *ss, err_t *err)
       shim.md[0] = (rpc_metadata_t){"authorization", shim.auth_header};
       shim.n_md = 1;
     }
-  if (rpc_channel_new (shim.cfg.gateway_target, &opts, &shim.channel, err) < 0 || watch_start (err) < 0)
+  members_config_t mc = {
+      .gateways = shim.cfg.gateways,
+      .target = shim.cfg.gateway_target,
+      .refresh_seconds = shim.cfg.gateways_refresh,
+      .health_seconds = shim.cfg.gateways_health,
+      .opts = &opts,
+      .md = shim.md,
+      .n_md = shim.n_md,
+  };
+  if (members_start (&mc, err) < 0 || watch_start (err) < 0)
     return NULL;
   return shim_server_start ((const struct sockaddr *) ss, err);
 }
@@ -243,20 +268,20 @@ main (int argc, char **argv)
     {
       log_msg (SEV_ERROR, "start: %s", err_msg (&err));
       err_release (&err);
-      rpc_channel_destroy (shim.channel);
+      members_stop ();
       rpc_shutdown ();
       return 1;
     }
   log_fields (SEV_INFO,
               json_pack ("{s:s, s:i, s:s}", "host", shim.cfg.host, "port", (int) shim.cfg.port, "gateway",
-                         shim.cfg.gateway_target),
+                         shim.cfg.gateways != NULL ? shim.cfg.gateways : shim.cfg.gateway_target),
               "listening");
   int sig = 0;
   sigwait (&sigs, &sig);
   log_fields (SEV_INFO, json_pack ("{s:s}", "signal", strsignal (sig)), "shutting down");
   terminal_stop_all ();
   MHD_stop_daemon (d);
-  rpc_channel_destroy (shim.channel);
+  members_stop ();
   rpc_shutdown ();
   free (shim.auth_header);
   log_msg (SEV_INFO, "stopped");

@@ -111,14 +111,9 @@ metrics_gateway_error (grpc_status_code code)
     atomic_fetch_add (&gateway_errors[code], 1);
 }
 
-char *
-metrics_render (void)
+void
+metrics_render (FILE *f)
 {
-  char *text = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream (&text, &len);
-  if (f == NULL)
-    return NULL;
   fputs ("# HELP shim_requests_total HTTP requests by method, route and status.\n"
          "# TYPE shim_requests_total counter\n",
          f);
@@ -156,6 +151,4 @@ metrics_render (void)
   for (int c = 1; c < 17; c++)
     fprintf (f, "shim_gateway_errors_total{code=\"%s\"} %llu\n", rpc_status_name ((grpc_status_code) c),
              atomic_load (&gateway_errors[c]));
-  fclose (f);
-  return text;
 }

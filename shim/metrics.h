@@ -9,6 +9,7 @@
 #define SBX_SHIM_METRICS_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/rpc/rpc.h"
 
@@ -20,7 +21,7 @@ void metrics_exec_duration (double seconds);
 void metrics_bytes (bool upload, uint64_t n);
 void metrics_gateway_error (grpc_status_code code);
 
-/* The text exposition (caller frees). */
-char *metrics_render (void);
+/* Writes the text exposition of the counters above to `f`. */
+void metrics_render (FILE *f);
 
 #endif

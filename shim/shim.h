@@ -23,7 +23,10 @@ typedef struct shim_config_s
   long port;
   char *secret; /* CLOUD_RUN_SANDBOX_GATEWAY_SECRET: clients must present it */
   char *gateway_target;
-  char *gateway_secret; /* sent to the gateway */
+  char *gateways;        /* SHIM_GATEWAYS, or NULL */
+  long gateways_refresh; /* SHIM_GATEWAYS_REFRESH_SECONDS */
+  long gateways_health;  /* SHIM_GATEWAYS_HEALTH_SECONDS */
+  char *gateway_secret;  /* sent to the gateway */
   long max_exec_output;
   long max_buffered_output; /* base64 text all buffered exec answers may hold */
   long long max_restore_bytes;
@@ -49,7 +52,6 @@ typedef struct shim_config_s
 typedef struct shim_s
 {
   shim_config_t cfg;
-  rpc_channel_t *channel;
   rpc_metadata_t md[1];
   size_t n_md;
   char *auth_header; /* "Bearer <gateway secret>" */

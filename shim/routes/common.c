@@ -8,17 +8,25 @@
 
 #include "common/cleanup.h"
 #include "common/rpc/rpc.h"
+#include "shim/members.h"
 #include "shim/metrics.h"
 #include "shim/routes/routes.h"
 
 int
-route_unary (const char *method, const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,
-             ProtobufCMessage **resp, rpc_status_t *st, int64_t timeout_ms)
+route_unary_on (rpc_channel_t *ch, const char *method, const ProtobufCMessage *req,
+                const ProtobufCMessageDescriptor *desc, ProtobufCMessage **resp, rpc_status_t *st, int64_t timeout_ms)
 {
   err_t err = ERR_INIT;
-  int rc = rpc_client_unary (shim.channel, method, timeout_ms, shim.md, shim.n_md, req, desc, resp, st, &err);
+  int rc = rpc_client_unary (ch, method, timeout_ms, shim.md, shim.n_md, req, desc, resp, st, &err);
   err_release (&err);
   return rc;
+}
+
+int
+route_unary (const char *id, const char *method, const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,
+             ProtobufCMessage **resp, rpc_status_t *st, int64_t timeout_ms)
+{
+  return route_unary_on (members_route (id), method, req, desc, resp, st, timeout_ms);
 }
 
 char *
@@ -180,12 +188,12 @@ route_ndjson (shim_req_t *r, rpc_client_call_t *c, const ProtobufCMessageDescrip
 }
 
 rpc_client_call_t *
-route_call_open (const char *method, int64_t timeout_ms, const ProtobufCMessage *first,
+route_call_open (const char *id, const char *method, int64_t timeout_ms, const ProtobufCMessage *first,
                  const ProtobufCMessage *const *rest, size_t n, bool half_close, rpc_status_t *st)
 {
   err_t err = ERR_INIT;
   rpc_client_call_t *c = NULL;
-  int rc = rpc_client_start (shim.channel, method, timeout_ms, shim.md, shim.n_md, &c, &err);
+  int rc = rpc_client_start (members_route (id), method, timeout_ms, shim.md, shim.n_md, &c, &err);
   if (rc == 0)
     rc = rpc_client_send (c, first, &err);
   for (size_t i = 0; rc == 0 && i < n; i++)

@@ -184,8 +184,8 @@ exec_start (shim_req_t *r, const shim_exec_body_t *b, rpc_status_t *st)
     req.cwd = b->cwd;
   req.stdin.data = b->stdin_data;
   req.stdin.len = b->stdin_len;
-  return route_call_open ("/sandbox.v1.Sandbox/Exec", b->timeout * 1000 + ROUTE_EXEC_MARGIN_MS, &req.base, NULL, 0,
-                          true, st);
+  return route_call_open (r->id, "/sandbox.v1.Sandbox/Exec", b->timeout * 1000 + ROUTE_EXEC_MARGIN_MS, &req.base,
+                          NULL, 0, true, st);
 }
 
 static json_t *

@@ -128,11 +128,11 @@ info_json (const Sandbox__V1__FileInfo *i)
 
 /* A unary file call answered with its FileInfo as JSON. */
 static struct MHD_Response *
-unary_info (const char *method, const ProtobufCMessage *req, unsigned code, unsigned *status)
+unary_info (const char *id, const char *method, const ProtobufCMessage *req, unsigned code, unsigned *status)
 {
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
-  if (route_unary (method, req, &sandbox__v1__file_info__descriptor, &resp, &st, ROUTE_SHORT_CALL_MS) < 0)
+  if (route_unary (id, method, req, &sandbox__v1__file_info__descriptor, &resp, &st, ROUTE_SHORT_CALL_MS) < 0)
     {
       struct MHD_Response *out = file_error (st.code, &st, false, status);
       rpc_status_release (&st);
@@ -155,7 +155,7 @@ route_file_stat (shim_req_t *r, unsigned *status)
   Sandbox__V1__StatRequest req = SANDBOX__V1__STAT_REQUEST__INIT;
   req.sandbox_id = r->id;
   req.path = (char *) path;
-  return unary_info ("/sandbox.v1.Sandbox/Stat", &req.base, 200, status);
+  return unary_info (r->id, "/sandbox.v1.Sandbox/Stat", &req.base, 200, status);
 }
 
 struct MHD_Response *
@@ -172,8 +172,8 @@ route_file_list (shim_req_t *r, unsigned *status)
   req.depth = (uint32_t) depth;
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
-  if (route_unary ("/sandbox.v1.Sandbox/ListDir", &req.base, &sandbox__v1__list_dir_response__descriptor, &resp, &st,
-                   ROUTE_SHORT_CALL_MS)
+  if (route_unary (r->id, "/sandbox.v1.Sandbox/ListDir", &req.base, &sandbox__v1__list_dir_response__descriptor,
+                   &resp, &st, ROUTE_SHORT_CALL_MS)
       < 0)
     {
       struct MHD_Response *out = read_error (st.code, &st, status);
@@ -204,8 +204,8 @@ route_file_delete (shim_req_t *r, unsigned *status)
   req.recursive = recursive;
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
-  if (route_unary ("/sandbox.v1.Sandbox/Remove", &req.base, &sandbox__v1__remove_response__descriptor, &resp, &st,
-                   ROUTE_SHORT_CALL_MS)
+  if (route_unary (r->id, "/sandbox.v1.Sandbox/Remove", &req.base, &sandbox__v1__remove_response__descriptor, &resp,
+                   &st, ROUTE_SHORT_CALL_MS)
       < 0)
     {
       struct MHD_Response *out = read_error (st.code, &st, status);
@@ -271,7 +271,7 @@ route_file_rename (shim_req_t *r, unsigned *status)
   if (shim_errors_any (&e))
     return shim_json (shim_errors_take (&e), 422, status);
   shim_errors_release (&e);
-  return unary_info ("/sandbox.v1.Sandbox/Rename", &req.base, 200, status);
+  return unary_info (r->id, "/sandbox.v1.Sandbox/Rename", &req.base, 200, status);
 }
 
 struct MHD_Response *
@@ -295,7 +295,7 @@ route_file_mkdir (shim_req_t *r, unsigned *status)
   if (shim_errors_any (&e))
     return shim_json (shim_errors_take (&e), 422, status);
   shim_errors_release (&e);
-  return unary_info ("/sandbox.v1.Sandbox/MakeDir", &req.base, 201, status);
+  return unary_info (r->id, "/sandbox.v1.Sandbox/MakeDir", &req.base, 201, status);
 }
 
 /* ---- GET /sandboxes/{id}/files/watch ------------------------------------------------- */
@@ -340,7 +340,7 @@ route_file_watch (shim_req_t *r, unsigned *status)
   req.path = (char *) path;
   req.recursive = recursive;
   rpc_status_t st = RPC_STATUS_INIT;
-  rpc_client_call_t *c = route_call_open ("/sandbox.v1.Sandbox/Watch", 0, &req.base, NULL, 0, true, &st);
+  rpc_client_call_t *c = route_call_open (r->id, "/sandbox.v1.Sandbox/Watch", 0, &req.base, NULL, 0, true, &st);
   if (c == NULL)
     {
       struct MHD_Response *out = read_error (st.code, &st, status);

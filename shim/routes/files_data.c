@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shim/members.h"
 #include "shim/metrics.h"
 #include "shim/routes/files.h"
 
@@ -118,7 +119,7 @@ route_file_get (shim_req_t *r, unsigned *status)
   if (d == NULL)
     return shim_detail (503, "Out of memory", status);
   rpc_status_t st = RPC_STATUS_INIT;
-  d->call = route_call_open ("/sandbox.v1.Sandbox/ReadFile", 0, &req.base, NULL, 0, true, &st);
+  d->call = route_call_open (r->id, "/sandbox.v1.Sandbox/ReadFile", 0, &req.base, NULL, 0, true, &st);
   if (d->call == NULL || download_next (d) <= 0 || d->msg->info == NULL)
     {
       /* Failed before any byte: a proper status. */
@@ -199,7 +200,8 @@ upload_start (shim_req_t *r)
   m.payload_case = SANDBOX__V1__WRITE_FILE_REQUEST__PAYLOAD_HEADER;
   m.header = &h;
   err_t err = ERR_INIT;
-  if (rpc_client_start (shim.channel, "/sandbox.v1.Sandbox/WriteFile", 0, shim.md, shim.n_md, &u->call, &err) < 0
+  if (rpc_client_start (members_route (r->id), "/sandbox.v1.Sandbox/WriteFile", 0, shim.md, shim.n_md, &u->call, &err)
+          < 0
       || rpc_client_send (u->call, &m.base, &err) < 0)
     u->failed = true; /* the status says why */
   err_release (&err);

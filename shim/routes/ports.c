@@ -137,7 +137,7 @@ sandbox_created (const char *id, int64_t *created_ms, rpc_status_t *st)
   Sandbox__V1__GetRequest req = SANDBOX__V1__GET_REQUEST__INIT;
   req.sandbox_id = (char *) id;
   cleanup_message ProtobufCMessage *resp = NULL;
-  if (route_unary ("/sandbox.v1.Sandbox/Get", &req.base, &sandbox__v1__sandbox_info__descriptor, &resp, st,
+  if (route_unary (id, "/sandbox.v1.Sandbox/Get", &req.base, &sandbox__v1__sandbox_info__descriptor, &resp, st,
                    ROUTE_SHORT_CALL_MS)
       < 0)
     return -1;
@@ -212,8 +212,8 @@ route_ports_list (shim_req_t *r, unsigned *status)
   req.sandbox_id = r->id;
   cleanup_message ProtobufCMessage *m = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
-  if (route_unary ("/sandbox.v1.Sandbox/ListPorts", &req.base, &sandbox__v1__list_ports_response__descriptor, &m, &st,
-                   ROUTE_SHORT_CALL_MS)
+  if (route_unary (r->id, "/sandbox.v1.Sandbox/ListPorts", &req.base, &sandbox__v1__list_ports_response__descriptor,
+                   &m, &st, ROUTE_SHORT_CALL_MS)
       < 0)
     {
       metrics_gateway_error (st.code);

@@ -86,11 +86,11 @@ call_error (rpc_status_t *st, bool hung_up, unsigned *status)
 
 /* Starts a Run call: `first` (`start` or `attach`), then `rest`. */
 static rpc_client_call_t *
-run_open (const Sandbox__V1__ProcessInput *first, Sandbox__V1__ProcessInput *const *rest, size_t n, bool half_close,
-          int64_t timeout_ms, rpc_status_t *st)
+run_open (const char *id, const Sandbox__V1__ProcessInput *first, Sandbox__V1__ProcessInput *const *rest, size_t n,
+          bool half_close, int64_t timeout_ms, rpc_status_t *st)
 {
-  return route_call_open (RUN_METHOD, timeout_ms, &first->base, (const ProtobufCMessage *const *) rest, n, half_close,
-                          st);
+  return route_call_open (id, RUN_METHOD, timeout_ms, &first->base, (const ProtobufCMessage *const *) rest, n,
+                          half_close, st);
 }
 
 /* An `attach` to the request's process as a first message. */
@@ -118,7 +118,7 @@ run_inputs (shim_req_t *r, Sandbox__V1__ProcessInput *const *input, size_t n, un
   Sandbox__V1__ProcessAttach a;
   attach_init (r, &first, &a, false, true);
   rpc_status_t st = RPC_STATUS_INIT;
-  rpc_client_call_t *c = run_open (&first, input, n, true, ROUTE_SHORT_CALL_MS, &st);
+  rpc_client_call_t *c = run_open (r->id, &first, input, n, true, ROUTE_SHORT_CALL_MS, &st);
   if (c == NULL)
     return call_error (&st, false, status);
   watch_t *w = watch_add (shim_req_fd (r), c);
@@ -220,7 +220,7 @@ route_process_start (shim_req_t *r, unsigned *status)
   in.input_case = SANDBOX__V1__PROCESS_INPUT__INPUT_START;
   in.start = &start;
   rpc_status_t st = RPC_STATUS_INIT;
-  rpc_client_call_t *c = run_open (&in, NULL, 0, false, ROUTE_SHORT_CALL_MS, &st);
+  rpc_client_call_t *c = run_open (r->id, &in, NULL, 0, false, ROUTE_SHORT_CALL_MS, &st);
   shim_process_body_release (&b);
   if (c == NULL)
     return call_error (&st, false, status);
@@ -255,8 +255,8 @@ list_processes (shim_req_t *r, struct MHD_Response **out, unsigned *status)
   req.sandbox_id = r->id;
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
-  if (route_unary ("/sandbox.v1.Sandbox/ListProcesses", &req.base, &sandbox__v1__list_processes_response__descriptor,
-                   &resp, &st, ROUTE_SHORT_CALL_MS)
+  if (route_unary (r->id, "/sandbox.v1.Sandbox/ListProcesses", &req.base,
+                   &sandbox__v1__list_processes_response__descriptor, &resp, &st, ROUTE_SHORT_CALL_MS)
       == 0)
     {
       rpc_status_release (&st);
@@ -319,7 +319,7 @@ route_process_output (shim_req_t *r, unsigned *status)
   /* No input follows; without `follow` the half-close is what lets the
    * call end once the buffered output is sent. No deadline: a followed
    * process may run for hours. */
-  rpc_client_call_t *c = run_open (&in, NULL, 0, true, 0, &st);
+  rpc_client_call_t *c = run_open (r->id, &in, NULL, 0, true, 0, &st);
   if (c == NULL)
     return call_error (&st, false, status);
   return route_ndjson (r, c, &sandbox__v1__process_event__descriptor, process_event_json, NULL,
@@ -368,7 +368,7 @@ route_process_signal (shim_req_t *r, unsigned *status)
   req.signal = sig;
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
-  int rc = route_unary ("/sandbox.v1.Sandbox/SignalProcess", &req.base,
+  int rc = route_unary (r->id, "/sandbox.v1.Sandbox/SignalProcess", &req.base,
                         &sandbox__v1__signal_process_response__descriptor, &resp, &st, ROUTE_SHORT_CALL_MS);
   if (resp != NULL)
     protobuf_c_message_free_unpacked (resp, NULL);

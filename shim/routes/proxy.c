@@ -325,7 +325,7 @@ px_open (shim_req_t *r, px_t *px, unsigned *status)
   first.data.len = h.len;
   first.idle_timeout_seconds = (uint32_t) shim.cfg.forward_idle_seconds;
   rpc_status_t st = RPC_STATUS_INIT;
-  px->call = route_call_open ("/sandbox.v1.Sandbox/Forward", 0, &first.base, NULL, 0, false, &st);
+  px->call = route_call_open (px->id, "/sandbox.v1.Sandbox/Forward", 0, &first.base, NULL, 0, false, &st);
   if (px->call == NULL)
     {
       struct MHD_Response *resp = open_failed (px, st.code, &st, status);

@@ -5,7 +5,8 @@
  * traffic sent now could succeed: the gateway is reachable, reports
  * SERVING (grpc.health.v1 Check), and accepts the shim's credentials (an
  * authenticated sandbox.v1.Sandbox/Status). Otherwise 503 with the reason
- * in "detail". No auth, like /health.
+ * in "detail". No auth, like /health. With SHIM_GATEWAYS, ready when one
+ * gateway of the set is: the ids of those that are down go to the others.
  *
  * State: the last verdict and when it was reached, under `ready_mu`; a
  * verdict younger than READY_CACHE_MS is reused, so probes from many
@@ -20,6 +21,7 @@
 
 #include "grpc/health/v1/health.pb-c.h"
 #include "sandbox/v1/sandbox.pb-c.h"
+#include "shim/members.h"
 #include "shim/routes/routes.h"
 
 /* How long a verdict is reused. */
@@ -61,7 +63,7 @@ describe_failure (const char *what, const rpc_status_t *st, char *buf, size_t ca
 
 /* grpc.health.v1 Check of the sandbox service: true when SERVING. */
 static bool
-check_serving (char *reason, size_t cap)
+check_serving (rpc_channel_t *ch, char *reason, size_t cap)
 {
   Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
   req.service = "sandbox.v1.Sandbox";
@@ -69,7 +71,7 @@ check_serving (char *reason, size_t cap)
   rpc_status_t st = RPC_STATUS_INIT;
   err_t err = ERR_INIT;
   bool ok = false;
-  if (rpc_client_unary (shim.channel, "/grpc.health.v1.Health/Check", READY_CALL_MS, NULL, 0, &req.base,
+  if (rpc_client_unary (ch, "/grpc.health.v1.Health/Check", READY_CALL_MS, NULL, 0, &req.base,
                         &grpc__health__v1__health_check_response__descriptor, &resp, &st, &err)
       < 0)
     describe_failure ("health check", &st, reason, cap);
@@ -87,7 +89,7 @@ check_serving (char *reason, size_t cap)
 
 /* An authenticated Status call: true when the gateway accepts the shim. */
 static bool
-check_accepted (char *reason, size_t cap)
+check_accepted (rpc_channel_t *ch, char *reason, size_t cap)
 {
   if (shim.n_md == 0)
     {
@@ -99,8 +101,8 @@ check_accepted (char *reason, size_t cap)
   Sandbox__V1__StatusRequest req = SANDBOX__V1__STATUS_REQUEST__INIT;
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
-  bool ok = route_unary ("/sandbox.v1.Sandbox/Status", &req.base, &sandbox__v1__status_response__descriptor, &resp,
-                         &st, READY_CALL_MS)
+  bool ok = route_unary_on (ch, "/sandbox.v1.Sandbox/Status", &req.base, &sandbox__v1__status_response__descriptor,
+                            &resp, &st, READY_CALL_MS)
             == 0;
   if (!ok)
     describe_failure ("status call", &st, reason, cap);
@@ -108,6 +110,28 @@ check_accepted (char *reason, size_t cap)
     protobuf_c_message_free_unpacked (resp, NULL);
   rpc_status_release (&st);
   return ok;
+}
+
+/* Ready when one gateway of the set is (the only one, without
+ * SHIM_GATEWAYS); the reason names the last one that is not. */
+static bool
+check_members (char *reason, size_t cap)
+{
+  rpc_channel_t *chs[MEMBERS_MAX];
+  const char *names[MEMBERS_MAX];
+  size_t n = members_serving (chs, names, MEMBERS_MAX);
+  snprintf (reason, cap, "No gateway of SHIM_GATEWAYS is up (see the shim's log and shim_gateway_up in /metrics)");
+  for (size_t i = 0; i < n; i++)
+    {
+      char why[sizeof ready_reason];
+      if (check_serving (chs[i], why, sizeof why) && check_accepted (chs[i], why, sizeof why))
+        return true;
+      if (members_routing ())
+        snprintf (reason, cap, "gateway `%.100s`: %.380s", names[i], why);
+      else
+        memcpy (reason, why, cap < sizeof why ? cap : sizeof why);
+    }
+  return false;
 }
 
 struct MHD_Response *
@@ -119,9 +143,7 @@ route_ready (shim_req_t *r, unsigned *status)
   int64_t now = now_ms ();
   if (!ready_known || now - ready_at_ms >= READY_CACHE_MS)
     {
-      ready_reason[0] = '\0';
-      ready_ok
-          = check_serving (ready_reason, sizeof ready_reason) && check_accepted (ready_reason, sizeof ready_reason);
+      ready_ok = check_members (ready_reason, sizeof ready_reason);
       ready_at_ms = now_ms ();
       ready_known = true;
     }

@@ -72,15 +72,23 @@ int proxy_upload (shim_req_t *r, const char *data, size_t len);
 void proxy_cleanup (shim_req_t *r);
 
 /* common.c */
-/* A whole unary call to the gateway with the shim's credentials. */
-int route_unary (const char *method, const ProtobufCMessage *req, const ProtobufCMessageDescriptor *desc,
-                 ProtobufCMessage **resp, rpc_status_t *st, int64_t timeout_ms);
-/* Starts a call of `method` with the shim's credentials and sends `first`,
+/* A whole unary call with the shim's credentials to the gateway that owns
+ * sandbox `id` (members.h). */
+int route_unary (const char *id, const char *method, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *desc, ProtobufCMessage **resp, rpc_status_t *st,
+                 int64_t timeout_ms);
+/* The same, to the gateway of channel `ch` (calls about no sandbox in
+ * particular: fan-out, health). */
+int route_unary_on (rpc_channel_t *ch, const char *method, const ProtobufCMessage *req,
+                    const ProtobufCMessageDescriptor *desc, ProtobufCMessage **resp, rpc_status_t *st,
+                    int64_t timeout_ms);
+/* Starts a call of `method` to the owner of sandbox `id`, with the shim's credentials, and sends `first`,
  * then the `n` messages of `rest`; with `half_close`, says that no more
  * follow. NULL with *st filled when that fails (UNAVAILABLE when the call
  * could not start, else the gateway's status). */
-rpc_client_call_t *route_call_open (const char *method, int64_t timeout_ms, const ProtobufCMessage *first,
-                                    const ProtobufCMessage *const *rest, size_t n, bool half_close, rpc_status_t *st);
+rpc_client_call_t *route_call_open (const char *id, const char *method, int64_t timeout_ms,
+                                    const ProtobufCMessage *first, const ProtobufCMessage *const *rest, size_t n,
+                                    bool half_close, rpc_status_t *st);
 /* An output event as an NDJSON line's object: {"stdout_b64"} or
  * {"stderr_b64"}; counts the bytes in the metrics. */
 json_t *route_output_json (bool stdout_, ProtobufCBinaryData d);

@@ -10,42 +10,60 @@
 #include "common/log.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "sandbox/v1/sandbox.pb-c.h"
+#include "shim/members.h"
 #include "shim/metrics.h"
 #include "shim/routes/routes.h"
 
 /* ---- GET /health -------------------------------------------------------------- */
 
-struct MHD_Response *
-route_health (shim_req_t *r, unsigned *status)
+/* Whether the gateway of `ch` is SERVING, and then whether it allows
+ * egress. */
+static bool
+serving (rpc_channel_t *ch, bool *egress)
 {
   Grpc__Health__V1__HealthCheckRequest hreq = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
   hreq.service = "sandbox.v1.Sandbox";
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
   err_t err = ERR_INIT;
-  bool serving = rpc_client_unary (shim.channel, "/grpc.health.v1.Health/Check", 3000, NULL, 0, &hreq.base,
-                                   &grpc__health__v1__health_check_response__descriptor, &resp, &st, &err)
-                     == 0
-                 && ((Grpc__Health__V1__HealthCheckResponse *) resp)->status
-                        == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+  bool ok = rpc_client_unary (ch, "/grpc.health.v1.Health/Check", 3000, NULL, 0, &hreq.base,
+                              &grpc__health__v1__health_check_response__descriptor, &resp, &st, &err)
+                == 0
+            && ((Grpc__Health__V1__HealthCheckResponse *) resp)->status
+                   == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
   if (resp != NULL)
     protobuf_c_message_free_unpacked (resp, NULL);
+  resp = NULL;
   rpc_status_release (&st);
   err_release (&err);
-  bool egress = false;
-  if (serving)
+  *egress = false;
+  if (ok)
     {
       Sandbox__V1__StatusRequest sreq = SANDBOX__V1__STATUS_REQUEST__INIT;
-      if (route_unary ("/sandbox.v1.Sandbox/Status", &sreq.base, &sandbox__v1__status_response__descriptor, &resp,
-                       &st, 3000)
+      if (route_unary_on (ch, "/sandbox.v1.Sandbox/Status", &sreq.base, &sandbox__v1__status_response__descriptor,
+                          &resp, &st, 3000)
           == 0)
         {
-          egress = ((Sandbox__V1__StatusResponse *) resp)->allow_egress;
+          *egress = ((Sandbox__V1__StatusResponse *) resp)->allow_egress;
           protobuf_c_message_free_unpacked (resp, NULL);
         }
       rpc_status_release (&st);
     }
-  return shim_json (json_pack ("{s:b, s:b}", "cli_mounted", serving, "allow_egress", egress), 200, status);
+  return ok;
+}
+
+/* {"cli_mounted": a gateway serves, "allow_egress": it allows egress};
+ * with SHIM_GATEWAYS, the first gateway of the set that serves. */
+struct MHD_Response *
+route_health (shim_req_t *r, unsigned *status)
+{
+  rpc_channel_t *chs[MEMBERS_MAX];
+  const char *names[MEMBERS_MAX];
+  size_t n = members_serving (chs, names, MEMBERS_MAX);
+  bool ok = false, egress = false;
+  for (size_t i = 0; i < n && !ok; i++)
+    ok = serving (chs[i], &egress);
+  return shim_json (json_pack ("{s:b, s:b}", "cli_mounted", ok, "allow_egress", egress), 200, status);
 }
 
 /* ---- POST /sandboxes, GET /sandboxes, DELETE /sandboxes/{id} ------------------- */
@@ -85,8 +103,8 @@ route_launch (shim_req_t *r, unsigned *status)
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
   struct MHD_Response *out;
-  if (route_unary ("/sandbox.v1.Sandbox/Launch", &req.base, &sandbox__v1__sandbox_info__descriptor, &resp, &st,
-                   ROUTE_SHORT_CALL_MS)
+  if (route_unary (body.id, "/sandbox.v1.Sandbox/Launch", &req.base, &sandbox__v1__sandbox_info__descriptor, &resp,
+                   &st, ROUTE_SHORT_CALL_MS)
       == 0)
     out = launched (&body, (const Sandbox__V1__SandboxInfo *) resp, status);
   else if (st.code == GRPC_STATUS_ALREADY_EXISTS || st.code == GRPC_STATUS_INVALID_ARGUMENT
@@ -108,35 +126,69 @@ route_launch (shim_req_t *r, unsigned *status)
   return out;
 }
 
+/* One sandbox of a List answer as the REST object. */
+static json_t *
+sandbox_json (const Sandbox__V1__SandboxInfo *s)
+{
+  return json_pack ("{s:s, s:I, s:I, s:b, s:i, s:I, s:I}", "sandbox_id", s->sandbox_id, "created_at_ms",
+                    (json_int_t) s->created_at_unix_ms, "last_used_ms", (json_int_t) s->last_used_unix_ms,
+                    "allow_egress", s->allow_egress, "process_count", (int) s->process_count, "disk_used_bytes",
+                    (json_int_t) s->disk_used_bytes, "disk_limit_bytes", (json_int_t) s->disk_limit_bytes);
+}
+
+/* GET /sandboxes: every gateway of the set is asked (one: as the contract
+ * has it), the answers merged. A gateway that fails is left out and
+ * logged, unless all fail: then the last failure answers. An id held by
+ * two gateways (one that came back after its ids had been restored
+ * elsewhere) is listed once. */
 struct MHD_Response *
 route_list (shim_req_t *r, unsigned *status)
 {
-  Sandbox__V1__ListRequest req = SANDBOX__V1__LIST_REQUEST__INIT;
-  ProtobufCMessage *resp = NULL;
+  rpc_channel_t *chs[MEMBERS_MAX];
+  const char *names[MEMBERS_MAX];
+  size_t n = members_serving (chs, names, MEMBERS_MAX);
+  json_t *arr = json_array ();
+  json_t *seen = json_object ();
   rpc_status_t st = RPC_STATUS_INIT;
-  struct MHD_Response *out;
-  if (route_unary ("/sandbox.v1.Sandbox/List", &req.base, &sandbox__v1__list_response__descriptor, &resp, &st,
-                   ROUTE_SHORT_CALL_MS)
-      == 0)
+  size_t answered = 0;
+  for (size_t i = 0; i < n; i++)
     {
-      Sandbox__V1__ListResponse *l = (Sandbox__V1__ListResponse *) resp;
-      json_t *arr = json_array ();
-      for (size_t i = 0; i < l->n_sandboxes; i++)
+      Sandbox__V1__ListRequest req = SANDBOX__V1__LIST_REQUEST__INIT;
+      ProtobufCMessage *resp = NULL;
+      rpc_status_release (&st);
+      if (route_unary_on (chs[i], "/sandbox.v1.Sandbox/List", &req.base, &sandbox__v1__list_response__descriptor,
+                          &resp, &st, ROUTE_SHORT_CALL_MS)
+          < 0)
         {
-          Sandbox__V1__SandboxInfo *s = l->sandboxes[i];
-          json_array_append_new (arr, json_pack ("{s:s, s:I, s:I, s:b, s:i, s:I, s:I}", "sandbox_id", s->sandbox_id,
-                                                 "created_at_ms", (json_int_t) s->created_at_unix_ms, "last_used_ms",
-                                                 (json_int_t) s->last_used_unix_ms, "allow_egress", s->allow_egress,
-                                                 "process_count", (int) s->process_count, "disk_used_bytes",
-                                                 (json_int_t) s->disk_used_bytes, "disk_limit_bytes",
-                                                 (json_int_t) s->disk_limit_bytes));
+          if (members_routing ())
+            log_fields (SEV_WARNING, json_pack ("{s:s, s:s}", "gateway", names[i], "code", rpc_status_name (st.code)),
+                        "list: gateway `%s` left out: %s", names[i], st.details != NULL ? st.details : "");
+          continue;
         }
-      out = shim_json (json_pack ("{s:o}", "sandboxes", arr), 200, status);
+      answered++;
+      Sandbox__V1__ListResponse *l = (Sandbox__V1__ListResponse *) resp;
+      for (size_t k = 0; k < l->n_sandboxes; k++)
+        if (json_object_get (seen, l->sandboxes[k]->sandbox_id) == NULL)
+          {
+            json_object_set_new (seen, l->sandboxes[k]->sandbox_id, json_true ());
+            json_array_append_new (arr, sandbox_json (l->sandboxes[k]));
+          }
+      protobuf_c_message_free_unpacked (resp, NULL);
+    }
+  json_decref (seen);
+  struct MHD_Response *out;
+  if (answered > 0)
+    out = shim_json (json_pack ("{s:o}", "sandboxes", arr), 200, status);
+  else if (n == 0)
+    {
+      json_decref (arr);
+      out = shim_detail (502, "No gateway of the set is up", status);
     }
   else
-    out = shim_gateway_error (st.code, &st, status);
-  if (resp != NULL)
-    protobuf_c_message_free_unpacked (resp, NULL);
+    {
+      json_decref (arr);
+      out = shim_gateway_error (st.code, &st, status);
+    }
   rpc_status_release (&st);
   return out;
 }
@@ -153,7 +205,7 @@ route_delete (shim_req_t *r, unsigned *status)
   req.delete_snapshot = del_snap;
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
-  struct MHD_Response *out = route_unary ("/sandbox.v1.Sandbox/Delete", &req.base,
+  struct MHD_Response *out = route_unary (r->id, "/sandbox.v1.Sandbox/Delete", &req.base,
                                           &sandbox__v1__delete_response__descriptor, &resp, &st, ROUTE_SHORT_CALL_MS)
                                      == 0
                                  ? shim_empty (204, status)
@@ -164,13 +216,65 @@ route_delete (shim_req_t *r, unsigned *status)
   return out;
 }
 
+/* The gateways' own figures (Status of each one not down), after the
+ * shim's: live sandboxes and the limit, per gateway. */
+static void
+render_gateways (FILE *f)
+{
+  rpc_channel_t *chs[MEMBERS_MAX];
+  const char *names[MEMBERS_MAX];
+  size_t n = members_serving (chs, names, MEMBERS_MAX);
+  fputs ("# HELP shim_gateway_sandboxes Live sandboxes of each gateway (its Status).\n"
+         "# TYPE shim_gateway_sandboxes gauge\n",
+         f);
+  char *limits = NULL;
+  size_t limits_len = 0;
+  FILE *lf = open_memstream (&limits, &limits_len);
+  for (size_t i = 0; i < n; i++)
+    {
+      Sandbox__V1__StatusRequest req = SANDBOX__V1__STATUS_REQUEST__INIT;
+      ProtobufCMessage *resp = NULL;
+      rpc_status_t st = RPC_STATUS_INIT;
+      if (route_unary_on (chs[i], "/sandbox.v1.Sandbox/Status", &req.base, &sandbox__v1__status_response__descriptor,
+                          &resp, &st, 2000)
+          == 0)
+        {
+          const Sandbox__V1__StatusResponse *s = (const Sandbox__V1__StatusResponse *) resp;
+          fprintf (f, "shim_gateway_sandboxes{gateway=\"%s\"} %u\n", names[i], s->sandboxes);
+          if (lf != NULL)
+            fprintf (lf, "shim_gateway_max_sandboxes{gateway=\"%s\"} %u\n", names[i], s->max_sandboxes);
+          protobuf_c_message_free_unpacked (resp, NULL);
+        }
+      rpc_status_release (&st);
+    }
+  if (lf != NULL)
+    {
+      fclose (lf);
+      fputs ("# HELP shim_gateway_max_sandboxes Most live sandboxes of each gateway (SANDBOX_MAX).\n"
+             "# TYPE shim_gateway_max_sandboxes gauge\n",
+             f);
+      fputs (limits, f);
+      free (limits);
+    }
+}
+
 struct MHD_Response *
 route_metrics (shim_req_t *r, unsigned *status)
 {
-  char *text = metrics_render ();
-  if (text == NULL)
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream (&text, &len);
+  if (f == NULL)
     return shim_detail (503, "Out of memory", status);
-  struct MHD_Response *resp = MHD_create_response_from_buffer (strlen (text), text, MHD_RESPMEM_MUST_FREE);
+  metrics_render (f);
+  members_render_metrics (f);
+  render_gateways (f);
+  if (fclose (f) != 0 || text == NULL)
+    {
+      free (text);
+      return shim_detail (503, "Out of memory", status);
+    }
+  struct MHD_Response *resp = MHD_create_response_from_buffer (len, text, MHD_RESPMEM_MUST_FREE);
   MHD_add_response_header (resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4");
   *status = 200;
   return resp;

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "sandbox/v1/sandbox.pb-c.h"
 #include "shim/metrics.h"
+#include "shim/members.h"
 #include "shim/routes/routes.h"
 
 /* ---- POST /sandboxes/{id}/restore ---------------------------------------------- */
@@ -52,7 +53,9 @@ route_restore_upload (shim_req_t *r, const char *data, size_t len)
       Sandbox__V1__RestoreRequest m = SANDBOX__V1__RESTORE_REQUEST__INIT;
       m.payload_case = SANDBOX__V1__RESTORE_REQUEST__PAYLOAD_HEADER;
       m.header = &h;
-      if (rpc_client_start (shim.channel, "/sandbox.v1.Sandbox/Restore", 0, shim.md, shim.n_md, &s->call, &err) < 0
+      if (rpc_client_start (members_route (r->id), "/sandbox.v1.Sandbox/Restore", 0, shim.md, shim.n_md, &s->call,
+                            &err)
+              < 0
           || rpc_client_send (s->call, &m.base, &err) < 0)
         s->failed = true;
       err_release (&err);
@@ -198,7 +201,9 @@ route_tar (shim_req_t *r, unsigned *status)
   if (t == NULL)
     return shim_detail (503, "Out of memory", status);
   err_t err = ERR_INIT;
-  if (rpc_client_start (shim.channel, "/sandbox.v1.Sandbox/ExportSnapshot", 0, shim.md, shim.n_md, &t->call, &err) < 0
+  if (rpc_client_start (members_route (r->id), "/sandbox.v1.Sandbox/ExportSnapshot", 0, shim.md, shim.n_md, &t->call,
+                        &err)
+          < 0
       || rpc_client_send (t->call, &req.base, &err) < 0 || rpc_client_close_send (t->call, &err) < 0
       || tar_next (t) <= 0)
     {
@@ -229,7 +234,8 @@ route_snapshot (shim_req_t *r, unsigned *status)
   err_t err = ERR_INIT;
   rpc_client_call_t *c = NULL;
   Sandbox__V1__PersistProgress *done = NULL;
-  if (rpc_client_start (shim.channel, "/sandbox.v1.Sandbox/PersistSnapshot", 0, shim.md, shim.n_md, &c, &err) == 0
+  if (rpc_client_start (members_route (r->id), "/sandbox.v1.Sandbox/PersistSnapshot", 0, shim.md, shim.n_md, &c, &err)
+          == 0
       && rpc_client_send (c, &req.base, &err) == 0 && rpc_client_close_send (c, &err) == 0)
     {
       watch_t *w = watch_add (shim_req_fd (r), c);
@@ -275,8 +281,8 @@ route_connect (shim_req_t *r, unsigned *status)
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
   struct MHD_Response *out;
-  if (route_unary ("/sandbox.v1.Sandbox/Connect", &req.base, &sandbox__v1__connect_response__descriptor, &resp, &st,
-                   600000)
+  if (route_unary (r->id, "/sandbox.v1.Sandbox/Connect", &req.base, &sandbox__v1__connect_response__descriptor, &resp,
+                   &st, 600000)
       == 0)
     {
       static const char *const outcomes[] = {"unspecified", "live", "restored", "created"};

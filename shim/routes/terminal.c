@@ -45,6 +45,7 @@
 #include "common/log.h"
 #include "sandbox/v1/sandbox.pb-c.h"
 #include "shim/metrics.h"
+#include "shim/members.h"
 #include "shim/routes/routes.h"
 #include "shim/watchdog.h"
 #include "shim/ws.h"
@@ -613,7 +614,7 @@ term_attach (shim_req_t *r, term_t *t, bool replay, struct MHD_Response **resp, 
   first.attach = &attach;
   err_t err = ERR_INIT;
   rpc_client_call_t *call = NULL;
-  if (rpc_client_start (shim.channel, "/sandbox.v1.Sandbox/Run", 0, shim.md, shim.n_md, &call, &err) < 0)
+  if (rpc_client_start (members_route (r->id), "/sandbox.v1.Sandbox/Run", 0, shim.md, shim.n_md, &call, &err) < 0)
     {
       rpc_status_t st = {GRPC_STATUS_UNAVAILABLE, (char *) err_msg (&err), false};
       *resp = shim_gateway_error (st.code, &st, status);
