@@ -35,6 +35,8 @@ TEST_PACKAGES=(
   libcmocka-dev python3 python3-grpcio python3-protobuf python3-pytest
   # A real browser through a preview link (tests/integration/test_ports_browser.py)
   chromium
+  # SRV records for the gateway set (tests/integration/test_scaleout.py)
+  python3-dnslib
 )
 
 PACKAGES=("${RUN_PACKAGES[@]}")

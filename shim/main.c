@@ -119,7 +119,7 @@ check_gateway_config (err_t *err)
   const shim_config_t *c = &shim.cfg;
   const char *why = members_check_spec (c->gateways);
   if (why != NULL)
-    return err_make (err, EINVAL, "SHIM_GATEWAYS: `%s` %s", c->gateways, why);
+    return err_make (err, EINVAL, "SHIM_GATEWAYS: `%s`: %s", c->gateways, why);
   if (c->gateways != NULL && getenv ("SHIM_GATEWAY_TARGET") != NULL && getenv ("SHIM_GATEWAY_TARGET")[0] != '\0')
     return err_make (err, EINVAL, "SHIM_GATEWAYS and SHIM_GATEWAY_TARGET are both set: name the gateways in one");
   if (!shim_target_valid (c->gateway_target))

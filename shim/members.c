@@ -395,7 +395,7 @@ members_check_spec (const char *gateways)
     {
       const char *name = gateways + strlen (SRV_PREFIX);
       if (name[0] == '\0' || strlen (name) >= NS_MAXDNAME || strpbrk (name, " ,/:") != NULL)
-        return "dns-srv: needs a DNS name (e.g. dns-srv:_grpc._tcp.sandbox-gateway.ns.svc.cluster.local)";
+        return "dns-srv needs a DNS name (e.g. dns-srv:_grpc._tcp.sandbox-gateway.ns.svc.cluster.local)";
       return NULL;
     }
   char *copy = strdup (gateways);
