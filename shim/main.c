@@ -49,6 +49,10 @@ static const cfg_var_t shim_vars[] = {
      1, 60, &shim.cfg.gateways_health, NULL, false},
     {"SHIM_GATEWAY_SECRET", CFG_STRING, NULL, "bearer secret sent to the gateway", 0, 0, &shim.cfg.gateway_secret,
      "CLOUD_RUN_SANDBOX_GATEWAY_SECRET", true},
+    {"SHIM_RESTORE_ON_MISS", CFG_BOOL, "false",
+     "a call about a sandbox its gateway does not hold, but the snapshot store does, restores it there first "
+     "(without egress); false: 404, as the contract has it",
+     0, 0, &shim.cfg.restore_on_miss, NULL, false},
     {"SHIM_MAX_EXEC_OUTPUT", CFG_INT, "67108864",
      "bytes of stdout (and of stderr) an exec answer keeps; past it, \"truncated\": true", 1024, 1073741824,
      &shim.cfg.max_exec_output, NULL, false},

@@ -33,6 +33,9 @@ static atomic_ullong exec_buckets[N_BOUNDS + 1];
 static atomic_ullong exec_count, exec_micros;
 static atomic_ullong bytes_up, bytes_down;
 static atomic_ullong gateway_errors[17];
+static const char *const miss_outcomes[] = {"restored", "absent", "failed"};
+#define N_MISS (sizeof miss_outcomes / sizeof miss_outcomes[0])
+static atomic_ullong misses[N_MISS];
 
 static series_t *
 find_series (int n, const char *method, const char *route, unsigned status)
@@ -105,6 +108,14 @@ metrics_bytes (bool upload, uint64_t n)
 }
 
 void
+metrics_restore_on_miss (const char *outcome)
+{
+  for (size_t i = 0; i < N_MISS; i++)
+    if (strcmp (outcome, miss_outcomes[i]) == 0)
+      atomic_fetch_add (&misses[i], 1);
+}
+
+void
 metrics_gateway_error (grpc_status_code code)
 {
   if ((unsigned) code < 17)
@@ -151,4 +162,10 @@ metrics_render (FILE *f)
   for (int c = 1; c < 17; c++)
     fprintf (f, "shim_gateway_errors_total{code=\"%s\"} %llu\n", rpc_status_name ((grpc_status_code) c),
              atomic_load (&gateway_errors[c]));
+  fputs ("# HELP shim_restores_on_miss_total Sandboxes their gateway did not hold, restored from the store first "
+         "(SHIM_RESTORE_ON_MISS), by outcome.\n"
+         "# TYPE shim_restores_on_miss_total counter\n",
+         f);
+  for (size_t i = 0; i < N_MISS; i++)
+    fprintf (f, "shim_restores_on_miss_total{outcome=\"%s\"} %llu\n", miss_outcomes[i], atomic_load (&misses[i]));
 }

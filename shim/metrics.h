@@ -20,6 +20,8 @@ void metrics_request (const char *method, const char *route, unsigned status, do
 void metrics_exec_duration (double seconds);
 void metrics_bytes (bool upload, uint64_t n);
 void metrics_gateway_error (grpc_status_code code);
+/* A restore on miss: "restored", "absent" (no snapshot) or "failed". */
+void metrics_restore_on_miss (const char *outcome);
 
 /* Writes the text exposition of the counters above to `f`. */
 void metrics_render (FILE *f);

@@ -58,6 +58,41 @@ shim_req_fail (shim_req_t *r, unsigned code, const char *detail)
   r->discard = true;
 }
 
+/* The sandbox the last gateway error of this thread said was not found
+ * ("" for none): see shim_missed. */
+static __thread char missed[SHIM_ID_MAX + 1];
+
+/* Notes a gateway's "sandbox `<id>` not found" (its wording for a sandbox
+ * it does not hold, sandbox.proto). */
+static void
+note_missing (grpc_status_code code, const rpc_status_t *st)
+{
+  static const char prefix[] = "sandbox `";
+  missed[0] = '\0';
+  if (code != GRPC_STATUS_NOT_FOUND || st == NULL || !st->from_handler || st->details == NULL
+      || strncmp (st->details, prefix, sizeof prefix - 1) != 0)
+    return;
+  const char *id = st->details + sizeof prefix - 1;
+  const char *end = strstr (id, "` not found");
+  if (end != NULL && (size_t) (end - id) <= SHIM_ID_MAX)
+    {
+      memcpy (missed, id, (size_t) (end - id));
+      missed[end - id] = '\0';
+    }
+}
+
+void
+shim_missed_reset (void)
+{
+  missed[0] = '\0';
+}
+
+bool
+shim_missed (const char *id)
+{
+  return missed[0] != '\0' && strcmp (missed, id) == 0;
+}
+
 /* The one mapping of gateway statuses to HTTP statuses. */
 unsigned
 shim_http_status (grpc_status_code code, bool from_handler)
@@ -84,6 +119,7 @@ struct MHD_Response *
 shim_gateway_error (grpc_status_code code, const rpc_status_t *st, unsigned *status)
 {
   metrics_gateway_error (code);
+  note_missing (code, st);
   const char *details = st != NULL ? st->details : NULL;
   const char *d = details != NULL && details[0] != '\0' ? details : rpc_status_name (code);
   unsigned http = shim_http_status (code, st != NULL && st->from_handler);
@@ -117,6 +153,7 @@ shim_gateway_error_named (grpc_status_code code, const rpc_status_t *st, unsigne
   if (!named || st == NULL || st->details == NULL || st->details[0] == '\0')
     return shim_gateway_error (code, st, status);
   metrics_gateway_error (code);
+  note_missing (code, st);
   return shim_detail (shim_http_status (code, st->from_handler), st->details, status);
 }
 

@@ -146,6 +146,27 @@ take_body (shim_req_t *r, const char *data, size_t size)
   r->body[r->len] = '\0';
 }
 
+/* Runs the route's handler. With SHIM_RESTORE_ON_MISS, a route about a
+ * sandbox that its owner said it does not hold is run once more after the
+ * owner restored the sandbox from the store (Connect, restore only): for
+ * routes whose body is buffered and that keep no state between requests
+ * (every one but uploads, the terminal and the port proxy), and not for
+ * DELETE. */
+static struct MHD_Response *
+handle (shim_req_t *r, unsigned *status)
+{
+  shim_missed_reset ();
+  struct MHD_Response *resp = r->route->handle (r, status);
+  const shim_route_t *rt = r->route;
+  if (!shim.cfg.restore_on_miss || *status != 404 || r->id[0] == '\0' || rt->body == SHIM_BODY_STREAM
+      || rt->cleanup != NULL || strcmp (rt->method, "DELETE") == 0 || !shim_missed (r->id)
+      || !route_restore_missing (r->id))
+    return resp;
+  MHD_destroy_response (resp);
+  shim_missed_reset ();
+  return rt->handle (r, status);
+}
+
 static enum MHD_Result
 access_handler (void *cls, struct MHD_Connection *conn, const char *url, const char *method, const char *version,
                 const char *upload_data, size_t *upload_data_size, void **con_cls)
@@ -192,7 +213,7 @@ access_handler (void *cls, struct MHD_Connection *conn, const char *url, const c
       r->early = NULL;
     }
   else
-    resp = r->route->handle (r, &status);
+    resp = handle (r, &status);
   r->status = status;
   enum MHD_Result q = MHD_queue_response (conn, status, resp);
   MHD_destroy_response (resp);

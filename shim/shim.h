@@ -26,6 +26,7 @@ typedef struct shim_config_s
   char *gateways;        /* SHIM_GATEWAYS, or NULL */
   long gateways_refresh; /* SHIM_GATEWAYS_REFRESH_SECONDS */
   long gateways_health;  /* SHIM_GATEWAYS_HEALTH_SECONDS */
+  bool restore_on_miss;  /* SHIM_RESTORE_ON_MISS */
   char *gateway_secret;  /* sent to the gateway */
   long max_exec_output;
   long max_buffered_output; /* base64 text all buffered exec answers may hold */
@@ -131,6 +132,11 @@ struct MHD_Response *shim_gateway_error (grpc_status_code code, const rpc_status
  * more than a sandbox (a process), where the contract's "Sandbox not
  * found" would be wrong. */
 struct MHD_Response *shim_gateway_error_named (grpc_status_code code, const rpc_status_t *st, unsigned *status);
+/* Whether the last gateway error answered on this thread (through the two
+ * functions above) was its owner saying it does not hold sandbox `id`;
+ * shim_missed_reset forgets it. */
+bool shim_missed (const char *id);
+void shim_missed_reset (void);
 /* The HTTP status for a failed gateway call: `from_handler` tells the
  * gateway's own UNAVAILABLE (503) from no gateway at all (502). */
 unsigned shim_http_status (grpc_status_code code, bool from_handler);

@@ -254,7 +254,8 @@ api_connect (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   connect_job_t job = {.call = call, .rt = ctx->rt};
   sbx_info_t info;
   snap_outcome_t outcome;
-  if (snap_connect (ctx->rt, ctx->store, req->sandbox_id, req->allow_egress, connect_made, &job, &info, &outcome, err)
+  if (snap_connect (ctx->rt, ctx->store, req->sandbox_id, req->allow_egress, !req->restore_only, connect_made, &job,
+                    &info, &outcome, err)
       < 0)
     return -1;
   Sandbox__V1__SandboxInfo pb;

@@ -173,8 +173,8 @@ restore_from_store (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool
 /* One try: 1 connected (*outcome set), 0 changed meanwhile (try again),
  * -1 failed. */
 static int
-connect_once (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egress, snap_made_fn made, void *ctx,
-              sbx_info_t *info, snap_outcome_t *outcome, err_t *err)
+connect_once (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egress, bool create, snap_made_fn made,
+              void *ctx, sbx_info_t *info, snap_outcome_t *outcome, err_t *err)
 {
   if (sbx_get (rt, id, info, err) == 0)
     {
@@ -188,6 +188,8 @@ connect_once (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egres
   int exists = store->ops->exists (store, object, err);
   if (exists < 0)
     return -1;
+  if (!exists && !create)
+    return err_make (err, ENOENT, "sandbox `%s` not found, and no stored snapshot", id);
   int r = exists ? restore_from_store (rt, store, id, egress, info, err) : sbx_launch (rt, id, egress, info, err);
   if (r == 0)
     {
@@ -206,14 +208,14 @@ connect_once (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egres
 }
 
 int
-snap_connect (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool allow_egress, snap_made_fn made, void *ctx,
-              sbx_info_t *info, snap_outcome_t *outcome, err_t *err)
+snap_connect (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool allow_egress, bool create,
+              snap_made_fn made, void *ctx, sbx_info_t *info, snap_outcome_t *outcome, err_t *err)
 {
   if (!sbx_id_valid (id))
     return err_make (err, EINVAL, "invalid sandbox id");
   for (int attempt = 0; attempt < CONNECT_ATTEMPTS; attempt++)
     {
-      int r = connect_once (rt, store, id, allow_egress, made, ctx, info, outcome, err);
+      int r = connect_once (rt, store, id, allow_egress, create, made, ctx, info, outcome, err);
       if (r != 0)
         return r > 0 ? 0 : -1;
     }

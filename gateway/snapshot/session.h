@@ -67,9 +67,10 @@ typedef enum snap_outcome_e
 typedef int (*snap_made_fn) (void *ctx, const char *id, err_t *err);
 
 /* Connects to sandbox `id`: live → renewed; else restored from its stored
- * snapshot; else created. EAGAIN when it kept changing under three tries. */
-int snap_connect (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool allow_egress, snap_made_fn made,
-                  void *ctx, sbx_info_t *info, snap_outcome_t *outcome, err_t *err);
+ * snapshot; else created, with `create` (without: ENOENT). EAGAIN when it
+ * kept changing under three tries. */
+int snap_connect (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool allow_egress, bool create,
+                  snap_made_fn made, void *ctx, sbx_info_t *info, snap_outcome_t *outcome, err_t *err);
 
 /* Deletes the stored snapshot of `id` (a valid id); *deleted says whether
  * there was one. */

@@ -38,6 +38,7 @@ void route_restore_cleanup (shim_req_t *r);
 struct MHD_Response *route_tar (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_snapshot (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_connect (shim_req_t *r, unsigned *status);
+bool route_restore_missing (const char *id);
 
 /* terminal.c */
 struct MHD_Response *route_terminal (shim_req_t *r, unsigned *status);

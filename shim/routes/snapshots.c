@@ -297,3 +297,38 @@ route_connect (shim_req_t *r, unsigned *status)
   rpc_status_release (&st);
   return out;
 }
+
+/* SHIM_RESTORE_ON_MISS (server.c): has `id`'s owner restore it from the
+ * store, without egress (a caller that needs egress connects itself with
+ * allow_egress). True when it did (or another call made it live
+ * meanwhile); false when the store has no snapshot or the call failed. */
+bool
+route_restore_missing (const char *id)
+{
+  Sandbox__V1__ConnectRequest req = SANDBOX__V1__CONNECT_REQUEST__INIT;
+  req.sandbox_id = (char *) id;
+  req.restore_only = true;
+  ProtobufCMessage *resp = NULL;
+  rpc_status_t st = RPC_STATUS_INIT;
+  int64_t t0 = shim_mono_ns ();
+  bool ok = route_unary (id, "/sandbox.v1.Sandbox/Connect", &req.base, &sandbox__v1__connect_response__descriptor,
+                         &resp, &st, 600000)
+            == 0;
+  const char *outcome = ok ? "restored" : st.code == GRPC_STATUS_NOT_FOUND ? "absent" : "failed";
+  metrics_restore_on_miss (outcome);
+  log_fields (ok                                 ? SEV_INFO
+              : st.code == GRPC_STATUS_NOT_FOUND ? SEV_DEBUG
+                                                 : SEV_WARNING,
+              json_pack ("{s:s, s:s, s:f}", "sandbox_id", id, "outcome", outcome, "seconds",
+                         (double) (shim_mono_ns () - t0) / 1e9),
+              ok ? "sandbox `%s` restored on its gateway from the store (SHIM_RESTORE_ON_MISS)"
+                 : "sandbox `%s` not restored on miss: %s",
+              id,
+              ok                   ? ""
+              : st.details != NULL ? st.details
+                                   : rpc_status_name (st.code));
+  if (resp != NULL)
+    protobuf_c_message_free_unpacked (resp, NULL);
+  rpc_status_release (&st);
+  return ok;
+}

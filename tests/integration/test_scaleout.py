@@ -379,3 +379,46 @@ def test_a_gateway_failing_its_health_check_leaves_the_set_and_comes_back(gatewa
         # Ids launched elsewhere while it was out whose owner it is are no
         # longer routed to their copies (docs/deploy.md): over gRPC.
         delete_everywhere(gws)
+
+
+# --- restore on miss ------------------------------------------------------------------
+
+def test_restore_on_miss_restores_a_sandbox_its_owner_does_not_hold_and_only_that(gateways, store):
+    gws = start_gateways(gateways, 2, store)
+    spec = ",".join(g.target for g in gws)
+    shim = list_shim(gateways, spec, {"SHIM_RESTORE_ON_MISS": "true"})
+    plain = list_shim(gateways, spec)
+    saved, unsaved = new_id("miss"), new_id("miss")
+    launch_all(shim, [saved, unsaved])
+    try:
+        write_file(shim, saved, "from-the-store")
+        persist(shim, saved)
+        write_file(shim, saved, "after-the-persist")
+        held = holders(gws)
+        # Its owner loses them (as after a failover), the store keeps one.
+        for sid in (saved, unsaved):
+            assert SandboxClient(gws[held[sid][0]]).delete(sid) is not None
+
+        # Off (the default): the contract's 404.
+        r = plain.request("POST", f"/sandboxes/{saved}/exec", {"argv": ["true"]})
+        assert r.status == 404 and r.json() == {"detail": "Sandbox not found"}, r
+        # On: restored from the store first, then answered.
+        assert read_file(shim, saved) == "from-the-store"
+        assert holders(gws)[saved] == held[saved]
+        # Not in the store: 404 as before, nothing created.
+        r = shim.request("POST", f"/sandboxes/{unsaved}/exec", {"argv": ["true"]})
+        assert r.status == 404 and r.json() == {"detail": "Sandbox not found"}, r
+        assert unsaved not in holders(gws)
+        # A missing file in a live sandbox is not a missing sandbox.
+        r = shim.request("GET", f"/sandboxes/{saved}/files/stat?path=/nope")
+        assert r.status == 404, r
+        text = metrics(shim)
+        assert metric_value(text, "shim_restores_on_miss_total", {"outcome": "restored"}) == 1
+        assert metric_value(text, "shim_restores_on_miss_total", {"outcome": "absent"}) == 1
+        # A delete is never a reason to restore.
+        assert SandboxClient(gws[held[saved][0]]).delete(saved) is not None
+        r = shim.request("DELETE", f"/sandboxes/{saved}")
+        assert r.status == 404, r
+        assert saved not in holders(gws)
+    finally:
+        delete_everywhere(gws)
