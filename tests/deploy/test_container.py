@@ -127,7 +127,9 @@ class Container:
     """One container of the image run by crun, with its own bundle, crun
     state directory and cgroup group; `close()` removes all of them."""
 
-    def __init__(self, workdir: Path, image: "Unpacked", env: dict[str, str], caps: list[str]):
+    def __init__(self, workdir: Path, image: "Unpacked", env: dict[str, str], caps: list[str],
+                 mode: Optional[str] = None, uid: int = 0,
+                 writable: tuple[tuple[str, str], ...] = (("/var/lib/sandbox-gateway", "0700"), ("/tmp", "1777"))):
         self.id = f"sgw-deploy-{secrets.token_hex(4)}"
         self.dir = workdir / self.id
         self.bundle = self.dir / "bundle"
@@ -137,6 +139,9 @@ class Container:
         self.image = image
         self.env = env
         self.caps = caps
+        self.mode = mode  # the entrypoint's argument; None: the image's (all)
+        self.uid = uid  # also the gid; not 0: no_new_privs, as allowPrivilegeEscalation: false
+        self.writable = writable  # tmpfs mounts (destination, mode) on the read-only root
         self.proc: Optional[subprocess.Popen] = None
         self._log = None
         self.bundle.mkdir(parents=True)
@@ -150,11 +155,13 @@ class Container:
         cfg["root"] = {"path": str(self.image.rootfs), "readonly": True}
         process = cfg["process"]
         process["terminal"] = False
-        process["user"] = {"uid": 0, "gid": 0}
+        if self.mode is not None:
+            process["args"] = [process["args"][0], self.mode]
+        process["user"] = {"uid": self.uid, "gid": self.uid}
         process["capabilities"] = {k: list(self.caps) for k in ("bounding", "effective", "permitted")}
         process["capabilities"]["inheritable"] = []
         process["capabilities"]["ambient"] = []
-        process["noNewPrivileges"] = False
+        process["noNewPrivileges"] = self.uid != 0
         process.pop("apparmorProfile", None)
         process.pop("selinuxLabel", None)
         env = [e for e in process.get("env", []) if e.split("=", 1)[0] not in self.env]
@@ -187,7 +194,7 @@ class Container:
                     mounts.append({"destination": str(hier), "type": "bind", "source": str(hier),
                                    "options": ["rbind", "ro", "nosuid", "noexec", "nodev"]})
         # Writable places of a read-only root (Kubernetes: emptyDir volumes).
-        for dest, mode in (("/var/lib/sandbox-gateway", "0700"), ("/tmp", "1777")):
+        for dest, mode in self.writable:
             mounts.append({"destination": dest, "type": "tmpfs", "source": "tmpfs",
                            "options": ["nosuid", "nodev", f"mode={mode}"]})
         cfg["mounts"] = mounts
@@ -576,3 +583,71 @@ def test_container_exits_when_the_shim_dies(workdir, image):
         assert "the shim exited" in c.log(), c.log()
     finally:
         c.close()
+
+
+# ---- the scaled topology's containers ------------------------------------------------
+
+
+def test_gateway_mode_and_shim_mode_as_nobody(workdir, image):
+    """deploy/kubernetes/scaled: the gateway alone (mode `gateway`, root,
+    the 13 capabilities) and, in another container, the shim alone (mode
+    `shim`) as nobody (65534) with no capability, no_new_privs, a read-only
+    root and no writable mount at all, pointed at the gateway. The shim is
+    ready, a sandbox runs a command through it, and SIGTERM stops each
+    container with status 0."""
+    secret = secrets.token_hex(24)
+    shim_port, gateway_port = _free_port(), _free_port()
+    gw = Container(workdir, image, {}, _caps(), mode="gateway")
+    gw.env = {
+        "CLOUD_RUN_SANDBOX_GATEWAY_SECRET": secret,
+        "SANDBOX_LISTEN": f"127.0.0.1:{gateway_port}",
+        "SANDBOX_CGROUP_GROUP": gw.cgroup_group,
+        "SANDBOX_SHUTDOWN_GRACE_SECONDS": "2",
+    }
+    shim = Container(workdir, image, {
+        "CLOUD_RUN_SANDBOX_GATEWAY_SECRET": secret,
+        "PORT": str(shim_port),
+        "SHIM_GATEWAY_TARGET": f"127.0.0.1:{gateway_port}",
+    }, [], mode="shim", uid=65534, writable=())
+    sid = f"split-{secrets.token_hex(4)}"
+    try:
+        gw.configure()
+        shim.configure()
+        gw.start()
+        shim.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        last: Any = None
+        while time.monotonic() < deadline:
+            assert gw.alive(), f"the gateway container exited ({gw.proc.returncode}):\n{gw.log()}"
+            assert shim.alive(), f"the shim container exited ({shim.proc.returncode}):\n{shim.log()}"
+            with contextlib.suppress(OSError):
+                last = _http(shim_port, "GET", "/ready", timeout=5)
+                if last.status == 200:
+                    break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the shim is not ready (last: {last!r}):\n{shim.log()}\n{gw.log()}")
+
+        # The shim runs as nobody, without capabilities; the gateway as root.
+        procs = {name: pid for pid, name in shim.descendants().items()}
+        status = Path(f"/proc/{procs['sandbox-shim']}/status").read_text()
+        uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
+        assert uid_line.split()[1:] == ["65534"] * 4, uid_line
+        cap_eff = next(line for line in status.splitlines() if line.startswith("CapEff:"))
+        assert int(cap_eff.split()[1], 16) == 0, cap_eff
+
+        r = _http(shim_port, "POST", "/sandboxes", {"sandbox_id": sid}, token=secret)
+        assert r.status == 201, f"{r!r}\n{gw.log()}"
+        body = _exec(shim_port, secret, sid, ["sh", "-c", "echo split"])
+        assert body["exit_code"] == 0 and body["stdout"] == "split\n", body
+        r = _http(shim_port, "DELETE", f"/sandboxes/{sid}", token=secret)
+        assert r.status == 204, r
+
+        for c in (shim, gw):
+            r = c.crun("kill", c.id, "TERM")
+            assert r.returncode == 0, r.stderr
+            rc = c.wait(STOP_TIMEOUT_S)
+            assert rc == 0, f"exit status {rc} after SIGTERM:\n{c.log()}"
+    finally:
+        shim.close()
+        gw.close()
