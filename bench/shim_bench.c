@@ -17,6 +17,9 @@
  *      answers only once every answer's head has come (so all 64 are held
  *      at once); the shim's peak resident memory (VmHWM) against the output
  *      in flight (64 x 16 MiB).
+ *   4. routing (with --routed-shim): the exec round trip through a shim
+ *      that routes by sandbox id over three gateways (SHIM_GATEWAYS)
+ *      against the same through the shim with one gateway, interleaved.
  *
  * The bearer secret (the shim's and the gateway's) comes from
  * CLOUD_RUN_SANDBOX_GATEWAY_SECRET. bench/shim builds everything, starts a
@@ -47,6 +50,7 @@
 
 #define PROG "shim_bench"
 #define SANDBOX_ID "shimbench"
+#define ROUTED_ID "shimbench-routed"
 #define EXEC_BODY "{\"argv\":[\"/bin/true\"]}"
 
 typedef struct opts_s
@@ -64,6 +68,7 @@ typedef struct opts_s
   int mem_shim_pid;
   int mem_clients;
   int mem_mib;
+  const char *routed_shim; /* a shim over three gateways, HOST:PORT */
 } opts_t;
 
 static opts_t O = {
@@ -81,6 +86,7 @@ static rpc_channel_t *CH;
 static char SECRET[256];
 static struct sockaddr_in SHIM_ADDR;
 static struct sockaddr_in MEM_ADDR;
+static struct sockaddr_in ROUTED_ADDR;
 
 /* ---- a minimal HTTP/1.1 client (keep-alive) ------------------------------- */
 
@@ -260,15 +266,22 @@ http_do (http_t *h, const char *method, const char *path, const char *json, int 
 /* ---- the calls ------------------------------------------------------------ */
 
 static int
-rest_exec (http_t *h, err_t *err)
+rest_exec_in (http_t *h, const char *id, err_t *err)
 {
   int status = 0;
-  char body[1024];
-  if (http_do (h, "POST", "/sandboxes/" SANDBOX_ID "/exec", EXEC_BODY, &status, body, sizeof body, err) < 0)
+  char body[1024], path[128];
+  snprintf (path, sizeof path, "/sandboxes/%s/exec", id);
+  if (http_do (h, "POST", path, EXEC_BODY, &status, body, sizeof body, err) < 0)
     return -1;
   if (status != 200 || (strstr (body, "\"exit_code\": 0") == NULL && strstr (body, "\"exit_code\":0") == NULL))
     return err_make (err, EIO, "exec through the shim: HTTP %d: %.200s", status, body);
   return 0;
+}
+
+static int
+rest_exec (http_t *h, err_t *err)
+{
+  return rest_exec_in (h, SANDBOX_ID, err);
 }
 
 static int
@@ -357,6 +370,55 @@ bench_rtt (void)
   http_close (&h);
   bc_row_add ("exec /bin/true round trip, REST via shim", "ms", &rx, 99, "gRPC Exec direct", &gx);
   bc_row_add ("GET /health round trip", "ms", &rh, 99, "gRPC Health/Check + Status", &gh);
+}
+
+/* ---- 4. routing ---------------------------------------------------------------- */
+
+/* POST `path` (a JSON body or none) on a new connection: 0 when the answer
+ * is `want`. */
+static int
+http_once (const struct sockaddr_in *addr, const char *method, const char *path, const char *json, int want,
+           err_t *err)
+{
+  http_t h = {.fd = -1, .addr = addr};
+  int status = 0;
+  char body[1024];
+  int rc = http_do (&h, method, path, json, &status, body, sizeof body, err);
+  http_close (&h);
+  if (rc == 0 && status != want)
+    rc = err_make (err, EIO, "%s %s: HTTP %d: %.200s", method, path, status, body);
+  return rc;
+}
+
+static void
+bench_routed (void)
+{
+  err_t err = ERR_INIT;
+  if (http_once (&ROUTED_ADDR, "POST", "/sandboxes", "{\"sandbox_id\":\"" ROUTED_ID "\"}", 201, &err) < 0)
+    bc_die (PROG, "routed shim", &err);
+  http_t one = {.fd = -1}, routed = {.fd = -1, .addr = &ROUTED_ADDR};
+  bc_series_t ro = {0}, on = {0};
+  fprintf (stderr, PROG ": routing: %d warm-up + %d runs of each\n", O.rtt_warmup, O.rtt_n);
+  for (int i = 0; i < O.rtt_warmup + O.rtt_n; i++)
+    {
+      double t0 = bc_now_ms ();
+      if (rest_exec_in (&routed, ROUTED_ID, &err) < 0)
+        bc_die (PROG, "exec through the routing shim", &err);
+      double t1 = bc_now_ms ();
+      if (rest_exec (&one, &err) < 0)
+        bc_die (PROG, "exec through the shim", &err);
+      double t2 = bc_now_ms ();
+      if (i >= O.rtt_warmup)
+        {
+          bc_series_add (&ro, t1 - t0);
+          bc_series_add (&on, t2 - t1);
+        }
+    }
+  http_close (&one);
+  http_close (&routed);
+  if (http_once (&ROUTED_ADDR, "DELETE", "/sandboxes/" ROUTED_ID, NULL, 204, &err) < 0)
+    bc_die (PROG, "routed shim", &err);
+  bc_row_add ("exec /bin/true round trip, shim routing over 3 gateways", "ms", &ro, 99, "shim with one gateway", &on);
 }
 
 /* ---- 2. under load: the gRPC side --------------------------------------------- */
@@ -720,7 +782,9 @@ usage (FILE *f)
               "                          buffered execs, --mem-shim-pid PID its process\n"
               "  --mem-clients N         buffered execs at once (default 64), --mem-mib N the\n"
               "                          output of each in MiB (default 16)\n"
-              "  --only LIST             comma-separated subset of rtt,load,buffered\n"
+              "  --routed-shim HOST:PORT a shim routing over three gateways (SHIM_GATEWAYS), one of\n"
+              "                          them --target\n"
+              "  --only LIST             comma-separated subset of rtt,load,buffered,routed\n"
               "  --markdown FILE         also write the table to FILE in Markdown\n");
 }
 
@@ -742,10 +806,11 @@ main (int argc, char **argv)
       {"mem-shim-pid", required_argument, 0, 'P'},
       {"mem-clients", required_argument, 0, 'C'},
       {"mem-mib", required_argument, 0, 'B'},
+      {"routed-shim", required_argument, 0, 'R'},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0},
   };
-  const char *only = "rtt,load,buffered";
+  const char *only = "rtt,load,buffered,routed";
   int ch;
   while ((ch = getopt_long (argc, argv, "h", lo, NULL)) != -1)
     switch (ch)
@@ -764,6 +829,7 @@ main (int argc, char **argv)
       case 'P': O.mem_shim_pid = atoi (optarg); break;
       case 'C': O.mem_clients = atoi (optarg); break;
       case 'B': O.mem_mib = atoi (optarg); break;
+      case 'R': O.routed_shim = optarg; break;
       case 'h': usage (stdout); return 0;
       default: usage (stderr); return 2;
       }
@@ -775,9 +841,10 @@ main (int argc, char **argv)
     }
   bc_auth_from_env (PROG);
   snprintf (SECRET, sizeof SECRET, "%s", getenv ("CLOUD_RUN_SANDBOX_GATEWAY_SECRET"));
-  if (parse_addr (O.shim, &SHIM_ADDR) < 0 || (O.mem_shim != NULL && parse_addr (O.mem_shim, &MEM_ADDR) < 0))
+  if (parse_addr (O.shim, &SHIM_ADDR) < 0 || (O.mem_shim != NULL && parse_addr (O.mem_shim, &MEM_ADDR) < 0)
+      || (O.routed_shim != NULL && parse_addr (O.routed_shim, &ROUTED_ADDR) < 0))
     {
-      fprintf (stderr, PROG ": --shim and --mem-shim must be IPV4:PORT\n");
+      fprintf (stderr, PROG ": --shim, --mem-shim and --routed-shim must be IPV4:PORT\n");
       return 2;
     }
   signal (SIGPIPE, SIG_IGN);
@@ -821,6 +888,15 @@ main (int argc, char **argv)
       double t0 = bc_now_ms ();
       bench_mem ();
       fprintf (stderr, PROG ": buffered: done in %.1f s\n", (bc_now_ms () - t0) / 1e3);
+    }
+
+  if (strstr (list, ",routed,") != NULL && O.routed_shim == NULL)
+    fprintf (stderr, PROG ": routed: skipped (no --routed-shim)\n");
+  else if (strstr (list, ",routed,") != NULL)
+    {
+      double t0 = bc_now_ms ();
+      bench_routed ();
+      fprintf (stderr, PROG ": routed: done in %.1f s\n", (bc_now_ms () - t0) / 1e3);
     }
 
   if (bc_delete (CH, SANDBOX_ID, &err) < 0)
