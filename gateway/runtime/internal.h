@@ -79,6 +79,7 @@ typedef struct sbx_s
   int freezers;                  /* under freeze_mu: users holding the freeze */
   int bg_refs;                   /* of refs: detached processes (do not keep it from idling) */
   int watches;                   /* Watch calls running (rt->mu) */
+  char store_gen[48];            /* the stored snapshot version it came from or last wrote (rt->mu) */
   struct sbx_s *next;
 } sbx_t;
 

@@ -153,6 +153,7 @@ sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out)
   out->created_ms = s->created_ms;
   out->last_used_ms = s->created_ms + (s->last_used_ms - s->created_mono_ms);
   out->allow_egress = s->allow_egress;
+  memcpy (out->store_gen, s->store_gen, sizeof out->store_gen);
   long n = sbx_cg_count (&rt->cg, s->id, NULL);
   out->process_count = n > 0 ? n : 0;
   struct statfs sf;
@@ -382,6 +383,16 @@ sbx_get (sbx_runtime_t *rt, const char *id, sbx_info_t *out, err_t *err)
   sbx_fill_info_locked (rt, s, out);
   pthread_mutex_unlock (&rt->mu);
   return 0;
+}
+
+void
+sbx_set_store_gen (sbx_runtime_t *rt, const char *id, const char *gen)
+{
+  pthread_mutex_lock (&rt->mu);
+  sbx_t *s = sbx_find_locked (rt, id);
+  if (s != NULL)
+    snprintf (s->store_gen, sizeof s->store_gen, "%s", gen);
+  pthread_mutex_unlock (&rt->mu);
 }
 
 static int

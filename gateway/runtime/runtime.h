@@ -72,6 +72,10 @@ typedef struct sbx_info_s
   long process_count;
   uint64_t disk_used_bytes;
   uint64_t disk_limit_bytes;
+  /* The version of its stored snapshot (store.h, snap_gen_t.gen) it was
+   * restored from or last persisted, "" when neither: what tells a copy
+   * that another gateway has written the snapshot since (session.c). */
+  char store_gen[48];
 } sbx_info_t;
 
 /* True when egress sandboxes are held to the egress policy by a filter
@@ -141,6 +145,10 @@ int sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err);
 
 /* Describes a sandbox (and renews its idle timer). ENOENT unknown. */
 int sbx_get (sbx_runtime_t *rt, const char *id, sbx_info_t *out, err_t *err);
+
+/* Records the stored snapshot version `gen` of sandbox `id` (see
+ * sbx_info_t.store_gen); nothing when it is gone. */
+void sbx_set_store_gen (sbx_runtime_t *rt, const char *id, const char *gen);
 
 /* Describes every sandbox, ordered by id. *out is freed by the caller. */
 int sbx_list (sbx_runtime_t *rt, sbx_info_t **out, size_t *n, err_t *err);

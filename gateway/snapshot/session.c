@@ -122,9 +122,17 @@ snap_persist (sbx_runtime_t *rt, snap_store_t *store, const char *id, snap_progr
         store->ops->writer_abort (p.w);
       return -1;
     }
+  /* The version this copy wrote: a later persist on shutdown checks that
+   * nobody has written one since. */
+  snap_gen_t gen;
+  err_t serr = ERR_INIT;
+  if (store->ops->stat (store, object, &gen, &serr) == 1)
+    sbx_set_store_gen (rt, id, gen.gen);
+  else
+    err_warn_release (&serr, "persist `%s`: cannot read back the version written", id);
   log_fields (SEV_INFO,
-              json_pack ("{s:s, s:s, s:s, s:I}", "sandbox_id", id, "store", store->kind, "object", object, "bytes",
-                         (json_int_t) p.written),
+              json_pack ("{s:s, s:s, s:s, s:I, s:s}", "sandbox_id", id, "store", store->kind, "object", object,
+                         "bytes", (json_int_t) p.written, "generation", gen.gen),
               "snapshot persisted");
   out->bytes = p.written;
   out->object = take_ptr (&object);
@@ -152,7 +160,8 @@ store_next (void *ctx, struct iovec *iov, int *n, err_t *err)
 
 /* Restores `id` from the store. ENOENT when there is no snapshot. */
 static int
-restore_from_store (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egress, sbx_info_t *info, err_t *err)
+restore_from_store (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egress, const snap_gen_t *gen,
+                    sbx_info_t *info, err_t *err)
 {
   cleanup_free char *object = snap_object_name (store, id);
   if (object == NULL)
@@ -167,6 +176,13 @@ restore_from_store (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool
   store->ops->reader_close (src.r);
   if (rc < 0 && err->status == ENOENT)
     err->status = EIO; /* the snapshot was there: any ENOENT now is a failure */
+  if (rc == 0)
+    {
+      /* The version looked up just before reading: one written in between
+       * makes this copy look stale (never newer than it is). */
+      sbx_set_store_gen (rt, id, gen->gen);
+      snprintf (info->store_gen, sizeof info->store_gen, "%s", gen->gen);
+    }
   return rc;
 }
 
@@ -185,12 +201,14 @@ connect_once (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egres
   cleanup_free char *object = snap_object_name (store, id);
   if (object == NULL)
     return err_make (err, ENOMEM, "out of memory");
-  int exists = store->ops->exists (store, object, err);
+  snap_gen_t gen;
+  int exists = store->ops->stat (store, object, &gen, err);
   if (exists < 0)
     return -1;
   if (!exists && !create)
     return err_make (err, ENOENT, "sandbox `%s` not found, and no stored snapshot", id);
-  int r = exists ? restore_from_store (rt, store, id, egress, info, err) : sbx_launch (rt, id, egress, info, err);
+  int r
+      = exists ? restore_from_store (rt, store, id, egress, &gen, info, err) : sbx_launch (rt, id, egress, info, err);
   if (r == 0)
     {
       if (made (ctx, id, err) < 0)

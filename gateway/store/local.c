@@ -225,6 +225,25 @@ local_exists (snap_store_t *store, const char *object, err_t *err)
   return errno == ENOENT ? 0 : err_make_sys (err, errno, "stat `%s`", path);
 }
 
+static int
+local_stat (snap_store_t *store, const char *object, snap_gen_t *out, err_t *err)
+{
+  memset (out, 0, sizeof *out);
+  char path[PATH_MAX];
+  if (object_path ((local_store_t *) store, object, path, sizeof path, err) < 0)
+    return -1;
+  struct stat st;
+  if (lstat (path, &st) < 0)
+    return errno == ENOENT ? 0 : err_make_sys (err, errno, "stat `%s`", path);
+  if (!S_ISREG (st.st_mode))
+    return 0;
+  /* A commit renames a new file over the name: a new inode every write. */
+  snprintf (out->gen, sizeof out->gen, "%llu.%lld.%09ld", (unsigned long long) st.st_ino,
+            (long long) st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+  out->mtime_ms = (int64_t) st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
+  return 1;
+}
+
 static void
 local_destroy (snap_store_t *store)
 {
@@ -246,6 +265,7 @@ static const snap_store_ops_t local_ops = {
     .reader_close = local_reader_close,
     .remove = local_remove,
     .exists = local_exists,
+    .stat = local_stat,
     .destroy = local_destroy,
 };
 

@@ -20,6 +20,15 @@
 
 #include "common/err.h"
 
+/* One written version of an object: `gen` changes with every write (GCS:
+ * the object's generation; local: inode and modification time), `mtime_ms`
+ * is when that version was written (Unix ms). */
+typedef struct snap_gen_s
+{
+  char gen[48];
+  int64_t mtime_ms;
+} snap_gen_t;
+
 typedef struct snap_store_s snap_store_t;
 typedef struct snap_writer_s snap_writer_t;
 typedef struct snap_reader_s snap_reader_t;
@@ -46,6 +55,9 @@ typedef struct snap_store_ops_s
   int (*remove) (snap_store_t *store, const char *object, err_t *err);
   /* True (1) when `object` exists, 0 when not, -1 with *err. */
   int (*exists) (snap_store_t *store, const char *object, err_t *err);
+  /* As exists, and fills *out with the version that exists (zeroed when
+   * none). */
+  int (*stat) (snap_store_t *store, const char *object, snap_gen_t *out, err_t *err);
   void (*destroy) (snap_store_t *store);
 } snap_store_ops_t;
 

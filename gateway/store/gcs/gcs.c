@@ -67,6 +67,7 @@ static const snap_store_ops_t gcs_ops = {
     .reader_close = gcs_reader_close,
     .remove = gcs_remove,
     .exists = gcs_exists,
+    .stat = gcs_stat,
     .destroy = gcs_destroy,
 };
 

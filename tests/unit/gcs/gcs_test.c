@@ -778,6 +778,18 @@ test_remove_and_exists (void **state)
   assert_int_equal (st->ops->remove (st, "sandbox-snapshots/x.tar", &err), -1);
   assert_int_equal (err.status, ENOENT);
   err_release (&err);
+  /* Every upload is a new generation, with its time. */
+  snap_gen_t g1, g2;
+  assert_int_equal (st->ops->stat (st, "sandbox-snapshots/x.tar", &g1, &err), 0);
+  assert_string_equal (g1.gen, "");
+  assert_upload_ok (st, "sandbox-snapshots/x.tar", d, 3, 3);
+  assert_int_equal (st->ops->stat (st, "sandbox-snapshots/x.tar", &g1, &err), 1);
+  assert_true (g1.gen[0] != '\0');
+  assert_true (g1.mtime_ms > 1700000000000LL);
+  assert_upload_ok (st, "sandbox-snapshots/x.tar", d, 3, 3);
+  assert_int_equal (st->ops->stat (st, "sandbox-snapshots/x.tar", &g2, &err), 1);
+  assert_string_not_equal (g1.gen, g2.gen);
+  assert_int_equal (st->ops->remove (st, "sandbox-snapshots/x.tar", &err), 0);
   /* Names GCS refuses are refused before any request. */
   assert_int_equal (st->ops->exists (st, "a\nb", &err), -1);
   assert_int_equal (err.status, EINVAL);

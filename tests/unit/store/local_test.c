@@ -314,6 +314,28 @@ test_exists_and_remove (void **state)
   assert_int_equal (s->ops->exists (s, "sandbox-snapshots", &err), 0);
 }
 
+/* Every write is a new version; reading does not change it. */
+static void
+test_stat_tells_versions_apart (void **state)
+{
+  fixture_t *f = *state;
+  snap_store_t *s = open_store (f, "sandbox-snapshots/");
+  err_t err = ERR_INIT;
+  snap_gen_t g0, g1, g2, again;
+  assert_int_equal (s->ops->stat (s, "sandbox-snapshots/v.tar", &g0, &err), 0);
+  assert_string_equal (g0.gen, "");
+  write_object (s, "sandbox-snapshots/v.tar", "A", 1);
+  assert_int_equal (s->ops->stat (s, "sandbox-snapshots/v.tar", &g1, &err), 1);
+  assert_true (g1.gen[0] != '\0');
+  assert_true (g1.mtime_ms > 1700000000000LL);
+  assert_int_equal (s->ops->stat (s, "sandbox-snapshots/v.tar", &again, &err), 1);
+  assert_string_equal (again.gen, g1.gen);
+  write_object (s, "sandbox-snapshots/v.tar", "A", 1); /* the same bytes */
+  assert_int_equal (s->ops->stat (s, "sandbox-snapshots/v.tar", &g2, &err), 1);
+  assert_string_not_equal (g2.gen, g1.gen);
+  assert_int_equal (s->ops->stat (s, "sandbox-snapshots", &again, &err), 0);
+}
+
 /* ---- names ---------------------------------------------------------------- */
 
 static void
@@ -441,6 +463,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_object_is_invisible_until_commit, setup, teardown),
       cmocka_unit_test_setup_teardown (test_abort_leaves_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown (test_exists_and_remove, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_stat_tells_versions_apart, setup, teardown),
       cmocka_unit_test_setup_teardown (test_prefix_with_slashes_makes_directories, setup, teardown),
       cmocka_unit_test_setup_teardown (test_absolute_and_dotdot_object_names_are_refused, setup, teardown),
       cmocka_unit_test_setup_teardown (test_relative_store_directory_is_refused, setup, teardown),
