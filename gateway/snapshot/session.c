@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/cleanup.h"
 #include "common/log.h"
@@ -186,6 +187,45 @@ restore_from_store (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool
   return rc;
 }
 
+int
+snap_copy_stale (snap_store_t *store, const sbx_info_t *info, snap_gen_t *now, err_t *err)
+{
+  cleanup_free char *object = snap_object_name (store, info->id);
+  if (object == NULL)
+    return err_make (err, ENOMEM, "out of memory");
+  int exists = store->ops->stat (store, object, now, err);
+  if (exists <= 0)
+    return exists;
+  if (info->store_gen[0] != '\0')
+    return strcmp (now->gen, info->store_gen) != 0;
+  return now->mtime_ms > info->created_ms;
+}
+
+/* A live copy another gateway has persisted past (snap_copy_stale) gives
+ * way to the newer snapshot: deleted, then restored from it. 1 done, 0 the
+ * copy is current (or the store cannot tell: it stays), -1 failed. */
+static int
+replace_stale (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egress, sbx_info_t *info, err_t *err)
+{
+  snap_gen_t now;
+  err_t serr = ERR_INIT;
+  int stale = snap_copy_stale (store, info, &now, &serr);
+  if (stale < 0)
+    err_warn_release (&serr, "connect `%s`: cannot compare with the stored snapshot; the live copy serves", id);
+  if (stale <= 0)
+    return 0;
+  log_fields (SEV_WARNING,
+              json_pack ("{s:s, s:s, s:s, s:I}", "sandbox_id", id, "copy_generation", info->store_gen,
+                         "stored_generation", now.gen, "stored_at_ms", (json_int_t) now.mtime_ms),
+              "sandbox `%s`: another gateway persisted it after this copy was restored or persisted here; the copy "
+              "gives way to that snapshot",
+              id);
+  if (sbx_delete (rt, id, err) < 0 && err->status != ENOENT)
+    return -1;
+  err_release (err);
+  return restore_from_store (rt, store, id, egress, &now, info, err) < 0 ? -1 : 1;
+}
+
 /* One try: 1 connected (*outcome set), 0 changed meanwhile (try again),
  * -1 failed. */
 static int
@@ -194,7 +234,12 @@ connect_once (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egres
 {
   if (sbx_get (rt, id, info, err) == 0)
     {
-      *outcome = SNAP_OUTCOME_LIVE;
+      int r = replace_stale (rt, store, id, egress, info, err);
+      if (r < 0)
+        return err->status == EEXIST || err->status == ENOENT ? (err_release (err), 0) : -1;
+      if (r > 0 && made (ctx, id, err) < 0)
+        return -1;
+      *outcome = r > 0 ? SNAP_OUTCOME_RESTORED : SNAP_OUTCOME_LIVE;
       return 1;
     }
   err_release (err);

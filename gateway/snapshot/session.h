@@ -66,7 +66,15 @@ typedef enum snap_outcome_e
  * gone) and ends the connect with that error. */
 typedef int (*snap_made_fn) (void *ctx, const char *id, err_t *err);
 
-/* Connects to sandbox `id`: live → renewed; else restored from its stored
+/* Whether the live sandbox of `info` is a stale copy: the store holds a
+ * version of its snapshot that another copy wrote after this one was
+ * restored from or persisted its own (or, for a copy that has neither,
+ * written after it was created). 1 stale, 0 not (or no snapshot), -1 the
+ * store could not tell; *now is the stored version. */
+int snap_copy_stale (snap_store_t *store, const sbx_info_t *info, snap_gen_t *now, err_t *err);
+
+/* Connects to sandbox `id`: live → renewed, or, when it is a stale copy
+ * (snap_copy_stale), replaced by the stored snapshot; else restored from its stored
  * snapshot; else created, with `create` (without: ENOENT). EAGAIN when it
  * kept changing under three tries. */
 int snap_connect (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool allow_egress, bool create,

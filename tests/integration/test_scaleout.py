@@ -422,3 +422,38 @@ def test_restore_on_miss_restores_a_sandbox_its_owner_does_not_hold_and_only_tha
         assert saved not in holders(gws)
     finally:
         delete_everywhere(gws)
+
+
+# --- a copy left behind -----------------------------------------------------------------
+
+def test_a_gateway_that_comes_back_gives_way_to_the_snapshot_written_while_it_was_out(gateways, store):
+    gws = start_gateways(gateways, 3, store)
+    shim = list_shim(gateways, ",".join(g.target for g in gws))
+    ids = [new_id("back") for _ in range(30)]
+    launch_all(shim, ids)
+    hung = gws[2]
+    try:
+        held = holders(gws)
+        mine = [sid for sid in ids if held[sid] == [2]]
+        assert mine
+        in_parallel(lambda sid: write_file(shim, sid, f"before-{sid}"), mine)
+        in_parallel(lambda sid: persist(shim, sid), mine)
+        os.kill(hung.pid, signal.SIGSTOP)
+        try:
+            assert wait_until(lambda: gateway_state(shim, hung.target) == 0, 15), metrics(shim)
+            # A turn elsewhere: connect restores, work, persist.
+            assert in_parallel(lambda sid: connect(shim, sid), mine) == ["restored"] * len(mine)
+            in_parallel(lambda sid: write_file(shim, sid, f"elsewhere-{sid}"), mine)
+            in_parallel(lambda sid: persist(shim, sid), mine)
+        finally:
+            os.kill(hung.pid, signal.SIGCONT)
+        assert wait_until(lambda: gateway_state(shim, hung.target) == 1, 15), metrics(shim)
+        # Routed to the returning gateway again, whose copies are older than
+        # the snapshots: the next turn's connect replaces them.
+        assert in_parallel(lambda sid: connect(shim, sid), mine) == ["restored"] * len(mine)
+        assert in_parallel(lambda sid: read_file(shim, sid), mine) == [f"elsewhere-{sid}" for sid in mine]
+        # Its own copies it persisted itself stay live.
+        assert in_parallel(lambda sid: connect(shim, sid), mine) == ["live"] * len(mine)
+        assert "gives way to that snapshot" in hung.describe()
+    finally:
+        delete_everywhere(gws)
