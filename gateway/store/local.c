@@ -246,6 +246,7 @@ static const snap_store_ops_t local_ops = {
     .reader_close = local_reader_close,
     .remove = local_remove,
     .exists = local_exists,
+    .cancel_all = NULL, /* local writes end on their own */
     .destroy = local_destroy,
 };
 

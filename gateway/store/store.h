@@ -46,6 +46,12 @@ typedef struct snap_store_ops_s
   int (*remove) (snap_store_t *store, const char *object, err_t *err);
   /* True (1) when `object` exists, 0 when not, -1 with *err. */
   int (*exists) (snap_store_t *store, const char *object, err_t *err);
+  /* Makes every request under way, and every later one, fail within about
+   * a second instead of waiting for the network or retrying: for a
+   * shutdown whose grace has ended. An upload so failed is never committed.
+   * Any thread. NULL when the store's operations are local (they end on
+   * their own). */
+  void (*cancel_all) (snap_store_t *store);
   void (*destroy) (snap_store_t *store);
 } snap_store_ops_t;
 
