@@ -19,7 +19,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 43
+#define N_VARS 44
 
 /* The table of variables, with targets in *c. */
 static void
@@ -52,6 +52,10 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        "on SIGTERM, persist every live sandbox to the snapshot store before deleting it (true/false); unset: "
        "true when SANDBOX_SNAPSHOT_DIR or CLOUD_RUN_SANDBOX_GCS_BUCKET is set, false with the default store",
        0, 0, &c->persist_on_shutdown_text, NULL, false},
+      {"SANDBOX_GATEWAY_NAME", CFG_STRING, NULL,
+       "this gateway's name, in Status and the start-up log (printable ASCII, no spaces, at most 253 "
+       "characters); unset: the host name",
+       0, 0, &c->gateway_name, NULL, false},
       {"SANDBOX_TLS_CERT", CFG_STRING, NULL, "PEM certificate chain; with SANDBOX_TLS_KEY, serve TLS", 0, 0,
        &c->tls_cert, NULL, false},
       {"SANDBOX_TLS_KEY", CFG_STRING, NULL, "PEM private key for SANDBOX_TLS_CERT", 0, 0, &c->tls_key, NULL, false},
@@ -216,6 +220,33 @@ parse_persist_on_shutdown (gw_config_t *c, err_t *err)
   return 0;
 }
 
+/* SANDBOX_GATEWAY_NAME, checked, else the host name (in a StatefulSet, the
+ * pod's stable name). */
+static int
+set_gateway_name (gw_config_t *c, err_t *err)
+{
+  if (c->gateway_name == NULL)
+    {
+      char host[GW_NAME_MAX + 2] = "";
+      if (gethostname (host, sizeof host - 1) < 0)
+        return err_make_sys (err, errno, "SANDBOX_GATEWAY_NAME is unset and the host name cannot be read");
+      c->gateway_name = strdup (host);
+      return c->gateway_name == NULL ? err_make (err, ENOMEM, "out of memory") : 0;
+    }
+  size_t n = strlen (c->gateway_name);
+  if (n > GW_NAME_MAX)
+    return err_make (err, EINVAL, "SANDBOX_GATEWAY_NAME: %zu characters, more than %d", n, GW_NAME_MAX);
+  /* The value is not quoted back: it may not be text at all. */
+  for (size_t i = 0; i < n; i++)
+    {
+      unsigned char ch = (unsigned char) c->gateway_name[i];
+      if (ch <= ' ' || ch >= 0x7f)
+        return err_make (err, EINVAL, "SANDBOX_GATEWAY_NAME: byte %zu of %zu is not printable ASCII (or is a space)",
+                         i + 1, n);
+    }
+  return 0;
+}
+
 long
 gw_default_max_sandboxes (long cap)
 {
@@ -295,7 +326,7 @@ gw_config_load (gw_config_t *c, err_t *err)
     }
   /* Read before the default store's directory is filled in: persisting on
    * shutdown follows an explicit choice of store. */
-  if (parse_persist_on_shutdown (c, err) < 0)
+  if (parse_persist_on_shutdown (c, err) < 0 || set_gateway_name (c, err) < 0)
     return -1;
   if (c->snapshot_dir == NULL && asprintf (&c->snapshot_dir, "%s/snapshots", c->state_dir) < 0)
     return err_make (err, ENOMEM, "out of memory");

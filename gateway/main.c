@@ -122,7 +122,7 @@ start (gateway_t *g, err_t *err)
       .tls_key_file = c->tls_key,
       .tls_ca_file = c->tls_client_ca,
   };
-  api_ctx_t ctx = {.secret = c->secret, .rt = g->rt, .store = g->store};
+  api_ctx_t ctx = {.secret = c->secret, .rt = g->rt, .store = g->store, .gateway_name = c->gateway_name};
   if (rpc_server_new (&opts, &g->server, err) < 0 || api_register (g->server, &ctx, &g->api, err) < 0
       || health_register (g->server, served_services, err) < 0
       || reflection_register (g->server, gateway_descriptor_set, gateway_descriptor_set_len, err) < 0)
@@ -235,8 +235,9 @@ main (int argc, char **argv)
       return 1;
     }
   log_fields (SEV_INFO,
-              json_pack ("{s:s, s:i, s:b, s:b}", "address", g.cfg.listen, "port", g.port, "tls",
-                         g.cfg.tls_cert != NULL, "persist_on_shutdown", g.cfg.persist_on_shutdown),
+              json_pack ("{s:s, s:i, s:b, s:s, s:b}", "address", g.cfg.listen, "port", g.port, "tls",
+                         g.cfg.tls_cert != NULL, "gateway_name", g.cfg.gateway_name, "persist_on_shutdown",
+                         g.cfg.persist_on_shutdown),
               "listening");
 
   int sig = 0;

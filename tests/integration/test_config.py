@@ -24,6 +24,7 @@ VARIABLES_AND_DEFAULTS = {
     "SANDBOX_TLS_KEY": None,
     "SANDBOX_TLS_CLIENT_CA": None,
     "SANDBOX_PERSIST_ON_SHUTDOWN": None,
+    "SANDBOX_GATEWAY_NAME": None,
 }
 
 
@@ -58,6 +59,8 @@ def test_help_lists_every_variable_with_its_default_and_exits_zero():
     ("SANDBOX_SHUTDOWN_GRACE_SECONDS", "3601"),  # --help documents 0..3600
     ("SANDBOX_PERSIST_ON_SHUTDOWN", "maybe"),
     ("SANDBOX_PERSIST_ON_SHUTDOWN", "2"),
+    ("SANDBOX_GATEWAY_NAME", "two words"),
+    ("SANDBOX_GATEWAY_NAME", "x" * 254),
 ])
 def test_bad_value_is_refused_at_start_naming_the_variable(var, value):
     env = gateway_env({var: value}, secret="s")
