@@ -19,7 +19,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 42
+#define N_VARS 44
 
 /* The table of variables, with targets in *c. */
 static void
@@ -45,8 +45,17 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        &c->first_message_seconds, NULL, false},
       {"SANDBOX_SHUTDOWN_GRACE_SECONDS", CFG_INT, "10",
        "on SIGTERM (health turns NOT_SERVING, new calls get UNAVAILABLE \"shutting down\"), how long calls in "
-       "flight may run before they are cancelled; the gateway exits as soon as none is left",
+       "flight may run before they are cancelled, and with SANDBOX_PERSIST_ON_SHUTDOWN how long persisting "
+       "may take (calls get a quarter of it); the gateway exits as soon as nothing is left",
        0, 3600, &c->grace_seconds, NULL, false},
+      {"SANDBOX_PERSIST_ON_SHUTDOWN", CFG_STRING, NULL,
+       "on SIGTERM, persist every live sandbox to the snapshot store before deleting it (true/false); unset: "
+       "true when SANDBOX_SNAPSHOT_DIR or CLOUD_RUN_SANDBOX_GCS_BUCKET is set, false with the default store",
+       0, 0, &c->persist_on_shutdown_text, NULL, false},
+      {"SANDBOX_GATEWAY_NAME", CFG_STRING, NULL,
+       "this gateway's name, in Status and the start-up log (printable ASCII, no spaces, at most 253 "
+       "characters); unset: the host name",
+       0, 0, &c->gateway_name, NULL, false},
       {"SANDBOX_TLS_CERT", CFG_STRING, NULL, "PEM certificate chain; with SANDBOX_TLS_KEY, serve TLS", 0, 0,
        &c->tls_cert, NULL, false},
       {"SANDBOX_TLS_KEY", CFG_STRING, NULL, "PEM private key for SANDBOX_TLS_CERT", 0, 0, &c->tls_key, NULL, false},
@@ -192,6 +201,52 @@ parse_volumes (gw_config_t *c, err_t *err)
   return 0;
 }
 
+/* SANDBOX_PERSIST_ON_SHUTDOWN: a boolean, or unset: on when the operator
+ * chose a store (a directory or a bucket), off with the default directory
+ * under the state directory, which goes with the machine anyway. */
+static int
+parse_persist_on_shutdown (gw_config_t *c, err_t *err)
+{
+  if (c->persist_on_shutdown_text == NULL)
+    {
+      c->persist_on_shutdown = c->snapshot_dir != NULL || c->gcs_bucket != NULL;
+      return 0;
+    }
+  if (cfg_parse_bool (c->persist_on_shutdown_text, &c->persist_on_shutdown) < 0)
+    return err_make (err, EINVAL,
+                     "SANDBOX_PERSIST_ON_SHUTDOWN: `%s` is not a boolean (true/false; unset: true when "
+                     "SANDBOX_SNAPSHOT_DIR or CLOUD_RUN_SANDBOX_GCS_BUCKET is set)",
+                     c->persist_on_shutdown_text);
+  return 0;
+}
+
+/* SANDBOX_GATEWAY_NAME, checked, else the host name (in a StatefulSet, the
+ * pod's stable name). */
+static int
+set_gateway_name (gw_config_t *c, err_t *err)
+{
+  if (c->gateway_name == NULL)
+    {
+      char host[GW_NAME_MAX + 2] = "";
+      if (gethostname (host, sizeof host - 1) < 0)
+        return err_make_sys (err, errno, "SANDBOX_GATEWAY_NAME is unset and the host name cannot be read");
+      c->gateway_name = strdup (host);
+      return c->gateway_name == NULL ? err_make (err, ENOMEM, "out of memory") : 0;
+    }
+  size_t n = strlen (c->gateway_name);
+  if (n > GW_NAME_MAX)
+    return err_make (err, EINVAL, "SANDBOX_GATEWAY_NAME: %zu characters, more than %d", n, GW_NAME_MAX);
+  /* The value is not quoted back: it may not be text at all. */
+  for (size_t i = 0; i < n; i++)
+    {
+      unsigned char ch = (unsigned char) c->gateway_name[i];
+      if (ch <= ' ' || ch >= 0x7f)
+        return err_make (err, EINVAL, "SANDBOX_GATEWAY_NAME: byte %zu of %zu is not printable ASCII (or is a space)",
+                         i + 1, n);
+    }
+  return 0;
+}
+
 long
 gw_default_max_sandboxes (long cap)
 {
@@ -269,6 +324,10 @@ gw_config_load (gw_config_t *c, err_t *err)
       if (asprintf (&c->helper, "%s/sandbox-helper", self) < 0)
         return err_make (err, ENOMEM, "out of memory");
     }
+  /* Read before the default store's directory is filled in: persisting on
+   * shutdown follows an explicit choice of store. */
+  if (parse_persist_on_shutdown (c, err) < 0 || set_gateway_name (c, err) < 0)
+    return -1;
   if (c->snapshot_dir == NULL && asprintf (&c->snapshot_dir, "%s/snapshots", c->state_dir) < 0)
     return err_make (err, ENOMEM, "out of memory");
   if (strstr (c->snapshot_prefix, "..") != NULL || c->snapshot_prefix[0] == '/')

@@ -4,7 +4,8 @@
  * common/config.h); gw_config_load() reads it, checks what the table cannot
  * (addresses, paths, pairs that go together, the volume list) and derives
  * what the runtime needs (CPU millis, volumes, paths hidden from
- * sandboxes, the unpacker's path). A unit of its own so tests can drive it.
+ * sandboxes, the unpacker's path), whether to persist sandboxes on
+ * shutdown, and the gateway's name. A unit of its own so tests can drive it.
  *
  * Threading: start-up only, before any thread exists (it reads the
  * environment and sets the log level).
@@ -22,6 +23,8 @@
 #define GW_MAX_VOLUMES 32
 /* Host paths hidden inside sandboxes: state, snapshots, TLS key, credentials. */
 #define GW_MAX_MASKS 4
+/* Longest SANDBOX_GATEWAY_NAME: a DNS name's length. */
+#define GW_NAME_MAX 253
 
 typedef struct gw_config_s
 {
@@ -33,6 +36,8 @@ typedef struct gw_config_s
   long max_open_calls;
   long first_message_seconds;
   long grace_seconds;
+  char *persist_on_shutdown_text; /* SANDBOX_PERSIST_ON_SHUTDOWN as given, or NULL */
+  char *gateway_name;             /* SANDBOX_GATEWAY_NAME, else the host name */
   char *tls_cert;
   char *tls_key;
   char *tls_client_ca;
@@ -69,6 +74,7 @@ typedef struct gw_config_s
   bool idle_counts_processes;
 
   /* Derived by gw_config_load. */
+  bool persist_on_shutdown;            /* SANDBOX_PERSIST_ON_SHUTDOWN, or whether a store was chosen */
   long cpu_millis;                     /* 0: unlimited */
   char *volumes[GW_MAX_VOLUMES + 1];   /* "host:sandbox[:ro]", NULL-terminated */
   const char *masks[GW_MAX_MASKS + 1]; /* NULL-terminated, borrowed from fields above */

@@ -4,8 +4,10 @@
  * --help), serves sandbox.v1.Sandbox (api/), grpc.health.v1.Health and
  * server reflection, and shuts down gracefully on SIGTERM or SIGINT: health
  * turns NOT_SERVING, new sandbox calls are answered UNAVAILABLE "shutting
- * down", calls in flight get SANDBOX_SHUTDOWN_GRACE_SECONDS to finish, the
- * rest are cancelled; it exits as soon as none is left.
+ * down", calls in flight get SANDBOX_SHUTDOWN_GRACE_SECONDS to finish (a
+ * quarter of it with SANDBOX_PERSIST_ON_SHUTDOWN, whose persist of every
+ * live sandbox gets the rest), the rest are cancelled, and the sandboxes
+ * are deleted; it exits as soon as nothing is left.
  *
  * Threading: signals are blocked before any thread starts and taken with
  * sigwait() on the main thread; everything else runs on the call layer's
@@ -27,6 +29,7 @@
 #include "gateway/api/reflection.h"
 #include "gateway/config.h"
 #include "gateway/runtime/runtime.h"
+#include "gateway/snapshot/drain.h"
 #include "gateway/store/open.h"
 
 extern const unsigned char gateway_descriptor_set[];
@@ -119,7 +122,7 @@ start (gateway_t *g, err_t *err)
       .tls_key_file = c->tls_key,
       .tls_ca_file = c->tls_client_ca,
   };
-  api_ctx_t ctx = {.secret = c->secret, .rt = g->rt, .store = g->store};
+  api_ctx_t ctx = {.secret = c->secret, .rt = g->rt, .store = g->store, .gateway_name = c->gateway_name};
   if (rpc_server_new (&opts, &g->server, err) < 0 || api_register (g->server, &ctx, &g->api, err) < 0
       || health_register (g->server, served_services, err) < 0
       || reflection_register (g->server, gateway_descriptor_set, gateway_descriptor_set_len, err) < 0)
@@ -149,6 +152,42 @@ stop (gateway_t *g)
   reflection_release ();
   rpc_shutdown ();
   gw_config_release (&g->cfg);
+}
+
+/* The shutdown as it has always been: calls in flight get the whole grace,
+ * then the sandboxes are deleted (by stop). */
+static void
+shut_down (gateway_t *g)
+{
+  int64_t rest_ms = rpc_server_drain (g->server, g->cfg.grace_seconds * 1000);
+  sbx_runtime_stop (g->rt);
+  rpc_server_shutdown (g->server, rest_ms);
+}
+
+/* SANDBOX_PERSIST_ON_SHUTDOWN: calls in flight get at most a quarter of the
+ * grace, then every live sandbox is persisted within what is left of it;
+ * the sandboxes are deleted afterwards (by stop) whatever the outcome.
+ *
+ * Why a quarter: a call still running is at most one command's worth of
+ * work, which a client can run again; the sandboxes' files are all the
+ * work done in them, and persisting them takes time in proportion to their
+ * number and size, which a call's does not. The drain returns as soon as
+ * calls are done, and the persist gets whatever it leaves. Calls that are
+ * still running (an exec; a Delete, which the persist notices) go on while
+ * sandboxes are persisted, each sandbox frozen while it is read, and are
+ * cancelled once the persist is over; new sandbox calls are still answered
+ * UNAVAILABLE "shutting down" meanwhile, and health keeps saying
+ * NOT_SERVING. Launches in flight are stopped first, so that the list of
+ * sandboxes to persist is final. */
+static void
+shut_down_persisting (gateway_t *g, int64_t signalled_ms)
+{
+  int64_t deadline_ms = signalled_ms + g->cfg.grace_seconds * 1000;
+  int64_t rest_ms = rpc_server_drain (g->server, g->cfg.grace_seconds * 1000 / 4);
+  sbx_runtime_stop (g->rt);
+  snap_drain (g->rt, g->store, deadline_ms, NULL);
+  int64_t left_ms = deadline_ms - snap_drain_now_ms ();
+  rpc_server_shutdown (g->server, rest_ms < left_ms ? rest_ms : (left_ms > 0 ? left_ms : 0));
 }
 
 int
@@ -196,23 +235,30 @@ main (int argc, char **argv)
       return 1;
     }
   log_fields (SEV_INFO,
-              json_pack ("{s:s, s:i, s:b}", "address", g.cfg.listen, "port", g.port, "tls", g.cfg.tls_cert != NULL),
+              json_pack ("{s:s, s:i, s:b, s:s, s:b}", "address", g.cfg.listen, "port", g.port, "tls",
+                         g.cfg.tls_cert != NULL, "gateway_name", g.cfg.gateway_name, "persist_on_shutdown",
+                         g.cfg.persist_on_shutdown),
               "listening");
 
   int sig = 0;
   sigwait (&sigs, &sig);
+  int64_t signalled_ms = snap_drain_now_ms ();
   log_fields (SEV_INFO,
-              json_pack ("{s:s, s:i}", "signal", strsignal (sig), "grace_seconds", (int) g.cfg.grace_seconds),
+              json_pack ("{s:s, s:i, s:b}", "signal", strsignal (sig), "grace_seconds", (int) g.cfg.grace_seconds,
+                         "persist_on_shutdown", g.cfg.persist_on_shutdown),
               "shutting down");
   /* Health turns NOT_SERVING at once (load balancers stop sending); new
    * sandbox calls are answered UNAVAILABLE "shutting down" while those in
-   * flight finish, for up to the grace; what is left of it goes to the
-   * rest (health Watch, reflection), then anything still running is
-   * cancelled. */
+   * flight finish, for up to the grace (or a part of it, see
+   * shut_down_persisting); what is left of it goes to the rest (health
+   * Watch, reflection), then anything still running is cancelled. The exit
+   * status is 0 even when persists failed: each failure is logged as an
+   * error, and a restart would not bring the sandboxes back. */
   health_shutdown ();
-  int64_t rest_ms = rpc_server_drain (g.server, g.cfg.grace_seconds * 1000);
-  sbx_runtime_stop (g.rt);
-  rpc_server_shutdown (g.server, rest_ms);
+  if (g.cfg.persist_on_shutdown)
+    shut_down_persisting (&g, signalled_ms);
+  else
+    shut_down (&g);
   stop (&g);
   log_msg (SEV_INFO, "stopped");
   return 0;

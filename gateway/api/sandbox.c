@@ -200,6 +200,7 @@ api_status (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   resp.max_sandboxes = (uint32_t) cfg->max_sandboxes;
   resp.store = (char *) (ctx->store != NULL ? ctx->store->kind : "");
   resp.user_namespaces = cfg->userns;
+  resp.gateway_name = (char *) (ctx->gateway_name != NULL ? ctx->gateway_name : "");
   char *warnings[2];
   if (!cfg->userns)
     warnings[resp.n_warnings++] = (char *) "SANDBOX_USERNS is off: sandbox root is host root, and an escape from a "

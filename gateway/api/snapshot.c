@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/cleanup.h"
+#include "common/log.h"
 #include "gateway/api/internal.h"
 #include "gateway/snapshot/session.h"
 
@@ -205,9 +206,13 @@ api_persist (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   Sandbox__V1__PersistSnapshotRequest *req = (Sandbox__V1__PersistSnapshotRequest *) m;
   snap_persisted_t done;
   snap_canceller_t stop = {cancel_call, call};
-  if (snap_persist (ctx->rt, ctx->store, req->sandbox_id, persist_progress, call, &stop, &done, err) < 0)
+  if (snap_persist (ctx->rt, ctx->store, req->sandbox_id, persist_progress, call, &stop, NULL, &done, err) < 0)
     return -1;
   cleanup_free char *object = done.object;
+  log_fields (SEV_INFO,
+              json_pack ("{s:s, s:s, s:s, s:I}", "sandbox_id", req->sandbox_id, "store", ctx->store->kind, "object",
+                         object, "bytes", (json_int_t) done.bytes),
+              "snapshot persisted");
   Sandbox__V1__PersistProgress ev = SANDBOX__V1__PERSIST_PROGRESS__INIT;
   ev.bytes_written = done.bytes;
   ev.done = true;

@@ -3,6 +3,7 @@
 #include "gateway/snapshot/session.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +69,7 @@ typedef struct persist_job_s
   snap_writer_t *w;
   snap_progress_fn progress;
   void *ctx;
+  const atomic_bool *abort;
   uint64_t written;
   uint64_t reported;
 } persist_job_t;
@@ -76,6 +78,8 @@ static int
 persist_sink (void *ctx, const uint8_t *data, size_t len, err_t *err)
 {
   persist_job_t *p = ctx;
+  if (p->abort != NULL && atomic_load (p->abort))
+    return err_make (err, ECANCELED, "persist cancelled after %" PRIu64 " bytes", p->written);
   if (p->store->ops->writer_write (p->w, data, len, err) < 0)
     return -1;
   p->written += len;
@@ -85,18 +89,21 @@ persist_sink (void *ctx, const uint8_t *data, size_t len, err_t *err)
   return p->progress (p->ctx, p->written, err); /* -1: do not finish its upload */
 }
 
-/* Commits the persist's object (the writer is freed either way). */
+/* Commits the persist's object (the writer is freed either way), unless
+ * the persist was cancelled meanwhile (the writer is then left to abort). */
 static int
 commit_in_layer (const sbx_layer_t *layer, void *ctx, err_t *err)
 {
   persist_job_t *p = ctx;
+  if (p->abort != NULL && atomic_load (p->abort))
+    return err_make (err, ECANCELED, "persist cancelled before its commit, after %" PRIu64 " bytes", p->written);
   snap_writer_t *w = take_ptr (&p->w);
   return p->store->ops->writer_commit (w, err);
 }
 
 int
 snap_persist (sbx_runtime_t *rt, snap_store_t *store, const char *id, snap_progress_fn progress, void *ctx,
-              const snap_canceller_t *stop, snap_persisted_t *out, err_t *err)
+              const snap_canceller_t *stop, const atomic_bool *abort, snap_persisted_t *out, err_t *err)
 {
   *out = (snap_persisted_t){0};
   if (!sbx_id_valid (id))
@@ -104,7 +111,7 @@ snap_persist (sbx_runtime_t *rt, snap_store_t *store, const char *id, snap_progr
   cleanup_free char *object = snap_object_name (store, id);
   if (object == NULL)
     return err_make (err, ENOMEM, "out of memory");
-  persist_job_t p = {.store = store, .progress = progress, .ctx = ctx};
+  persist_job_t p = {.store = store, .progress = progress, .ctx = ctx, .abort = abort};
   if (store->ops->writer_open (store, object, &p.w, err) < 0)
     return -1;
   if (snap_export_stoppable (rt, id, &(snap_export_opts_t){.compression = SNAP_COMPRESSION_NONE}, persist_sink, &p,
@@ -131,10 +138,6 @@ snap_persist (sbx_runtime_t *rt, snap_store_t *store, const char *id, snap_progr
     sbx_set_store_gen (rt, id, gen.gen);
   else
     err_warn_release (&serr, "persist `%s`: cannot read back the version written", id);
-  log_fields (SEV_INFO,
-              json_pack ("{s:s, s:s, s:s, s:I, s:s}", "sandbox_id", id, "store", store->kind, "object", object,
-                         "bytes", (json_int_t) p.written, "generation", gen.gen),
-              "snapshot persisted");
   out->bytes = p.written;
   out->object = take_ptr (&object);
   return 0;

@@ -9,6 +9,7 @@
 #ifndef SBX_GATEWAY_SNAPSHOT_SESSION_H
 #define SBX_GATEWAY_SNAPSHOT_SESSION_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -51,9 +52,12 @@ typedef struct snap_persisted_s
 } snap_persisted_t;
 
 /* Writes sandbox `id`'s layer to the store under its object name; the
- * object appears only once complete. */
+ * object appears only once complete. `abort` (may be NULL), once true
+ * (any thread), fails the persist with ECANCELED before its next piece is
+ * stored or before its commit, whichever comes first: nothing is
+ * committed (a commit already under way completes). */
 int snap_persist (sbx_runtime_t *rt, snap_store_t *store, const char *id, snap_progress_fn progress, void *ctx,
-                  const snap_canceller_t *stop, snap_persisted_t *out, err_t *err);
+                  const snap_canceller_t *stop, const atomic_bool *abort, snap_persisted_t *out, err_t *err);
 
 typedef enum snap_outcome_e
 {

@@ -266,6 +266,7 @@ static const snap_store_ops_t local_ops = {
     .remove = local_remove,
     .exists = local_exists,
     .stat = local_stat,
+    .cancel_all = NULL, /* local writes end on their own */
     .destroy = local_destroy,
 };
 

@@ -58,6 +58,12 @@ typedef struct snap_store_ops_s
   /* As exists, and fills *out with the version that exists (zeroed when
    * none). */
   int (*stat) (snap_store_t *store, const char *object, snap_gen_t *out, err_t *err);
+  /* Makes every request under way, and every later one, fail within about
+   * a second instead of waiting for the network or retrying: for a
+   * shutdown whose grace has ended. An upload so failed is never committed.
+   * Any thread. NULL when the store's operations are local (they end on
+   * their own). */
+  void (*cancel_all) (snap_store_t *store);
   void (*destroy) (snap_store_t *store);
 } snap_store_ops_t;
 

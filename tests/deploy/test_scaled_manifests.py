@@ -11,7 +11,7 @@ each other and with the programs (docs/deploy.md, "Scaling out").
 - Services and PodDisruptionBudgets select the pods they are meant for;
 - every environment variable any manifest (Kubernetes and Cloud Run) sets
   is one the program it reaches knows (its --help, or the entrypoint's
-  own), except those in PENDING.
+  own).
 
 Binaries: SANDBOX_GATEWAY_BIN and SANDBOX_SHIM_BIN, else the plain build
 under bazel-out/k8-fastbuild/bin (as test_docs.py; `bazel build //...`).
@@ -38,18 +38,6 @@ PROGRAMS = {
     "shim": Path(os.environ.get("SANDBOX_SHIM_BIN") or PLAIN_BIN / "shim" / "sandbox-shim"),
 }
 
-# Variables the manifests set that the programs of this branch do not know
-# yet: the shim's routing over several gateways and the gateway's persist
-# on shutdown and name, implemented elsewhere. To be removed (emptied) once
-# they are in both programs' --help.
-PENDING = {
-    "SHIM_GATEWAYS",
-    "SHIM_GATEWAYS_REFRESH_SECONDS",
-    "SHIM_GATEWAYS_HEALTH_SECONDS",
-    "SHIM_RESTORE_ON_MISS",
-    "SANDBOX_PERSIST_ON_SHUTDOWN",
-    "SANDBOX_GATEWAY_NAME",
-}
 
 
 # ---- reading the manifests ------------------------------------------------------------
@@ -300,6 +288,6 @@ def test_every_variable_set_is_known_to_its_program(known):
                 # A downward-API value used only to build others ($(NAME)).
                 if "fieldRef" in e.get("valueFrom", {}) and f"$({name})" in values:
                     continue
-                if name not in known[mode] and name not in PENDING:
+                if name not in known[mode]:
                     unknown.setdefault(where, []).append(name)
     assert not unknown, f"variables no program of the container knows: {unknown}"

@@ -23,6 +23,8 @@ VARIABLES_AND_DEFAULTS = {
     "SANDBOX_TLS_CERT": None,
     "SANDBOX_TLS_KEY": None,
     "SANDBOX_TLS_CLIENT_CA": None,
+    "SANDBOX_PERSIST_ON_SHUTDOWN": None,
+    "SANDBOX_GATEWAY_NAME": None,
 }
 
 
@@ -55,6 +57,10 @@ def test_help_lists_every_variable_with_its_default_and_exits_zero():
     ("SANDBOX_SHUTDOWN_GRACE_SECONDS", "abc"),
     ("SANDBOX_SHUTDOWN_GRACE_SECONDS", "-1"),
     ("SANDBOX_SHUTDOWN_GRACE_SECONDS", "3601"),  # --help documents 0..3600
+    ("SANDBOX_PERSIST_ON_SHUTDOWN", "maybe"),
+    ("SANDBOX_PERSIST_ON_SHUTDOWN", "2"),
+    ("SANDBOX_GATEWAY_NAME", "two words"),
+    ("SANDBOX_GATEWAY_NAME", "x" * 254),
 ])
 def test_bad_value_is_refused_at_start_naming_the_variable(var, value):
     env = gateway_env({var: value}, secret="s")
@@ -85,6 +91,16 @@ def test_bad_shim_value_is_refused_at_start_naming_the_variable(var, value):
         pytest.fail(f"{var}={value!r} was accepted: the shim kept running\n{stderr}")
     assert result.returncode != 0, f"{var}={value!r} was accepted:\n{result.stderr}"
     assert var in result.stderr, f"the error does not name {var}:\n{result.stderr}"
+
+
+def test_a_bad_persist_on_shutdown_is_refused_saying_what_it_takes():
+    env = gateway_env({"SANDBOX_PERSIST_ON_SHUTDOWN": "sometimes"}, secret="s")
+    result = run_to_completion([require_gateway_binary()], env, timeout=10)
+    assert result.returncode == 2, result.stderr
+    records = assert_all_json_lines(result.stderr.splitlines())
+    errors = [r["message"] for r in records if r["severity"] == "ERROR"]
+    assert len(errors) == 1, result.stderr
+    assert "SANDBOX_PERSIST_ON_SHUTDOWN: `sometimes` is not a boolean (true/false" in errors[0], errors
 
 
 def test_tls_files_that_do_not_exist_are_refused_at_start(tmp_path):

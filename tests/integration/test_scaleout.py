@@ -457,3 +457,46 @@ def test_a_gateway_that_comes_back_gives_way_to_the_snapshot_written_while_it_wa
         assert "gives way to that snapshot" in hung.describe()
     finally:
         delete_everywhere(gws)
+
+
+def test_sigterm_does_not_persist_a_copy_left_behind_over_a_newer_snapshot(gateways, store):
+    from tests.lib.client import pb
+    old, new = start_gateways(gateways, 2, store, {"SANDBOX_PERSIST_ON_SHUTDOWN": "true",
+                                                    "SANDBOX_SHUTDOWN_GRACE_SECONDS": "60"})
+    a, b = SandboxClient(old), SandboxClient(new)
+    moved, kept, fresh = new_id("moved"), new_id("kept"), new_id("fresh")
+    # `moved` lived on `old`, was persisted, then served by `new` (which
+    # restored it and persisted its own work): `old` keeps a stale copy with
+    # an unsaved change of its own.
+    a.launch(moved)
+    a.ok(moved, "echo old > /root/state")
+    a.persist(moved)
+    assert b.connect(moved).outcome == pb.ConnectResponse.OUTCOME_RESTORED
+    b.ok(moved, "echo new > /root/state")
+    b.persist(moved)
+    a.ok(moved, "echo stale > /root/state")
+    # `kept` lives only on `old`, with unsaved work: persisted as ever.
+    a.launch(kept)
+    a.ok(kept, "echo kept > /root/state")
+    # `fresh` has an old snapshot from an earlier life (persisted, deleted
+    # without it), and a new sandbox under its id on `old`: the new one wins.
+    b.launch(fresh)
+    b.ok(fresh, "echo earlier > /root/state")
+    b.persist(fresh)
+    b.delete(fresh)
+    time.sleep(0.05)
+    a.launch(fresh)
+    a.ok(fresh, "echo later > /root/state")
+
+    old.send_signal(signal.SIGTERM)
+    assert old.wait(90) == 0, old.describe()
+    old.signalled = True
+    outcome = {r["sandbox_id"]: r["outcome"] for r in old.logs.find(lambda r: "outcome" in r and "sandbox_id" in r)}
+    assert outcome == {moved: "stale", kept: "persisted", fresh: "persisted"}, outcome
+
+    b.delete(moved)
+    for sid, text in ((moved, "new"), (kept, "kept"), (fresh, "later")):
+        assert b.connect(sid).outcome == pb.ConnectResponse.OUTCOME_RESTORED
+        assert b.sh_out(sid, "cat /root/state").strip() == text, sid
+    for sid in (moved, kept, fresh):
+        b.delete(sid, delete_snapshot=True)

@@ -10,8 +10,8 @@
  * (parse.c).
  *
  * Threading: curl's global initialisation runs once, under pthread_once.
- * The store's fields never change after gcs_store_new; its token cache and
- * curl share handle lock themselves. Each writer and reader has its own curl
+ * The store's fields never change after gcs_store_new but for the cancel
+ * flag (atomic); its token cache and curl share handle lock themselves. Each writer and reader has its own curl
  * handle and belongs to the thread that opened it.
  */
 #include "gateway/store/gcs/gcs.h"
@@ -57,6 +57,12 @@ gcs_destroy (snap_store_t *store)
   free (s);
 }
 
+static void
+gcs_cancel_all (snap_store_t *store)
+{
+  gcs_net_cancel (&((gcs_store_t *) store)->net);
+}
+
 static const snap_store_ops_t gcs_ops = {
     .writer_open = gcs_writer_open,
     .writer_write = gcs_writer_write,
@@ -68,6 +74,7 @@ static const snap_store_ops_t gcs_ops = {
     .remove = gcs_remove,
     .exists = gcs_exists,
     .stat = gcs_stat,
+    .cancel_all = gcs_cancel_all,
     .destroy = gcs_destroy,
 };
 

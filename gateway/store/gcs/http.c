@@ -15,6 +15,7 @@
 
 #define BODY_MAX_DEFAULT (64 * 1024)
 #define DESCRIBE_MAX 240
+#define RETRY_SLICE_MS 100 /* a retry's wait looks for a cancel this often */
 
 uint64_t
 gcs_now_ms (void)
@@ -60,6 +61,25 @@ gcs_net_init (gcs_net_t *net, err_t *err)
       return err_make (err, EIO, "configure the curl share handle");
     }
   return 0;
+}
+
+void
+gcs_net_cancel (gcs_net_t *net)
+{
+  atomic_store (&net->cancelled, true);
+}
+
+static bool
+net_cancelled (const gcs_net_t *net)
+{
+  return atomic_load ((atomic_bool *) &net->cancelled);
+}
+
+/* curl's progress callback: non-zero aborts the transfer. */
+static int
+on_progress (void *user, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow)
+{
+  return net_cancelled (user) ? 1 : 0;
 }
 
 void
@@ -225,6 +245,9 @@ gcs_http_setup (CURL *h, const gcs_net_t *net, const gcs_req_t *req, gcs_resp_t 
   curl_easy_setopt (h, CURLOPT_WRITEFUNCTION, on_body);
   curl_easy_setopt (h, CURLOPT_WRITEDATA, resp);
   curl_easy_setopt (h, CURLOPT_HTTPHEADER, list);
+  curl_easy_setopt (h, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt (h, CURLOPT_XFERINFOFUNCTION, on_progress);
+  curl_easy_setopt (h, CURLOPT_XFERINFODATA, (void *) net);
   if (strcmp (req->method, "GET") == 0)
     curl_easy_setopt (h, CURLOPT_HTTPGET, 1L);
   else if (strcmp (req->method, "POST") == 0 || strcmp (req->method, "PUT") == 0)
@@ -249,7 +272,8 @@ gcs_http_do (CURL *h, const gcs_net_t *net, const gcs_req_t *req, gcs_resp_t *re
   struct curl_slist *hdrs = NULL;
   if (gcs_http_setup (h, net, req, resp, &hdrs, err) < 0)
     return -1;
-  resp->rc = curl_easy_perform (h);
+  /* Cancelled: not even a connection is made. */
+  resp->rc = net_cancelled (net) ? CURLE_ABORTED_BY_CALLBACK : curl_easy_perform (h);
   curl_slist_free_all (hdrs);
   /* The error buffer lives in resp; curl must not write there any more. */
   curl_easy_setopt (h, CURLOPT_ERRORBUFFER, NULL);
@@ -325,6 +349,8 @@ char *
 gcs_resp_describe (const gcs_resp_t *resp)
 {
   char out[DESCRIBE_MAX + 64] = "";
+  if (resp->rc == CURLE_ABORTED_BY_CALLBACK)
+    return strdup ("cancelled: the gateway is shutting down");
   if (resp->rc != CURLE_OK)
     {
       append_sanitized (out, sizeof out, "connection failed: ", 32);
@@ -370,6 +396,8 @@ gcs_retry_elapsed_s (const gcs_retry_t *r)
 int
 gcs_retry_wait (gcs_retry_t *r)
 {
+  if (net_cancelled (r->net))
+    return -1;
   uint64_t now = gcs_now_ms ();
   if (r->started_ms == 0)
     {
@@ -387,8 +415,15 @@ gcs_retry_wait (gcs_retry_t *r)
   uint64_t next = (uint64_t) r->delay_ms * 2;
   r->delay_ms = (unsigned) (next < r->net->backoff_max_ms ? next : r->net->backoff_max_ms);
   r->attempts++;
-  struct timespec ts = {(time_t) (sleep_ms / 1000), (long) (sleep_ms % 1000) * 1000000L};
-  while (nanosleep (&ts, &ts) < 0 && errno == EINTR)
-    ;
+  /* In slices, so that a cancel ends the wait. */
+  for (uint64_t slept = 0; slept < sleep_ms; slept += RETRY_SLICE_MS)
+    {
+      if (net_cancelled (r->net))
+        return -1;
+      uint64_t ms = sleep_ms - slept < RETRY_SLICE_MS ? sleep_ms - slept : RETRY_SLICE_MS;
+      struct timespec ts = {0, (long) ms * 1000000L};
+      while (nanosleep (&ts, &ts) < 0 && errno == EINTR)
+        ;
+    }
   return 0;
 }

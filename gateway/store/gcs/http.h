@@ -16,6 +16,7 @@
 #define SBX_GATEWAY_GCS_HTTP_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -38,12 +39,21 @@ typedef struct gcs_net_s
    * endpoint be plain http too. Otherwise a bearer token never leaves over
    * plain HTTP. */
   bool plain_http_ok;
+  /* Set once (gcs_net_cancel, any thread): transfers under way abort and
+   * retries stop; every later request fails at once. */
+  atomic_bool cancelled;
 } gcs_net_t;
 
 /* Initialises `net` (fields other than share and locks set by the caller
  * before or after). 0 ok, -1 with *err. */
 int gcs_net_init (gcs_net_t *net, err_t *err);
 void gcs_net_fini (gcs_net_t *net);
+
+/* Makes every exchange on `net` under way fail within about a second (curl
+ * looks at it several times a second while it transfers, at least once a
+ * second while it waits) and every later one fail at once, and ends retry
+ * waits: the gateway is shutting down. Any thread. */
+void gcs_net_cancel (gcs_net_t *net);
 
 /* Milliseconds on the monotonic clock. */
 uint64_t gcs_now_ms (void);
@@ -128,7 +138,8 @@ void gcs_retry_init (gcs_retry_t *r, const gcs_net_t *net);
 /* Forgets past failures (after progress). */
 void gcs_retry_reset (gcs_retry_t *r);
 /* After a retryable failure: sleeps the next backoff and returns 0, or
- * returns -1 at once when the budget is spent. */
+ * returns -1 at once when the budget is spent or the net was cancelled
+ * (also during the sleep). */
 int gcs_retry_wait (gcs_retry_t *r);
 /* Seconds since the first failure, for messages. */
 double gcs_retry_elapsed_s (const gcs_retry_t *r);

@@ -4,8 +4,8 @@
  * store's fields, the entry points of the operations table, and the request
  * helpers of request.c (credentials, retries, object URLs, errors).
  *
- * Threading: a gcs_store_t never changes after gcs_store_new and may be used
- * from any thread (its token cache and curl share handle lock themselves);
+ * Threading: a gcs_store_t never changes after gcs_store_new (but for its
+ * net's cancel flag, atomic) and may be used from any thread (its token cache and curl share handle lock themselves);
  * a CURL handle and a gcs_resp_t passed to the helpers belong to the
  * calling thread.
  */

@@ -1,7 +1,8 @@
 /* config_test: the gateway's configuration (gateway/config.c) read from the
  * environment by gw_config_load: the defaults, every refusal naming its
  * variable, SANDBOX_VOLUME_MOUNTS parsing, and what is derived (CPU millis,
- * the paths hidden from sandboxes, the unpacker beside the helper).
+ * the paths hidden from sandboxes, the unpacker beside the helper, whether
+ * to persist on shutdown, the gateway's name).
  *
  * Every test starts from an environment without any variable the gateway
  * reads (SANDBOX_*, CLOUD_RUN_*, GOOGLE_*, GCE_*, STORAGE_EMULATOR_HOST,
@@ -227,6 +228,13 @@ test_defaults_without_any_variable (void **state)
   assert_string_equal (c.masks[0], "/var/lib/sandbox-gateway");
   assert_string_equal (c.masks[1], "/var/lib/sandbox-gateway/snapshots");
   assert_null (c.masks[2]);
+  /* The default store goes with the machine: nothing is persisted on
+   * shutdown. The name is the host's. */
+  assert_null (c.persist_on_shutdown_text);
+  assert_false (c.persist_on_shutdown);
+  char host[256] = "";
+  assert_int_equal (gethostname (host, sizeof host - 1), 0);
+  assert_string_equal (c.gateway_name, host);
   gw_config_release (&c);
 }
 
@@ -515,6 +523,73 @@ test_other_bad_values_are_refused_naming_the_variable (void **state)
 {
   expect_refused ("ALLOW_EGRESS", "maybe", "ALLOW_EGRESS", EINVAL);
   expect_refused ("SANDBOX_LOG_LEVEL", "loud", "SANDBOX_LOG_LEVEL", EINVAL);
+  expect_refused ("SANDBOX_PERSIST_ON_SHUTDOWN", "maybe", "SANDBOX_PERSIST_ON_SHUTDOWN: `maybe` is not a boolean",
+                  EINVAL);
+  expect_refused ("SANDBOX_GATEWAY_NAME", "a b", "SANDBOX_GATEWAY_NAME: byte 2 of 3", EINVAL);
+  expect_refused ("SANDBOX_GATEWAY_NAME", "tab\there", "SANDBOX_GATEWAY_NAME", EINVAL);
+  expect_refused ("SANDBOX_GATEWAY_NAME", "caf\xc3\xa9", "SANDBOX_GATEWAY_NAME", EINVAL);
+  char longest[GW_NAME_MAX + 2];
+  memset (longest, 'n', sizeof longest - 1);
+  longest[GW_NAME_MAX + 1] = '\0';
+  expect_refused ("SANDBOX_GATEWAY_NAME", longest, "SANDBOX_GATEWAY_NAME: 254 characters", EINVAL);
+}
+
+/* ---- shutdown and identity ------------------------------------------------- */
+
+static void
+set_or_unset (const char *name, const char *value)
+{
+  if (value != NULL)
+    setenv (name, value, 1);
+  else
+    unsetenv (name);
+}
+
+/* SANDBOX_PERSIST_ON_SHUTDOWN as loaded with these three set (NULL: unset). */
+static bool
+persist_with (const char *dir, const char *bucket, const char *persist)
+{
+  set_or_unset ("SANDBOX_SNAPSHOT_DIR", dir);
+  set_or_unset ("CLOUD_RUN_SANDBOX_GCS_BUCKET", bucket);
+  set_or_unset ("SANDBOX_PERSIST_ON_SHUTDOWN", persist);
+  gw_config_t c;
+  load_ok (&c);
+  bool on = c.persist_on_shutdown;
+  gw_config_release (&c);
+  return on;
+}
+
+/* Unset, persisting on shutdown follows an explicit choice of store; set,
+ * it is what it says. */
+static void
+test_persist_on_shutdown_defaults_to_whether_a_store_was_chosen (void **state)
+{
+  assert_false (persist_with (NULL, NULL, NULL));
+  assert_true (persist_with ("/srv/snapshots", NULL, NULL));
+  assert_true (persist_with (NULL, "bucket", NULL));
+  /* Empty counts as unset. */
+  assert_true (persist_with ("/srv/snapshots", NULL, ""));
+  assert_false (persist_with ("/srv/snapshots", NULL, "false"));
+  assert_false (persist_with (NULL, "bucket", "off"));
+  assert_true (persist_with (NULL, NULL, "true"));
+  assert_true (persist_with (NULL, NULL, "1"));
+}
+
+static void
+test_gateway_name_is_read (void **state)
+{
+  setenv ("SANDBOX_GATEWAY_NAME", "sandbox-gateway-0.sandbox.default.svc", 1);
+  gw_config_t c;
+  load_ok (&c);
+  assert_string_equal (c.gateway_name, "sandbox-gateway-0.sandbox.default.svc");
+  gw_config_release (&c);
+  char longest[GW_NAME_MAX + 1];
+  memset (longest, 'n', sizeof longest - 1);
+  longest[GW_NAME_MAX] = '\0';
+  setenv ("SANDBOX_GATEWAY_NAME", longest, 1);
+  load_ok (&c);
+  assert_int_equal (strlen (c.gateway_name), GW_NAME_MAX);
+  gw_config_release (&c);
 }
 
 /* ---- SANDBOX_VOLUME_MOUNTS ------------------------------------------------ */
@@ -752,6 +827,9 @@ main (void)
       cmocka_unit_test_setup_teardown (test_snapshot_prefix_must_be_relative_without_dotdot, setup, teardown),
       cmocka_unit_test_setup_teardown (test_integers_out_of_bounds_are_refused, setup, teardown),
       cmocka_unit_test_setup_teardown (test_other_bad_values_are_refused_naming_the_variable, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_persist_on_shutdown_defaults_to_whether_a_store_was_chosen, setup,
+                                       teardown),
+      cmocka_unit_test_setup_teardown (test_gateway_name_is_read, setup, teardown),
       cmocka_unit_test_setup_teardown (test_volume_mounts_are_parsed_with_their_modes, setup, teardown),
       cmocka_unit_test_setup_teardown (test_volume_with_a_missing_host_path_is_skipped, setup, teardown),
       cmocka_unit_test_setup_teardown (test_bad_volume_entries_are_refused, setup, teardown),

@@ -3,7 +3,8 @@
  * faults injected through its control endpoints: round trips, uploads that
  * survive 503s, 429s, dropped connections, partial commits and stalls, an
  * outage longer than the retry budget, downloads (404, corrupted crc32c,
- * truncation, retried start), remove/exists, and the credentials paths
+ * truncation, retried start), remove/exists, cancelling every request (the
+ * gateway's shutdown), and the credentials paths
  * (service-account JWT checked by the fake's /token, the metadata server,
  * token refresh after 401). Plus unit tests of the header parsers and CRC32C.
  *
@@ -694,6 +695,58 @@ test_abort_leaves_no_object (void **state)
   st->ops->destroy (st);
 }
 
+/* Cancels a store's requests after a while, from another thread. */
+typedef struct cancel_later_s
+{
+  snap_store_t *st;
+  long after_ms;
+} cancel_later_t;
+
+static void *
+cancel_later_main (void *arg)
+{
+  cancel_later_t *c = arg;
+  struct timespec ts = {c->after_ms / 1000, (c->after_ms % 1000) * 1000000L};
+  nanosleep (&ts, NULL);
+  c->st->ops->cancel_all (c->st);
+  return NULL;
+}
+
+static void
+test_cancel_all_ends_a_stalled_upload_at_once_and_leaves_no_object (void **state)
+{
+  /* Every chunk's PUT waits 30 s for its answer, and the retry budget is
+   * 20 s: only the cancel ends the upload soon. */
+  snap_store_t *st = plain_store (256 * KIB, 20000);
+  size_t len = 800 * KIB;
+  uint8_t *d = make_data (len, 10);
+  fault (&plain_srv, "{\"kind\": \"slow\", \"delay\": 30, \"count\": 100, \"methods\": [\"PUT\"]}");
+  cancel_later_t c = {.st = st, .after_ms = 500};
+  pthread_t t;
+  assert_int_equal (pthread_create (&t, NULL, cancel_later_main, &c), 0);
+  err_t err = ERR_INIT;
+  double t0 = now_s ();
+  assert_int_equal (upload (st, "cancelled.tar", d, len, len, &err), -1);
+  assert_true (now_s () - t0 < 5.0);
+  if (strstr (err_msg (&err), "cancelled") == NULL)
+    fail_msg ("the error does not say it was cancelled: %s", err_msg (&err));
+  err_release (&err);
+  pthread_join (t, NULL);
+  /* Any later request fails at once, without reaching the server. */
+  long requests = stat_of (&plain_srv, "requests");
+  t0 = now_s ();
+  assert_int_equal (st->ops->exists (st, "cancelled.tar", &err), -1);
+  assert_true (now_s () - t0 < 1.0);
+  err_release (&err);
+  assert_int_equal (stat_of (&plain_srv, "requests"), requests);
+  st->ops->destroy (st);
+  json_decref (ctl (&plain_srv, "/_control/reset", "{}"));
+  snap_store_t *fresh = plain_store (256 * KIB, 0);
+  assert_absent (fresh, "cancelled.tar");
+  fresh->ops->destroy (fresh);
+  free (d);
+}
+
 /* ---- downloads ------------------------------------------------------------ */
 
 static void
@@ -985,6 +1038,7 @@ main (void)
       cmocka_unit_test_setup (test_stalled_connection_is_detected_and_upload_resumes, test_setup),
       cmocka_unit_test_setup (test_outage_longer_than_budget_fails_clearly_and_leaves_no_object, test_setup),
       cmocka_unit_test_setup (test_abort_leaves_no_object, test_setup),
+      cmocka_unit_test_setup (test_cancel_all_ends_a_stalled_upload_at_once_and_leaves_no_object, test_setup),
       cmocka_unit_test_setup (test_download_of_missing_object_is_enoent, test_setup),
       cmocka_unit_test_setup (test_download_with_corrupted_crc_is_ebadmsg, test_setup),
       cmocka_unit_test_setup (test_download_cut_short_is_an_error, test_setup),
