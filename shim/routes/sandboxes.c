@@ -217,45 +217,52 @@ route_delete (shim_req_t *r, unsigned *status)
 }
 
 /* The gateways' own figures (Status of each one not down), after the
- * shim's: live sandboxes and the limit, per gateway. */
+ * shim's: live sandboxes, the limit and the name, per gateway. */
 static void
 render_gateways (FILE *f)
 {
   rpc_channel_t *chs[MEMBERS_MAX];
   const char *names[MEMBERS_MAX];
+  Sandbox__V1__StatusResponse *st[MEMBERS_MAX];
   size_t n = members_serving (chs, names, MEMBERS_MAX);
-  fputs ("# HELP shim_gateway_sandboxes Live sandboxes of each gateway (its Status).\n"
-         "# TYPE shim_gateway_sandboxes gauge\n",
-         f);
-  char *limits = NULL;
-  size_t limits_len = 0;
-  FILE *lf = open_memstream (&limits, &limits_len);
   for (size_t i = 0; i < n; i++)
     {
       Sandbox__V1__StatusRequest req = SANDBOX__V1__STATUS_REQUEST__INIT;
       ProtobufCMessage *resp = NULL;
-      rpc_status_t st = RPC_STATUS_INIT;
-      if (route_unary_on (chs[i], "/sandbox.v1.Sandbox/Status", &req.base, &sandbox__v1__status_response__descriptor,
-                          &resp, &st, 2000)
-          == 0)
-        {
-          const Sandbox__V1__StatusResponse *s = (const Sandbox__V1__StatusResponse *) resp;
-          fprintf (f, "shim_gateway_sandboxes{gateway=\"%s\"} %u\n", names[i], s->sandboxes);
-          if (lf != NULL)
-            fprintf (lf, "shim_gateway_max_sandboxes{gateway=\"%s\"} %u\n", names[i], s->max_sandboxes);
-          protobuf_c_message_free_unpacked (resp, NULL);
-        }
-      rpc_status_release (&st);
+      rpc_status_t rs = RPC_STATUS_INIT;
+      st[i] = route_unary_on (chs[i], "/sandbox.v1.Sandbox/Status", &req.base,
+                              &sandbox__v1__status_response__descriptor, &resp, &rs, 2000)
+                      == 0
+                  ? (Sandbox__V1__StatusResponse *) resp
+                  : NULL;
+      rpc_status_release (&rs);
     }
-  if (lf != NULL)
-    {
-      fclose (lf);
-      fputs ("# HELP shim_gateway_max_sandboxes Most live sandboxes of each gateway (SANDBOX_MAX).\n"
-             "# TYPE shim_gateway_max_sandboxes gauge\n",
-             f);
-      fputs (limits, f);
-      free (limits);
-    }
+  fputs ("# HELP shim_gateway_sandboxes Live sandboxes of each gateway (its Status).\n"
+         "# TYPE shim_gateway_sandboxes gauge\n",
+         f);
+  for (size_t i = 0; i < n; i++)
+    if (st[i] != NULL)
+      fprintf (f, "shim_gateway_sandboxes{gateway=\"%s\"} %u\n", names[i], st[i]->sandboxes);
+  fputs ("# HELP shim_gateway_max_sandboxes Most live sandboxes of each gateway (SANDBOX_MAX).\n"
+         "# TYPE shim_gateway_max_sandboxes gauge\n",
+         f);
+  for (size_t i = 0; i < n; i++)
+    if (st[i] != NULL)
+      fprintf (f, "shim_gateway_max_sandboxes{gateway=\"%s\"} %u\n", names[i], st[i]->max_sandboxes);
+  fputs ("# HELP shim_gateway_info The name each gateway gives itself (Status: SANDBOX_GATEWAY_NAME).\n"
+         "# TYPE shim_gateway_info gauge\n",
+         f);
+  for (size_t i = 0; i < n; i++)
+    if (st[i] != NULL)
+      {
+        /* A name is printable ASCII without spaces (the gateway checks);
+         * quotes and backslashes are escaped all the same. */
+        fprintf (f, "shim_gateway_info{gateway=\"%s\",name=\"", names[i]);
+        for (const char *c = st[i]->gateway_name != NULL ? st[i]->gateway_name : ""; *c != '\0'; c++)
+          fprintf (f, *c == '"' || *c == '\\' ? "\\%c" : "%c", *c);
+        fputs ("\"} 1\n", f);
+        protobuf_c_message_free_unpacked (&st[i]->base, NULL);
+      }
 }
 
 struct MHD_Response *

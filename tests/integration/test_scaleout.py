@@ -166,6 +166,8 @@ def test_ids_spread_evenly_and_every_shim_routes_an_id_to_the_same_gateway(gatew
             assert metric_value(text, "shim_gateway_sandboxes", {"gateway": g.target}) == counts[gws.index(g)]
             assert metric_value(text, "shim_gateway_calls_routed_total", {"gateway": g.target}) > 0
         assert metric_value(text, "shim_gateway_members_up") == 3
+        for i, g in enumerate(gws):
+            assert metric_value(text, "shim_gateway_info", {"gateway": g.target, "name": f"gw-{i}"}) == 1
     finally:
         delete_all(shim_a, ids)
 
