@@ -202,6 +202,8 @@ http_read_head (http_t *h, http_head_t *hd, err_t *err)
       else if (strncasecmp (line + 2, "Connection: close", 17) == 0)
         hd->close_after = true;
     }
+  if (hd->clen < 0 && (hd->status == 204 || hd->status == 304))
+    hd->clen = 0; /* no body, by definition */
   if (hd->clen < 0)
     return err_make (err, EPROTO, "response without Content-Length");
   return 1;
