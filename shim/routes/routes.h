@@ -15,6 +15,9 @@
 
 /* Deadline of short gateway calls (launch, delete, status...). */
 #define ROUTE_SHORT_CALL_MS 60000
+/* Deadline of each call of a fan-out over several gateways (GET
+ * /sandboxes). */
+#define ROUTE_FANOUT_CALL_MS 10000
 /* Extra time an exec call gets over the command's own timeout. */
 #define ROUTE_EXEC_MARGIN_MS 60000
 

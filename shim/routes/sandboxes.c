@@ -138,7 +138,9 @@ sandbox_json (const Sandbox__V1__SandboxInfo *s)
 
 /* GET /sandboxes: every gateway of the set is asked (one: as the contract
  * has it), the answers merged. A gateway that fails is left out and
- * logged, unless all fail: then the last failure answers. An id held by
+ * logged, unless all fail: then the last failure answers. With several,
+ * each gets ROUTE_FANOUT_CALL_MS: a gateway that hangs, before its health
+ * check finds it down, holds the list that long, not a minute. An id held by
  * two gateways (one that came back after its ids had been restored
  * elsewhere) is listed once. */
 struct MHD_Response *
@@ -157,7 +159,7 @@ route_list (shim_req_t *r, unsigned *status)
       ProtobufCMessage *resp = NULL;
       rpc_status_release (&st);
       if (route_unary_on (chs[i], "/sandbox.v1.Sandbox/List", &req.base, &sandbox__v1__list_response__descriptor,
-                          &resp, &st, ROUTE_SHORT_CALL_MS)
+                          &resp, &st, members_routing () ? ROUTE_FANOUT_CALL_MS : ROUTE_SHORT_CALL_MS)
           < 0)
         {
           if (members_routing ())
