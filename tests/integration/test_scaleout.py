@@ -62,6 +62,15 @@ def list_shim(group, gateways: str, env: dict | None = None) -> Shim:
     return group.add(start_shim(target="unused", secret=SECRET, env=extra))
 
 
+def three_behind_a_shim(group, store, ids: list[str]) -> tuple[list[Gateway], Shim]:
+    """Three gateways, a shim routing over them, and `ids` launched
+    through it."""
+    gws = start_gateways(group, 3, store)
+    shim = list_shim(group, ",".join(g.target for g in gws))
+    launch_all(shim, ids)
+    return gws, shim
+
+
 def holders(gws: list[Gateway]) -> dict[str, list[int]]:
     """Which gateways (indexes) hold each sandbox id, asked over gRPC."""
     out: dict[str, list[int]] = {}
@@ -304,10 +313,8 @@ def test_sigterm_persists_every_sandbox_and_each_comes_back_on_its_new_owner(gat
 # --- kill -9 ------------------------------------------------------------------------
 
 def test_kill_9_fails_over_to_the_last_persisted_state_with_clear_errors_in_the_gap(gateways, store):
-    gws = start_gateways(gateways, 3, store)
-    shim = list_shim(gateways, ",".join(g.target for g in gws))
     ids = [new_id("kill") for _ in range(60)]
-    launch_all(shim, ids)
+    gws, shim = three_behind_a_shim(gateways, store, ids)
     victim = gws[1]
     try:
         in_parallel(lambda sid: write_file(shim, sid, f"persisted-{sid}"), ids)
@@ -352,10 +359,9 @@ def test_kill_9_fails_over_to_the_last_persisted_state_with_clear_errors_in_the_
 # --- health ------------------------------------------------------------------------
 
 def test_a_gateway_failing_its_health_check_leaves_the_set_and_comes_back(gateways, store):
-    gws = start_gateways(gateways, 3, store)
-    shim = list_shim(gateways, ",".join(g.target for g in gws))
-    hung = gws[2]
     ids: list[str] = []
+    gws, shim = three_behind_a_shim(gateways, store, ids)
+    hung = gws[2]
     try:
         os.kill(hung.pid, signal.SIGSTOP)  # hung: answers nothing
         try:
@@ -429,10 +435,8 @@ def test_restore_on_miss_restores_a_sandbox_its_owner_does_not_hold_and_only_tha
 # --- a copy left behind -----------------------------------------------------------------
 
 def test_a_gateway_that_comes_back_gives_way_to_the_snapshot_written_while_it_was_out(gateways, store):
-    gws = start_gateways(gateways, 3, store)
-    shim = list_shim(gateways, ",".join(g.target for g in gws))
     ids = [new_id("back") for _ in range(30)]
-    launch_all(shim, ids)
+    gws, shim = three_behind_a_shim(gateways, store, ids)
     hung = gws[2]
     try:
         held = holders(gws)
