@@ -1,5 +1,5 @@
 /* helper/holder: the sandbox's pid 1. It reaps orphans and starts commands
- * on the gateway's request: each is forked from inside the sandbox into
+ * on the gateway's request: each is started from inside the sandbox into
  * its exec cgroup (so a timeout kills all it started), confined and
  * reported when it ends. The parts of the confinement a child inherits (the
  * bounding set, no_new_privs, the seccomp filter compiled once at launch)
@@ -49,6 +49,11 @@ static size_t n_running, cap_running;
 static int held_signals[NSIG];
 static size_t n_held_signals;
 
+/* A command's child runs on this stack, in the holder's memory, until it
+ * execs (see start_command); a guard page below it. */
+#define CHILD_STACK (256 * 1024)
+static char *child_stack;
+
 /* Tells the gateway the command runs, from the command's own process once
  * its signals are back to their defaults (a signal the gateway sends after
  * this is never lost to the holder's dispositions): its pidfd and, on a
@@ -68,7 +73,7 @@ report_started (int report, int master)
     close (pidfd);
 }
 
-/* A command to start: what its child needs. */
+/* A command to start: what its child needs, in the holder's memory. */
 typedef struct command_s
 {
   const sbx_confine_t *confine;
@@ -79,8 +84,13 @@ typedef struct command_s
   char **argv, **env;
 } command_t;
 
-static void __attribute__ ((noreturn)) command_child (const command_t *c)
+/* The command's child: shares the holder's memory (the holder waits) until
+ * it execs or exits, so it writes nothing of the holder's but `environ`,
+ * which the holder puts back. */
+static int
+command_child (void *arg)
 {
+  const command_t *c = arg;
   const int *fds = c->fds;
   err_t err = ERR_INIT;
   int report = fds[3];
@@ -142,7 +152,43 @@ static void __attribute__ ((noreturn)) command_child (const command_t *c)
   err_make_sys (&err, errno, "exec `%s`", c->argv[0]);
 fail:
   helper_report_err (report, &err);
-  _exit (err.status == ENOENT ? 127 : 126);
+  int status = err.status == ENOENT ? 127 : 126;
+  err_release (&err); /* the holder's heap */
+  _exit (status);
+}
+
+/* Starts command `c`: a child that shares the holder's memory and runs on
+ * child_stack while the holder waits for its exec (CLONE_VM|CLONE_VFORK,
+ * as posix_spawn does): no copy of the holder's page tables, no
+ * copy-on-write faults, nothing to tear down at exec. It has its own
+ * descriptor table, signal dispositions and credentials, as after fork.
+ * The holder serves nothing else until the child has exec'd or exited
+ * (a few system calls; a timeout's kill ends a child stuck there). The
+ * pid, or -1 with errno. */
+static pid_t
+start_command (command_t *c)
+{
+  if (child_stack == NULL)
+    {
+      char *m
+          = mmap (NULL, CHILD_STACK + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+      if (m == MAP_FAILED)
+        return -1;
+      if (mprotect (m, 4096, PROT_NONE) < 0)
+        {
+          munmap (m, CHILD_STACK + 4096);
+          return -1;
+        }
+      child_stack = m + 4096;
+    }
+  char **env = environ;
+  pid_t pid = clone (command_child, child_stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, c);
+  int saved = errno;
+  environ = env;
+  /* The pages the child used go back: an idle pid 1 keeps only its own. */
+  madvise (child_stack, CHILD_STACK, MADV_DONTNEED);
+  errno = saved;
+  return pid;
 }
 
 /* A pseudo-terminal of the sandbox's own devpts, `rows` x `cols`: its
@@ -258,6 +304,8 @@ serve_request (int ctl, const sbx_confine_t *confine, char *buf)
         close (fds[i]);
       return;
     }
+  /* Of the holder's descriptors only these cross the command's exec: all
+   * others (`ctl` too) are close-on-exec. */
   command_t c = {.confine = confine,
                  .fds = fds,
                  .tty = slave,
@@ -266,12 +314,7 @@ serve_request (int ctl, const sbx_confine_t *confine, char *buf)
                  .cwd = cwd,
                  .argv = argv,
                  .env = env};
-  pid_t pid = fork ();
-  if (pid == 0)
-    {
-      close (ctl);
-      command_child (&c);
-    }
+  pid_t pid = start_command (&c);
   if (pid < 0)
     helper_report (fds[3], SBX_REPORT_ERROR, errno, 0, 0, "fork the command (process limit reached?)");
   else
