@@ -477,14 +477,18 @@ sbx_cg_count (const sbx_cg_layout_t *l, const char *id, const char *sub)
 }
 
 /* Adds `key` of `file` over a group and all its sub-groups: cgroup v1
- * counts some events only where they happened (e.g. an exec's group). */
+ * counts some events only where they happened (e.g. an exec's group). A
+ * cgroup directory's link count is 2 plus its sub-groups (kernfs keeps
+ * it): a group without any (an exec's, or the sandbox's own in a
+ * hierarchy the gateway makes no sub-groups in) is not listed. */
 static long
 sum_keyed (const char *dir, const char *file, const char *key, int depth)
 {
   char path[512];
   snprintf (path, sizeof path, "%s/%s", dir, file);
   long total = read_keyed (path, key);
-  if (depth > 4)
+  struct stat st;
+  if (depth > 4 || (stat (dir, &st) == 0 && st.st_nlink <= 2))
     return total;
   DIR *d = opendir (dir);
   if (d == NULL)
