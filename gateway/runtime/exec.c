@@ -214,10 +214,17 @@ start_command (exec_run_t *x, const char *state, err_t *err)
   const char *cwd = req->cwd != NULL && req->cwd[0] != '\0' ? req->cwd : "/root";
   bool pty = req->pty_rows > 0 && req->pty_cols > 0;
   cleanup_free char **env = build_env (req->env, pty);
-  cleanup_free char *msg = malloc (SBX_EXEC_MAX);
-  if (msg == NULL || env == NULL)
+  if (env == NULL)
     return err_make (err, ENOMEM, "exec: out of memory");
-  ssize_t msg_len = sbx_exec_encode (msg, SBX_EXEC_MAX, cwd, req->argv, env);
+  /* Sized to the request: the largest one allowed would be a mapping of
+   * its own, made and unmade per exec. */
+  size_t size = sbx_exec_size (cwd, req->argv, env);
+  if (size > SBX_EXEC_MAX)
+    return err_make (err, E2BIG, "argv and env together exceed %d KiB", SBX_EXEC_MAX / 1024);
+  cleanup_free char *msg = malloc (size);
+  if (msg == NULL)
+    return err_make (err, ENOMEM, "exec: out of memory");
+  ssize_t msg_len = sbx_exec_encode (msg, size, cwd, req->argv, env);
   if (msg_len < 0)
     return err_make (err, E2BIG, "argv and env together exceed %d KiB", SBX_EXEC_MAX / 1024);
   /* Only a caller that streams stdin uses the STARTED report: a plain
@@ -414,7 +421,9 @@ pump_once (exec_run_t *x, int64_t now, err_t *err)
     return err_make_sys (err, errno, "exec: poll");
   bool got = false;
   for (int i = 0; i < 2; i++)
-    if (p[i].revents != 0 && !x->consumer_gone)
+    if (p[i].revents != 0 && !(p[i].revents & POLLIN))
+      close (take_fd (&x->pumps[i].fd)); /* empty and closed on the other side: nothing to read */
+    else if (p[i].revents != 0 && !x->consumer_gone)
       on_output (x, &x->pumps[i], &got);
     else if (x->exited && now >= x->drain_until)
       x->pumps[i].owed = 0; /* an empty pipe owes nothing (another reader took the bytes) */
