@@ -156,7 +156,8 @@ typedef struct exec_run_s
   bool exited, killed, consumer_gone;
   bool started_seen; /* the STARTED report came (or never will) */
   char start_error[sizeof ((sbx_report_t *) 0)->text];
-  sbx_outbufs_t bufs; /* output is read into these (SBX_EXEC_CHUNK each) */
+  sbx_outbufs_t bufs;    /* output is read into these (SBX_EXEC_CHUNK each) */
+  sbx_cg_counters_t ctr; /* the limit-event counters, opened while the command starts */
 } exec_run_t;
 
 static void
@@ -238,8 +239,6 @@ start_command (exec_run_t *x, const char *state, err_t *err)
   if (pipe2 (in, O_CLOEXEC) < 0 || pipe2 (out, O_CLOEXEC) < 0 || pipe2 (errp, O_CLOEXEC) < 0
       || socketpair (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, rep) < 0)
     return err_make_sys (err, errno, "exec: pipe");
-  fcntl (out[0], F_SETPIPE_SZ, EXEC_STDOUT_PIPE);
-  fcntl (errp[0], F_SETPIPE_SZ, EXEC_STDERR_PIPE);
   x->started = sbx_mono_ms ();
   /* The holder forks the command inside the sandbox with these as its
    * stdin, stdout, stderr, report socket and cgroup. */
@@ -253,8 +252,15 @@ start_command (exec_run_t *x, const char *state, err_t *err)
   x->report_fd = take_fd (&rep[0]);
   x->pumps[0] = (pump_t){take_fd (&out[0]), 1};
   x->pumps[1] = (pump_t){take_fd (&errp[0]), 2};
+  /* While the holder starts the command: nothing is written into them
+   * before its exec. */
+  fcntl (x->pumps[0].fd, F_SETPIPE_SZ, EXEC_STDOUT_PIPE);
+  fcntl (x->pumps[1].fd, F_SETPIPE_SZ, EXEC_STDERR_PIPE);
   fcntl (x->pumps[0].fd, F_SETFL, O_NONBLOCK);
   fcntl (x->pumps[1].fd, F_SETFL, O_NONBLOCK);
+  /* Also meanwhile: the counters read after the command's end (see
+   * sbx_exec), then only read again. */
+  sbx_cg_counters_open (&x->rt->cg, req->id, x->group, &x->ctr);
   if (req->stdin_stream)
     x->stream_fd = take_fd (&in[1]);
   else if (req->stdin_len > 0)
@@ -586,7 +592,8 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
                   .pumps = {{-1, 1}, {-1, 2}},
                   .stdin_fd = -1,
                   .stream_fd = -1,
-                  .report_fd = -1};
+                  .report_fd = -1,
+                  .ctr = {.fds = {{-1, -1}, {-1, -1}}}};
   pthread_mutex_lock (&rt->mu);
   snprintf (x.group, sizeof x.group, "exec-%u", ++s->exec_seq);
   char state[sizeof s->state];
@@ -604,7 +611,7 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
       /* The sandbox's limit events since the last exec's end: one read of
        * the counters per exec instead of a read before and after. */
       sbx_cg_events_t before, after;
-      sbx_cg_events (&rt->cg, req->id, NULL, &after);
+      sbx_cg_counters_read (&rt->cg, req->id, &x.ctr, false, &after);
       pthread_mutex_lock (&rt->mu);
       before = s->cg_seen;
       s->cg_seen = after;
@@ -622,7 +629,8 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
   err_t rerr = ERR_INIT;
   sbx_cg_events_t gone = {0};
   if (rc == 0) /* s->cg_seen then counts this group's events */
-    sbx_cg_events (&rt->cg, req->id, x.group, &gone);
+    sbx_cg_counters_read (&rt->cg, req->id, &x.ctr, true, &gone);
+  sbx_cg_counters_close (&x.ctr);
   if ((x.exited && sbx_cg_move_all (&rt->cg, req->id, x.group, SBX_CG_BACKGROUND, &rerr) < 0)
       || sbx_cg_remove (&rt->cg, req->id, x.group, &rerr) < 0)
     err_warn_release (&rerr, "exec in `%s`", req->id);
