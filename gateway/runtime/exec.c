@@ -153,6 +153,7 @@ typedef struct exec_run_s
   size_t stdin_off;
   int report_fd;
   int64_t started, deadline, exited_at, drain_until, killed_at;
+  int64_t cancel_checked; /* when the sink was last asked whether the caller went away */
   bool exited, killed, consumer_gone;
   bool started_seen; /* the STARTED report came (or never will) */
   char start_error[sizeof ((sbx_report_t *) 0)->text];
@@ -290,7 +291,12 @@ kill_if_due (exec_run_t *x, int64_t now)
         }
       return;
     }
-  if (!(now >= x->deadline || x->consumer_gone || x->sink->cancelled (x->sink->ctx)))
+  /* The caller's cancellation is looked at every EXEC_POLL_MS, not on
+   * every wake-up (output, the pipes' end): each look asks gRPC. */
+  bool look = now - x->cancel_checked >= EXEC_POLL_MS;
+  if (look)
+    x->cancel_checked = now;
+  if (!(now >= x->deadline || x->consumer_gone || (look && x->sink->cancelled (x->sink->ctx))))
     return;
   if (now >= x->deadline)
     x->res->timed_out = true;
