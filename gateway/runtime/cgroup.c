@@ -587,7 +587,9 @@ sbx_cg_counters_open (const sbx_cg_layout_t *l, const char *id, const char *sub,
       {
         c->fds[k][g] = -1;
         int h = k == 0 ? 0 : l->memory;
-        if (h < 0)
+        /* Sub-groups are made in the tracking hierarchy only (a v1 memory
+         * hierarchy has none to open; reading falls back to the path). */
+        if (h < 0 || (g == 1 && h != 0))
           continue;
         path_of (path, sizeof path, l->roots[h], id, g == 1 ? sub : NULL, counter_file (l, k));
         c->fds[k][g] = open (path, O_RDONLY | O_CLOEXEC);
