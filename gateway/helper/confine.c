@@ -42,8 +42,23 @@ cap_mask (const int *caps, size_t n)
   return keep;
 }
 
+/* Drops every capability but `keep` from the calling thread's bounding
+ * set (inherited by its children, and across exec). */
 static int
-set_caps (uint64_t keep, bool only_held, err_t *err)
+drop_bounding (uint64_t keep, err_t *err)
+{
+  for (int cap = 0; cap <= 63; cap++)
+    {
+      if (keep & (1ULL << cap))
+        continue;
+      if (prctl (PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
+        return err_make_sys (err, errno, "drop capability %d from the bounding set", cap);
+    }
+  return 0;
+}
+
+static int
+set_caps (uint64_t keep, bool only_held, bool bounding, err_t *err)
 {
   if (only_held)
     {
@@ -56,13 +71,8 @@ set_caps (uint64_t keep, bool only_held, err_t *err)
         return err_make_sys (err, errno, "capget");
       keep &= (uint64_t) d[0].permitted | ((uint64_t) d[1].permitted << 32);
     }
-  for (int cap = 0; cap <= 63; cap++)
-    {
-      if (keep & (1ULL << cap))
-        continue;
-      if (prctl (PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
-        return err_make_sys (err, errno, "drop capability %d from the bounding set", cap);
-    }
+  if (bounding && drop_bounding (keep, err) < 0)
+    return -1;
   struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
   struct __user_cap_data_struct data[2];
   memset (data, 0, sizeof data);
@@ -125,6 +135,7 @@ static int
 prepare (sbx_confine_t *out, bool unpacker, err_t *err)
 {
   out->only_held = unpacker;
+  out->inherited = false;
   out->keep_caps = unpacker ? cap_mask (unpacker_caps, sizeof unpacker_caps / sizeof unpacker_caps[0])
                             : cap_mask (kept_caps, sizeof kept_caps / sizeof kept_caps[0]);
   scmp_filter_ctx ctx = seccomp_init (SCMP_ACT_ALLOW);
@@ -212,11 +223,28 @@ sbx_confine_prepare_unpacker (sbx_confine_t *out, err_t *err)
 int
 sbx_confine_apply (const sbx_confine_t *c, err_t *err)
 {
-  if (set_caps (c->keep_caps, c->only_held, err) < 0)
+  if (set_caps (c->keep_caps, c->only_held, !c->inherited, err) < 0)
+    return -1;
+  if (c->inherited)
+    return 0; /* the bounding set, no_new_privs and the filter came with fork */
+  if (prctl (PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+    return err_make_sys (err, errno, "PR_SET_NO_NEW_PRIVS");
+  if (syscall (SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &c->prog) < 0)
+    return err_make_sys (err, errno, "load the seccomp filter");
+  return 0;
+}
+
+int
+sbx_confine_hold (sbx_confine_t *c, err_t *err)
+{
+  if (c->only_held)
+    return err_make (err, EINVAL, "a confinement that depends on what its process holds cannot be inherited");
+  if (drop_bounding (c->keep_caps, err) < 0)
     return -1;
   if (prctl (PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
     return err_make_sys (err, errno, "PR_SET_NO_NEW_PRIVS");
   if (syscall (SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &c->prog) < 0)
     return err_make_sys (err, errno, "load the seccomp filter");
+  c->inherited = true;
   return 0;
 }

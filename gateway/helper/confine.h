@@ -6,7 +6,10 @@
  * administer the network), PR_SET_NO_NEW_PRIVS is set, and a seccomp
  * deny-list in the spirit of Docker's default profile is loaded last.
  *
- * Called only in the single-threaded helper, in the child about to exec.
+ * Called only in the single-threaded helper, in the child about to exec;
+ * or, for the parts a child inherits (the bounding set, no_new_privs, the
+ * filter), once in the sandbox's pid 1 (sbx_confine_hold), whose children
+ * then only cut their own capability sets.
  */
 #ifndef SBX_GATEWAY_CONFINE_H
 #define SBX_GATEWAY_CONFINE_H
@@ -24,6 +27,7 @@ typedef struct sbx_confine_s
   struct sock_fprog prog; /* owned */
   uint64_t keep_caps;     /* capabilities kept, as a bit mask */
   bool only_held;         /* keep those of keep_caps the process holds (else: all, or fail) */
+  bool inherited;         /* the bounding set, no_new_privs and the filter are the caller's already */
 } sbx_confine_t;
 
 /* Compiles the filter of sandboxed commands. */
@@ -34,7 +38,15 @@ int sbx_confine_prepare (sbx_confine_t *out, err_t *err);
 int sbx_confine_prepare_unpacker (sbx_confine_t *out, err_t *err);
 
 /* Applies capabilities, no_new_privs and the filter to the calling process
- * (a child about to exec; async-signal-safe system calls only). */
+ * (a child about to exec; async-signal-safe system calls only). After
+ * sbx_confine_hold in an ancestor: only the capability sets. */
 int sbx_confine_apply (const sbx_confine_t *c, err_t *err);
+
+/* In a process that only forks children that confine themselves (the
+ * holder): takes on now what they would each apply and then inherit —
+ * the bounding set cut to the kept capabilities, no_new_privs and the
+ * filter — and marks *c so that sbx_confine_apply does only the rest.
+ * The caller's own capability sets stay as they are. */
+int sbx_confine_hold (sbx_confine_t *c, err_t *err);
 
 #endif

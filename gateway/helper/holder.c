@@ -1,8 +1,11 @@
 /* helper/holder: the sandbox's pid 1. It reaps orphans and starts commands
- * on the gateway's request: each is forked from inside the sandbox into its
- * exec cgroup (so a timeout kills all it started), confined (capabilities,
- * no_new_privs, the seccomp filter compiled once at launch) and reported
- * when it ends. Single-threaded; runs until the sandbox is deleted. */
+ * on the gateway's request: each is started from inside the sandbox into
+ * its exec cgroup (so a timeout kills all it started), confined and
+ * reported when it ends. The parts of the confinement a child inherits (the
+ * bounding set, no_new_privs, the seccomp filter compiled once at launch)
+ * the holder takes on itself once, before it serves anything; each command
+ * then cuts its own capability sets. Single-threaded; runs until the
+ * sandbox is deleted. */
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -41,6 +44,16 @@ typedef struct running_s
 static running_t *running;
 static size_t n_running, cap_running;
 
+/* The signals whose disposition is not the default in the holder (read
+ * once: it never changes them): what a command resets. */
+static int held_signals[NSIG];
+static size_t n_held_signals;
+
+/* A command's child runs on this stack, in the holder's memory, until it
+ * execs (see start_command); a guard page below it. */
+#define CHILD_STACK (256 * 1024)
+static char *child_stack;
+
 /* Tells the gateway the command runs, from the command's own process once
  * its signals are back to their defaults (a signal the gateway sends after
  * this is never lost to the holder's dispositions): its pidfd and, on a
@@ -60,10 +73,25 @@ report_started (int report, int master)
     close (pidfd);
 }
 
-static void __attribute__ ((noreturn))
-command_child (const sbx_confine_t *confine, const int *fds, int tty, int master, bool started, const char *cwd,
-               char **argv, char **env)
+/* A command to start: what its child needs, in the holder's memory. */
+typedef struct command_s
 {
+  const sbx_confine_t *confine;
+  const int *fds; /* stdin, stdout, stderr, report, the exec cgroup's procs file */
+  int tty, master;
+  bool started;
+  const char *cwd;
+  char **argv, **env;
+} command_t;
+
+/* The command's child: shares the holder's memory (the holder waits) until
+ * it execs or exits, so it writes nothing of the holder's but `environ`,
+ * which the holder puts back. */
+static int
+command_child (void *arg)
+{
+  const command_t *c = arg;
+  const int *fds = c->fds;
   err_t err = ERR_INIT;
   int report = fds[3];
   /* A session (and process group) of its own: kill(0, …) or a terminal's
@@ -82,14 +110,15 @@ command_child (const sbx_confine_t *confine, const int *fds, int tty, int master
   sigset_t none;
   sigemptyset (&none);
   sigprocmask (SIG_SETMASK, &none, NULL);
-  for (int s = 1; s < NSIG; s++)
-    signal (s, SIG_DFL);
+  for (size_t i = 0; i < n_held_signals; i++)
+    signal (held_signals[i], SIG_DFL);
   /* In its own session and cgroup, with default signals: from here on the
    * gateway may signal it and kill what it starts. */
-  if (started)
-    report_started (report, master);
+  if (c->started)
+    report_started (report, c->master);
   /* On a terminal: it becomes the session's controlling terminal and the
    * command's stdio (the pipes go unused). */
+  int tty = c->tty;
   if (tty >= 0 && ioctl (tty, TIOCSCTTY, 0) < 0)
     {
       err_make_sys (&err, errno, "make the terminal the controlling one");
@@ -103,27 +132,63 @@ command_child (const sbx_confine_t *confine, const int *fds, int tty, int master
     }
   if (tty > 2)
     close (tty);
-  if (chdir (cwd) < 0)
+  if (chdir (c->cwd) < 0)
     {
-      err_make_sys (&err, errno, "working directory `%s`", cwd);
+      err_make_sys (&err, errno, "working directory `%s`", c->cwd);
       goto fail;
     }
   /* Open files are a host-wide table: with the process limit, this bounds
    * what one sandbox can hold. */
   struct rlimit nofile = {.rlim_cur = 1024, .rlim_max = 1024};
   setrlimit (RLIMIT_NOFILE, &nofile);
-  if (sbx_confine_apply (confine, &err) < 0)
+  if (sbx_confine_apply (c->confine, &err) < 0)
     goto fail;
   /* Only stdio and the report socket (close-on-exec) cross over. */
   for (int i = 0; i < SBX_EXEC_FDS; i++)
     if (fds[i] > 2 && fds[i] != report)
       close (fds[i]);
-  environ = env; /* execvp looks PATH up in the new environment */
-  execvp (argv[0], argv);
-  err_make_sys (&err, errno, "exec `%s`", argv[0]);
+  environ = c->env; /* execvp looks PATH up in the new environment */
+  execvp (c->argv[0], c->argv);
+  err_make_sys (&err, errno, "exec `%s`", c->argv[0]);
 fail:
   helper_report_err (report, &err);
-  _exit (err.status == ENOENT ? 127 : 126);
+  int status = err.status == ENOENT ? 127 : 126;
+  err_release (&err); /* the holder's heap */
+  _exit (status);
+}
+
+/* Starts command `c`: a child that shares the holder's memory and runs on
+ * child_stack while the holder waits for its exec (CLONE_VM|CLONE_VFORK,
+ * as posix_spawn does): no copy of the holder's page tables, no
+ * copy-on-write faults, nothing to tear down at exec. It has its own
+ * descriptor table, signal dispositions and credentials, as after fork.
+ * The holder serves nothing else until the child has exec'd or exited
+ * (a few system calls; a timeout's kill ends a child stuck there). The
+ * pid, or -1 with errno. */
+static pid_t
+start_command (command_t *c)
+{
+  if (child_stack == NULL)
+    {
+      char *m
+          = mmap (NULL, CHILD_STACK + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+      if (m == MAP_FAILED)
+        return -1;
+      if (mprotect (m, 4096, PROT_NONE) < 0)
+        {
+          munmap (m, CHILD_STACK + 4096);
+          return -1;
+        }
+      child_stack = m + 4096;
+    }
+  char **env = environ;
+  pid_t pid = clone (command_child, child_stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, c);
+  int saved = errno;
+  environ = env;
+  /* The pages the child used go back: an idle pid 1 keeps only its own. */
+  madvise (child_stack, CHILD_STACK, MADV_DONTNEED);
+  errno = saved;
+  return pid;
 }
 
 /* A pseudo-terminal of the sandbox's own devpts, `rows` x `cols`: its
@@ -239,12 +304,17 @@ serve_request (int ctl, const sbx_confine_t *confine, char *buf)
         close (fds[i]);
       return;
     }
-  pid_t pid = fork ();
-  if (pid == 0)
-    {
-      close (ctl);
-      command_child (confine, fds, slave, master, (flags & SBX_EXEC_F_STARTED) != 0, cwd, argv, env);
-    }
+  /* Of the holder's descriptors only these cross the command's exec: all
+   * others (`ctl` too) are close-on-exec. */
+  command_t c = {.confine = confine,
+                 .fds = fds,
+                 .tty = slave,
+                 .master = master,
+                 .started = (flags & SBX_EXEC_F_STARTED) != 0,
+                 .cwd = cwd,
+                 .argv = argv,
+                 .env = env};
+  pid_t pid = start_command (&c);
   if (pid < 0)
     helper_report (fds[3], SBX_REPORT_ERROR, errno, 0, 0, "fork the command (process limit reached?)");
   else
@@ -304,8 +374,20 @@ trim_stack (void)
  * the sandbox is deleted. Signals from inside the sandbox cannot reach it:
  * it handles none (SIGCHLD is taken through a signalfd). */
 void
-helper_holder_loop (int ctl, int lifeline, const sbx_confine_t *confine)
+helper_holder_loop (int ctl, int lifeline, const sbx_confine_t *confine_in)
 {
+  /* What every child would apply and inherit, applied here once. Should it
+   * fail, the children apply all of it themselves, as they did before. */
+  sbx_confine_t confine_held = *confine_in, *confine = &confine_held;
+  err_t herr = ERR_INIT;
+  if (sbx_confine_hold (confine, &herr) < 0)
+    err_release (&herr);
+  for (int s = 1; s < NSIG; s++)
+    {
+      struct sigaction sa;
+      if (sigaction (s, NULL, &sa) == 0 && sa.sa_handler != SIG_DFL)
+        held_signals[n_held_signals++] = s;
+    }
   sigset_t set;
   sigemptyset (&set);
   sigaddset (&set, SIGCHLD);

@@ -14,9 +14,10 @@
  *
  * The holder stays: it reaps orphans and starts commands on the gateway's
  * request (serve_request): it forks each one from inside the sandbox into
- * the exec's own cgroup (so a timeout kills all it started), cuts its
- * capabilities, sets no_new_privs, loads the seccomp filter compiled once at
- * launch, and reports how it ended.
+ * the exec's own cgroup (so a timeout kills all it started), where it cuts
+ * its capabilities, and reports how it ended. The bounding set,
+ * no_new_privs and the seccomp filter (compiled once at launch) each
+ * command inherits from the holder, which took them on once.
  *
  * Every failure is reported as errno + text; the gateway tears down what a
  * failed launch made.

@@ -41,15 +41,12 @@ read_file (const char *path, char *buf, size_t cap)
   return n;
 }
 
-/* The number after `key ` in a "key value" lines file, or 0. */
+/* The number after `key ` in "key value" lines, or 0. */
 static long
-read_keyed (const char *path, const char *key)
+parse_keyed (const char *buf, const char *key)
 {
-  char buf[4096];
-  if (read_file (path, buf, sizeof buf) < 0)
-    return 0;
   size_t klen = strlen (key);
-  for (char *line = buf; line != NULL && *line != '\0';)
+  for (const char *line = buf; line != NULL && *line != '\0';)
     {
       if (strncmp (line, key, klen) == 0 && line[klen] == ' ')
         return strtol (line + klen + 1, NULL, 10);
@@ -60,11 +57,54 @@ read_keyed (const char *path, const char *key)
   return 0;
 }
 
+/* The number after `key ` in a "key value" lines file, or 0. */
+static long
+read_keyed (const char *path, const char *key)
+{
+  char buf[4096];
+  if (read_file (path, buf, sizeof buf) < 0)
+    return 0;
+  return parse_keyed (buf, key);
+}
+
+/* The same from a file open: cgroup files are made anew when read from
+ * offset 0. */
+static long
+pread_keyed (int fd, const char *key)
+{
+  char buf[4096];
+  ssize_t n = TEMP_FAILURE_RETRY (pread (fd, buf, sizeof buf - 1, 0));
+  if (n < 0)
+    return 0;
+  buf[n] = '\0';
+  return parse_keyed (buf, key);
+}
+
+/* Appends `s` at out[at] as snprintf would (cut at cap, NUL-terminated)
+ * and returns where the next part goes (the untruncated length). Paths
+ * are made on every exec: this is a fraction of snprintf's cost. */
+static size_t
+put (char *out, size_t cap, size_t at, const char *s)
+{
+  size_t n = strlen (s);
+  if (at < cap)
+    {
+      size_t k = n < cap - 1 - at ? n : cap - 1 - at;
+      memcpy (out + at, s, k);
+      out[at + k] = '\0';
+    }
+  return at + n;
+}
+
+/* root[/id][/sub][/file] */
 static void
 path_of (char *out, size_t cap, const char *root, const char *id, const char *sub, const char *file)
 {
-  snprintf (out, cap, "%s%s%s%s%s%s%s", root, id ? "/" : "", id ? id : "", sub ? "/" : "", sub ? sub : "",
-            file ? "/" : "", file ? file : "");
+  const char *parts[3] = {id, sub, file};
+  size_t at = put (out, cap, 0, root);
+  for (size_t i = 0; i < 3; i++)
+    if (parts[i] != NULL)
+      at = put (out, cap, put (out, cap, at, "/"), parts[i]);
 }
 
 int
@@ -477,14 +517,18 @@ sbx_cg_count (const sbx_cg_layout_t *l, const char *id, const char *sub)
 }
 
 /* Adds `key` of `file` over a group and all its sub-groups: cgroup v1
- * counts some events only where they happened (e.g. an exec's group). */
+ * counts some events only where they happened (e.g. an exec's group). A
+ * cgroup directory's link count is 2 plus its sub-groups (kernfs keeps
+ * it): a group without any (an exec's, or the sandbox's own in a
+ * hierarchy the gateway makes no sub-groups in) is not listed. */
 static long
-sum_keyed (const char *dir, const char *file, const char *key, int depth)
+sum_keyed_at (const char *dir, const char *file, const char *key, int depth, int fd, const char *sub, int sub_fd)
 {
   char path[512];
-  snprintf (path, sizeof path, "%s/%s", dir, file);
-  long total = read_keyed (path, key);
-  if (depth > 4)
+  path_of (path, sizeof path, dir, NULL, NULL, file);
+  long total = fd >= 0 ? pread_keyed (fd, key) : read_keyed (path, key);
+  struct stat st;
+  if (depth > 4 || (stat (dir, &st) == 0 && st.st_nlink <= 2))
     return total;
   DIR *d = opendir (dir);
   if (d == NULL)
@@ -493,25 +537,94 @@ sum_keyed (const char *dir, const char *file, const char *key, int depth)
   while ((e = readdir (d)) != NULL)
     if (e->d_type == DT_DIR && e->d_name[0] != '.')
       {
-        snprintf (path, sizeof path, "%s/%s", dir, e->d_name);
-        total += sum_keyed (path, file, key, depth + 1);
+        path_of (path, sizeof path, dir, e->d_name, NULL, NULL);
+        bool ours = sub != NULL && strcmp (e->d_name, sub) == 0;
+        total += sum_keyed_at (path, file, key, depth + 1, ours ? sub_fd : -1, NULL, -1);
       }
   closedir (d);
   return total;
 }
 
+static long
+sum_keyed (const char *dir, const char *file, const char *key, int depth)
+{
+  return sum_keyed_at (dir, file, key, depth, -1, NULL, -1);
+}
+
+/* The counter files, in the order of sbx_cg_counters_t's fds. */
+static const char *
+counter_file (const sbx_cg_layout_t *l, int k)
+{
+  return k == 0 ? "pids.events" : l->v2 ? "memory.events" : "memory.oom_control";
+}
+
+static const char *const counter_keys[2] = {"max", "oom_kill"};
+
 void
 sbx_cg_events (const sbx_cg_layout_t *l, const char *id, const char *sub, sbx_cg_events_t *out)
 {
+  long sums[2] = {0, 0};
   char dir[300];
-  path_of (dir, sizeof dir, l->roots[0], id, sub, NULL);
-  out->pids_max_hits = sum_keyed (dir, "pids.events", "max", 0);
-  out->oom_kills = 0;
-  if (l->memory >= 0)
+  for (int k = 0; k < 2; k++)
     {
-      path_of (dir, sizeof dir, l->roots[l->memory], id, sub, NULL);
-      out->oom_kills = sum_keyed (dir, l->v2 ? "memory.events" : "memory.oom_control", "oom_kill", 0);
+      int h = k == 0 ? 0 : l->memory;
+      if (h < 0)
+        continue;
+      path_of (dir, sizeof dir, l->roots[h], id, sub, NULL);
+      sums[k] = sum_keyed (dir, counter_file (l, k), counter_keys[k], 0);
     }
+  out->pids_max_hits = sums[0];
+  out->oom_kills = sums[1];
+}
+
+void
+sbx_cg_counters_open (const sbx_cg_layout_t *l, const char *id, const char *sub, sbx_cg_counters_t *c)
+{
+  snprintf (c->sub, sizeof c->sub, "%s", sub);
+  char path[300];
+  for (int k = 0; k < 2; k++)
+    for (int g = 0; g < 2; g++)
+      {
+        c->fds[k][g] = -1;
+        int h = k == 0 ? 0 : l->memory;
+        /* Sub-groups are made in the tracking hierarchy only (a v1 memory
+         * hierarchy has none to open; reading falls back to the path). */
+        if (h < 0 || (g == 1 && h != 0))
+          continue;
+        path_of (path, sizeof path, l->roots[h], id, g == 1 ? sub : NULL, counter_file (l, k));
+        c->fds[k][g] = open (path, O_RDONLY | O_CLOEXEC);
+      }
+}
+
+void
+sbx_cg_counters_read (const sbx_cg_layout_t *l, const char *id, const sbx_cg_counters_t *c, bool of_sub,
+                      sbx_cg_events_t *out)
+{
+  long sums[2] = {0, 0};
+  char dir[300];
+  for (int k = 0; k < 2; k++)
+    {
+      int h = k == 0 ? 0 : l->memory;
+      if (h < 0)
+        continue;
+      path_of (dir, sizeof dir, l->roots[h], id, of_sub ? c->sub : NULL, NULL);
+      sums[k] = sum_keyed_at (dir, counter_file (l, k), counter_keys[k], 0, c->fds[k][of_sub ? 1 : 0],
+                              of_sub ? NULL : c->sub, c->fds[k][1]);
+    }
+  out->pids_max_hits = sums[0];
+  out->oom_kills = sums[1];
+}
+
+void
+sbx_cg_counters_close (sbx_cg_counters_t *c)
+{
+  for (int k = 0; k < 2; k++)
+    for (int g = 0; g < 2; g++)
+      if (c->fds[k][g] >= 0)
+        {
+          close (c->fds[k][g]);
+          c->fds[k][g] = -1;
+        }
 }
 
 char **

@@ -117,6 +117,26 @@ typedef struct sbx_cg_events_s
  * each summed over the group and its sub-groups. */
 void sbx_cg_events (const sbx_cg_layout_t *l, const char *id, const char *sub, sbx_cg_events_t *out);
 
+/* The files sbx_cg_events reads for a sandbox and for one of its
+ * sub-groups (an exec's), opened ahead: an exec opens them while its
+ * command starts and reads them again (pread) once it has ended, instead
+ * of looking the paths up then. Other sub-groups are read as
+ * sbx_cg_events reads them. */
+typedef struct sbx_cg_counters_s
+{
+  char sub[32];
+  int fds[2][2]; /* [pids, memory][the sandbox's group, the sub-group]; -1: not open */
+} sbx_cg_counters_t;
+
+void sbx_cg_counters_open (const sbx_cg_layout_t *l, const char *id, const char *sub, sbx_cg_counters_t *c);
+
+/* What sbx_cg_events (l, id, NULL, out), or with `of_sub` sbx_cg_events (l,
+ * id, c->sub, out), gives. */
+void sbx_cg_counters_read (const sbx_cg_layout_t *l, const char *id, const sbx_cg_counters_t *c, bool of_sub,
+                           sbx_cg_events_t *out);
+
+void sbx_cg_counters_close (sbx_cg_counters_t *c);
+
 /* Ids of sandbox groups found under our roots (to clean after a crash).
  * Returns a NULL-terminated array the caller frees (each entry and it). */
 char **sbx_cg_list (const sbx_cg_layout_t *l);

@@ -153,10 +153,12 @@ typedef struct exec_run_s
   size_t stdin_off;
   int report_fd;
   int64_t started, deadline, exited_at, drain_until, killed_at;
+  int64_t cancel_checked; /* when the sink was last asked whether the caller went away */
   bool exited, killed, consumer_gone;
   bool started_seen; /* the STARTED report came (or never will) */
   char start_error[sizeof ((sbx_report_t *) 0)->text];
-  sbx_outbufs_t bufs; /* output is read into these (SBX_EXEC_CHUNK each) */
+  sbx_outbufs_t bufs;    /* output is read into these (SBX_EXEC_CHUNK each) */
+  sbx_cg_counters_t ctr; /* the limit-event counters, opened while the command starts */
 } exec_run_t;
 
 static void
@@ -214,10 +216,17 @@ start_command (exec_run_t *x, const char *state, err_t *err)
   const char *cwd = req->cwd != NULL && req->cwd[0] != '\0' ? req->cwd : "/root";
   bool pty = req->pty_rows > 0 && req->pty_cols > 0;
   cleanup_free char **env = build_env (req->env, pty);
-  cleanup_free char *msg = malloc (SBX_EXEC_MAX);
-  if (msg == NULL || env == NULL)
+  if (env == NULL)
     return err_make (err, ENOMEM, "exec: out of memory");
-  ssize_t msg_len = sbx_exec_encode (msg, SBX_EXEC_MAX, cwd, req->argv, env);
+  /* Sized to the request: the largest one allowed would be a mapping of
+   * its own, made and unmade per exec. */
+  size_t size = sbx_exec_size (cwd, req->argv, env);
+  if (size > SBX_EXEC_MAX)
+    return err_make (err, E2BIG, "argv and env together exceed %d KiB", SBX_EXEC_MAX / 1024);
+  cleanup_free char *msg = malloc (size);
+  if (msg == NULL)
+    return err_make (err, ENOMEM, "exec: out of memory");
+  ssize_t msg_len = sbx_exec_encode (msg, size, cwd, req->argv, env);
   if (msg_len < 0)
     return err_make (err, E2BIG, "argv and env together exceed %d KiB", SBX_EXEC_MAX / 1024);
   /* Only a caller that streams stdin uses the STARTED report: a plain
@@ -231,8 +240,6 @@ start_command (exec_run_t *x, const char *state, err_t *err)
   if (pipe2 (in, O_CLOEXEC) < 0 || pipe2 (out, O_CLOEXEC) < 0 || pipe2 (errp, O_CLOEXEC) < 0
       || socketpair (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, rep) < 0)
     return err_make_sys (err, errno, "exec: pipe");
-  fcntl (out[0], F_SETPIPE_SZ, EXEC_STDOUT_PIPE);
-  fcntl (errp[0], F_SETPIPE_SZ, EXEC_STDERR_PIPE);
   x->started = sbx_mono_ms ();
   /* The holder forks the command inside the sandbox with these as its
    * stdin, stdout, stderr, report socket and cgroup. */
@@ -246,8 +253,15 @@ start_command (exec_run_t *x, const char *state, err_t *err)
   x->report_fd = take_fd (&rep[0]);
   x->pumps[0] = (pump_t){take_fd (&out[0]), 1};
   x->pumps[1] = (pump_t){take_fd (&errp[0]), 2};
+  /* While the holder starts the command: nothing is written into them
+   * before its exec. */
+  fcntl (x->pumps[0].fd, F_SETPIPE_SZ, EXEC_STDOUT_PIPE);
+  fcntl (x->pumps[1].fd, F_SETPIPE_SZ, EXEC_STDERR_PIPE);
   fcntl (x->pumps[0].fd, F_SETFL, O_NONBLOCK);
   fcntl (x->pumps[1].fd, F_SETFL, O_NONBLOCK);
+  /* Also meanwhile: the counters read after the command's end (see
+   * sbx_exec), then only read again. */
+  sbx_cg_counters_open (&x->rt->cg, req->id, x->group, &x->ctr);
   if (req->stdin_stream)
     x->stream_fd = take_fd (&in[1]);
   else if (req->stdin_len > 0)
@@ -277,7 +291,12 @@ kill_if_due (exec_run_t *x, int64_t now)
         }
       return;
     }
-  if (!(now >= x->deadline || x->consumer_gone || x->sink->cancelled (x->sink->ctx)))
+  /* The caller's cancellation is looked at every EXEC_POLL_MS, not on
+   * every wake-up (output, the pipes' end): each look asks gRPC. */
+  bool look = now - x->cancel_checked >= EXEC_POLL_MS;
+  if (look)
+    x->cancel_checked = now;
+  if (!(now >= x->deadline || x->consumer_gone || (look && x->sink->cancelled (x->sink->ctx))))
     return;
   if (now >= x->deadline)
     x->res->timed_out = true;
@@ -414,7 +433,9 @@ pump_once (exec_run_t *x, int64_t now, err_t *err)
     return err_make_sys (err, errno, "exec: poll");
   bool got = false;
   for (int i = 0; i < 2; i++)
-    if (p[i].revents != 0 && !x->consumer_gone)
+    if (p[i].revents != 0 && !(p[i].revents & POLLIN))
+      close (take_fd (&x->pumps[i].fd)); /* empty and closed on the other side: nothing to read */
+    else if (p[i].revents != 0 && !x->consumer_gone)
       on_output (x, &x->pumps[i], &got);
     else if (x->exited && now >= x->drain_until)
       x->pumps[i].owed = 0; /* an empty pipe owes nothing (another reader took the bytes) */
@@ -577,7 +598,8 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
                   .pumps = {{-1, 1}, {-1, 2}},
                   .stdin_fd = -1,
                   .stream_fd = -1,
-                  .report_fd = -1};
+                  .report_fd = -1,
+                  .ctr = {.fds = {{-1, -1}, {-1, -1}}}};
   pthread_mutex_lock (&rt->mu);
   snprintf (x.group, sizeof x.group, "exec-%u", ++s->exec_seq);
   char state[sizeof s->state];
@@ -595,7 +617,7 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
       /* The sandbox's limit events since the last exec's end: one read of
        * the counters per exec instead of a read before and after. */
       sbx_cg_events_t before, after;
-      sbx_cg_events (&rt->cg, req->id, NULL, &after);
+      sbx_cg_counters_read (&rt->cg, req->id, &x.ctr, false, &after);
       pthread_mutex_lock (&rt->mu);
       before = s->cg_seen;
       s->cg_seen = after;
@@ -613,7 +635,8 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
   err_t rerr = ERR_INIT;
   sbx_cg_events_t gone = {0};
   if (rc == 0) /* s->cg_seen then counts this group's events */
-    sbx_cg_events (&rt->cg, req->id, x.group, &gone);
+    sbx_cg_counters_read (&rt->cg, req->id, &x.ctr, true, &gone);
+  sbx_cg_counters_close (&x.ctr);
   if ((x.exited && sbx_cg_move_all (&rt->cg, req->id, x.group, SBX_CG_BACKGROUND, &rerr) < 0)
       || sbx_cg_remove (&rt->cg, req->id, x.group, &rerr) < 0)
     err_warn_release (&rerr, "exec in `%s`", req->id);

@@ -84,6 +84,17 @@ sbx_recv_fds (int sock, void *buf, size_t cap, int *fds, size_t *n_fds, size_t m
   return n;
 }
 
+size_t
+sbx_exec_size (const char *cwd, char *const *argv, char *const *env)
+{
+  size_t n = sizeof (sbx_exec_hdr_t) + strlen (cwd) + 1;
+  for (size_t i = 0; argv[i] != NULL; i++)
+    n += strlen (argv[i]) + 1;
+  for (size_t i = 0; env != NULL && env[i] != NULL; i++)
+    n += strlen (env[i]) + 1;
+  return n;
+}
+
 ssize_t
 sbx_exec_encode (char *buf, size_t cap, const char *cwd, char *const *argv, char *const *env)
 {

@@ -74,6 +74,9 @@ typedef struct sbx_exec_hdr_s
 /* The caller wants the STARTED report (a pidfd, a terminal's master). */
 #define SBX_EXEC_F_STARTED 1u
 
+/* The length of a request's encoding. */
+size_t sbx_exec_size (const char *cwd, char *const *argv, char *const *env);
+
 /* Encodes a request into buf (cap bytes). Returns its length, or -1 when it
  * does not fit. */
 ssize_t sbx_exec_encode (char *buf, size_t cap, const char *cwd, char *const *argv, char *const *env);
