@@ -69,7 +69,10 @@ struct rpc_call_s
   int close_tag; /* its address tags RECV_CLOSE_ON_SERVER */
   int batch_tag; /* its address tags every other batch */
   int ahead_tag; /* its address tags every receive (started ahead or not) */
-  bool ahead;    /* such a receive is in flight; its message lands in ahead_bb */
+  int send_tag;  /* its address tags a send started by rpc_call_send_raw_start */
+  bool sending;  /* such a send is in flight; send_bb is its message */
+  grpc_byte_buffer *send_bb;
+  bool ahead; /* such a receive is in flight; its message lands in ahead_bb */
   grpc_byte_buffer *ahead_bb;
   int cancelled; /* written by RECV_CLOSE_ON_SERVER */
   bool closed;   /* RECV_CLOSE_ON_SERVER has completed */
