@@ -4,13 +4,15 @@
  * Forward relays one TCP connection the runtime made on the sandbox's
  * loopback (runtime/ports.c) over a bidirectional stream of ForwardFrames.
  * Two threads per call: the call's own thread reads the socket and sends
- * `data` frames (its end as one `close_write` frame); a reader thread
- * receives the client's frames and writes them to the socket, a
+ * `data` frames (its end as one `close_write` frame), each read
+ * overlapping the sending of the frame before it (one frame in flight, so
+ * flow control still holds the reads to the client's pace); a reader
+ * thread receives the client's frames and writes them to the socket, a
  * `close_write` or the client's half-close becoming shutdown(SHUT_WR). The
  * call ends OK when both directions are closed, UNAVAILABLE when the
  * server resets the connection; a client that goes away closes the
  * socket. Receives and sends use separate tags (common/rpc): one thread
- * each. State: per call.
+ * each. State: per call, and a few spare read buffers shared by all.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -29,6 +31,9 @@
 
 /* The most bytes one data frame carries. */
 #define FWD_CHUNK (256 * 1024)
+/* Read buffers (one FWD_CHUNK each) kept for the next reads once gRPC has
+ * let go of them, in all calls together. */
+#define FWD_SPARE_BUFS 8
 /* How often a busy connection renews its sandbox's idle timer. */
 #define FWD_TOUCH_MS 10000
 /* ForwardFrame's fields. */
@@ -190,22 +195,74 @@ reader_main (void *arg)
 
 /* ---- sandbox -> client (the call's thread) ---------------------------------- */
 
-/* Sends up to FWD_CHUNK bytes read from the socket as one data frame, read
- * straight into the message. 1 sent, 0 the server's EOF, -1 error (*err). */
+/* A read buffer: the socket's bytes go straight into it, after room for
+ * the data field's header, and gRPC sends them from there. Buffers come
+ * back when gRPC drops the message (from any thread) and are kept for the
+ * next reads, a few in all: a fresh buffer of this size would be a fresh
+ * mapping (the process's mmap threshold), every page of it faulted in
+ * again. */
+enum
+{
+  FWD_HEAD_ROOM = 11 /* the largest field header */
+};
+
+typedef struct fwd_buf_s
+{
+  struct fwd_buf_s *next;
+  uint8_t data[FWD_HEAD_ROOM + FWD_CHUNK];
+} fwd_buf_t;
+
+static pthread_mutex_t spare_mu = PTHREAD_MUTEX_INITIALIZER;
+static fwd_buf_t *spare;
+static size_t n_spare;
+
+static fwd_buf_t *
+fwd_buf_get (void)
+{
+  pthread_mutex_lock (&spare_mu);
+  fwd_buf_t *b = spare;
+  if (b != NULL)
+    {
+      spare = b->next;
+      n_spare--;
+    }
+  pthread_mutex_unlock (&spare_mu);
+  return b != NULL ? b : malloc (sizeof *b);
+}
+
+static void
+fwd_buf_put (void *p)
+{
+  fwd_buf_t *b = p;
+  pthread_mutex_lock (&spare_mu);
+  bool keep = n_spare < FWD_SPARE_BUFS;
+  if (keep)
+    {
+      b->next = spare;
+      spare = b;
+      n_spare++;
+    }
+  pthread_mutex_unlock (&spare_mu);
+  if (!keep)
+    free (b);
+}
+
+/* Reads up to FWD_CHUNK bytes from the socket and starts sending them as
+ * one data frame; the frame before it must have gone first (one in flight:
+ * the client's pace holds the reads back), but the read overlaps its
+ * sending. 1 sent, 0 the server's EOF, -1 error (*err). */
 static int
 relay_chunk (fwd_t *f, err_t *err)
 {
-  enum
-  {
-    HEAD_ROOM = 11 /* the largest field header */
-  };
-  grpc_slice buf = grpc_slice_malloc (HEAD_ROOM + FWD_CHUNK);
-  uint8_t *start = GRPC_SLICE_START_PTR (buf);
-  ssize_t r = TEMP_FAILURE_RETRY (recv (f->sock, start + HEAD_ROOM, FWD_CHUNK, 0));
+  fwd_buf_t *b = fwd_buf_get ();
+  if (b == NULL)
+    return err_make (err, ENOMEM, "Forward: out of memory");
+  uint8_t *start = b->data + FWD_HEAD_ROOM;
+  ssize_t r = TEMP_FAILURE_RETRY (recv (f->sock, start, FWD_CHUNK, 0));
   if (r <= 0)
     {
       int e = errno;
-      grpc_slice_unref (buf);
+      fwd_buf_put (b);
       if (r == 0)
         return 0;
       if (e == EAGAIN)
@@ -214,12 +271,11 @@ relay_chunk (fwd_t *f, err_t *err)
         return err_make (err, ECONNRESET, "Forward: the server in sandbox `%s` reset the connection", f->id);
       return err_make_sys (err, e, "Forward: recv");
     }
-  uint8_t head[HEAD_ROOM];
+  uint8_t head[FWD_HEAD_ROOM];
   size_t hn = api_field_header (head, FWD_FIELD_DATA, (size_t) r);
-  memcpy (start + HEAD_ROOM - hn, head, hn);
-  grpc_slice msg = grpc_slice_sub (buf, HEAD_ROOM - hn, HEAD_ROOM + (size_t) r);
-  grpc_slice_unref (buf);
-  return rpc_call_send_raw (f->call, &msg, 1, err) < 0 ? -1 : 1;
+  memcpy (start - hn, head, hn);
+  grpc_slice msg = grpc_slice_new_with_user_data (start - hn, hn + (size_t) r, fwd_buf_put, b);
+  return rpc_call_send_raw_start (f->call, &msg, 1, err) < 0 ? -1 : 1;
 }
 
 /* Relays the server's output until its end; then waits for the client's
