@@ -850,7 +850,10 @@ proxy_handle (shim_req_t *r, unsigned *status)
   /* A long-lived answer (SSE) moves no byte for long: the Forward call's
    * idle timeout is the bound, not MHD's. */
   MHD_set_connection_option (r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0);
-  struct MHD_Response *resp = MHD_create_response_from_callback (size, PROXY_BLOCK, body_read, px, body_done);
+  /* MHD's block comes with the response (a fresh mapping at this size):
+   * no larger than the body. */
+  size_t block = size < PROXY_BLOCK ? (size_t) size + 1 : PROXY_BLOCK;
+  struct MHD_Response *resp = MHD_create_response_from_callback (size, block, body_read, px, body_done);
   if (resp == NULL)
     return shim_detail (503, "Out of memory", status);
   body_t body = px->body;
