@@ -11,7 +11,7 @@
  * de-chunked (MHD chunks it again for the client), or to the end of the
  * connection — so long-lived responses (SSE) stream. Data frames are read
  * where gRPC received them (shim/frames.c): the body's bytes are copied
- * once, into MHD's block, which holds a whole frame (PROXY_BLOCK). A 101
+ * once, into MHD's block (PROXY_BLOCK bytes at a time). A 101
  * to a request that asked for an upgrade (WebSocket) hands the client's
  * socket over to two threads of the proxy's own that relay bytes both ways
  * until both sides are closed.
@@ -52,8 +52,8 @@
 #define PROXY_CHUNK (64 * 1024)
 /* The most pieces of a frame written to an upgraded client in one call. */
 #define PROXY_IOV 64
-/* The most bytes MHD takes from the answer's body at a time: as much as
- * one data frame of the gateway's carries. */
+/* The most bytes MHD takes from the answer's body at a time (a larger
+ * block measured no faster). */
 #define PROXY_BLOCK (256 * 1024)
 #define PROXY_THREAD_STACK (256 * 1024)
 
