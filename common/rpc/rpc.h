@@ -4,10 +4,10 @@
  * written as straight-line blocking code:
  *
  *   - Server: rpc_server_add_method() registers a handler per method path;
- *     rpc_server_start() listens and accepts calls on a poller thread; every
- *     accepted call runs its handler on a thread of its own, with a private
- *     completion queue, so a handler may block (on a pipe, a child process,
- *     the next message) without holding up any other call. Handlers use
+ *     rpc_server_start() listens and accepts calls; every accepted call
+ *     runs its handler on a thread of its own (the one that accepted it),
+ *     with a private completion queue, so a handler may block (on a pipe, a
+ *     child process, the next message) without holding up any other call. Handlers use
  *     rpc_call_recv / rpc_call_send / rpc_call_reply and return; the layer
  *     sends the final status. A handler notices a client that went away when
  *     a send fails or rpc_call_cancelled() says so.
