@@ -48,6 +48,9 @@ rpc_call_finish (rpc_call_t *c, grpc_status_code code, const char *details)
 {
   if (c->finished)
     return 0;
+  err_t ignored = ERR_INIT;
+  rpc_call_send_wait (c, &ignored); /* a status follows the messages */
+  err_release (&ignored);
   c->finished = true;
   grpc_op ops[3];
   size_t n = 0;
@@ -180,10 +183,32 @@ rpc_call_max_message (const rpc_call_t *c)
   return c->server->max_message;
 }
 
+int
+rpc_call_send_wait (rpc_call_t *c, err_t *err)
+{
+  if (!c->sending)
+    return 0;
+  grpc_event ev = grpc_completion_queue_pluck (c->cq, &c->send_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+  c->sending = false;
+  grpc_byte_buffer_destroy (c->send_bb);
+  c->send_bb = NULL;
+  if (ev.type != GRPC_OP_COMPLETE || !ev.success)
+    {
+      c->peer_gone = true;
+      return err_make (err, ECANCELED, "%s: the client has gone", c->path);
+    }
+  return 0;
+}
+
 /* Sends `bb` (always destroyed) and waits until the transport has it. */
 static int
 send_buffer (rpc_call_t *c, grpc_byte_buffer *bb, err_t *err)
 {
+  if (rpc_call_send_wait (c, err) < 0)
+    {
+      grpc_byte_buffer_destroy (bb);
+      return -1;
+    }
   grpc_op ops[2];
   size_t n = 0;
   add_initial_md (c, ops, &n);
@@ -213,26 +238,62 @@ rpc_call_send (rpc_call_t *c, const ProtobufCMessage *msg, err_t *err)
   return send_buffer (c, bb, err);
 }
 
-int
-rpc_call_send_raw (rpc_call_t *c, grpc_slice *slices, size_t n, err_t *err)
+/* The slices of a raw send as a byte buffer (their references taken
+ * over), or NULL with *err when they cannot go. */
+static grpc_byte_buffer *
+raw_buffer (rpc_call_t *c, grpc_slice *slices, size_t n, err_t *err)
 {
   rpc_call_first_message_done (c);
   size_t len = 0;
   for (size_t i = 0; i < n; i++)
     len += GRPC_SLICE_LENGTH (slices[i]);
-  if (c->finished || c->peer_gone || len > c->server->max_message)
-    {
-      for (size_t i = 0; i < n; i++)
-        grpc_slice_unref (slices[i]);
-      return len > c->server->max_message
-                 ? err_make (err, EMSGSIZE, "%s: a message of %zu bytes exceeds the %zu-byte limit", c->path, len,
-                             c->server->max_message)
-                 : err_make (err, ECANCELED, "%s: the call has ended", c->path);
-    }
-  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create (slices, n);
+  grpc_byte_buffer *bb = NULL;
+  if (c->finished || c->peer_gone)
+    err_make (err, ECANCELED, "%s: the call has ended", c->path);
+  else if (len > c->server->max_message)
+    err_make (err, EMSGSIZE, "%s: a message of %zu bytes exceeds the %zu-byte limit", c->path, len,
+              c->server->max_message);
+  else
+    bb = grpc_raw_byte_buffer_create (slices, n);
   for (size_t i = 0; i < n; i++)
     grpc_slice_unref (slices[i]);
-  return send_buffer (c, bb, err);
+  return bb;
+}
+
+int
+rpc_call_send_raw (rpc_call_t *c, grpc_slice *slices, size_t n, err_t *err)
+{
+  grpc_byte_buffer *bb = raw_buffer (c, slices, n, err);
+  return bb == NULL ? -1 : send_buffer (c, bb, err);
+}
+
+int
+rpc_call_send_raw_start (rpc_call_t *c, grpc_slice *slices, size_t n, err_t *err)
+{
+  grpc_byte_buffer *bb = raw_buffer (c, slices, n, err);
+  if (bb == NULL)
+    return -1;
+  if (rpc_call_send_wait (c, err) < 0)
+    {
+      grpc_byte_buffer_destroy (bb);
+      return -1;
+    }
+  grpc_op ops[2];
+  size_t k = 0;
+  add_initial_md (c, ops, &k);
+  memset (&ops[k], 0, sizeof ops[k]);
+  ops[k].op = GRPC_OP_SEND_MESSAGE;
+  ops[k].data.send_message.send_message = bb;
+  k++;
+  if (rpc_call_start_batch (c, ops, k, &c->send_tag) != GRPC_CALL_OK)
+    {
+      grpc_byte_buffer_destroy (bb);
+      c->peer_gone = true;
+      return err_make (err, ECANCELED, "%s: the call has ended", c->path);
+    }
+  c->send_bb = bb;
+  c->sending = true;
+  return 0;
 }
 
 int

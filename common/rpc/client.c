@@ -235,7 +235,7 @@ rpc_client_close_send (rpc_client_call_t *c, err_t *err)
 }
 
 int
-rpc_client_recv (rpc_client_call_t *c, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err)
+rpc_client_recv_raw (rpc_client_call_t *c, grpc_byte_buffer **out, err_t *err)
 {
   *out = NULL;
   grpc_byte_buffer *bb = NULL;
@@ -254,6 +254,26 @@ rpc_client_recv (rpc_client_call_t *c, const ProtobufCMessageDescriptor *desc, P
         grpc_byte_buffer_destroy (bb);
       return 0; /* the stream has ended; rpc_client_finish says how */
     }
+  size_t len = grpc_byte_buffer_length (bb);
+  if (len > c->ch->max_message)
+    {
+      grpc_byte_buffer_destroy (bb);
+      rpc_client_cancel (c);
+      return err_make (err, EMSGSIZE, "%s: a message of %zu bytes exceeds the %zu-byte limit", c->method, len,
+                       c->ch->max_message);
+    }
+  *out = bb;
+  return 1;
+}
+
+int
+rpc_client_recv (rpc_client_call_t *c, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err)
+{
+  *out = NULL;
+  grpc_byte_buffer *bb = NULL;
+  int got = rpc_client_recv_raw (c, &bb, err);
+  if (got <= 0)
+    return got;
   int rc = rpc_unpack (bb, desc, c->ch->max_message, out, err);
   grpc_byte_buffer_destroy (bb);
   if (rc < 0)

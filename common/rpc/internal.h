@@ -69,7 +69,10 @@ struct rpc_call_s
   int close_tag; /* its address tags RECV_CLOSE_ON_SERVER */
   int batch_tag; /* its address tags every other batch */
   int ahead_tag; /* its address tags every receive (started ahead or not) */
-  bool ahead;    /* such a receive is in flight; its message lands in ahead_bb */
+  int send_tag;  /* its address tags a send started by rpc_call_send_raw_start */
+  bool sending;  /* such a send is in flight; send_bb is its message */
+  grpc_byte_buffer *send_bb;
+  bool ahead; /* such a receive is in flight; its message lands in ahead_bb */
   grpc_byte_buffer *ahead_bb;
   int cancelled; /* written by RECV_CLOSE_ON_SERVER */
   bool closed;   /* RECV_CLOSE_ON_SERVER has completed */
@@ -84,7 +87,6 @@ struct rpc_call_s
   bool waiting;        /* on the server's list of calls awaiting their first message */
   int64_t accepted_ms; /* monotonic */
   struct rpc_call_s *wait_prev, *wait_next;
-  struct rpc_call_s *handoff_next; /* on the server's list for idle threads */
 };
 
 struct rpc_server_s
@@ -97,7 +99,6 @@ struct rpc_server_s
   rpc_opts_t opts;
   char *tls_cert_file, *tls_key_file, *tls_ca_file;
 
-  pthread_t poller;
   bool started;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -107,13 +108,10 @@ struct rpc_server_s
   int64_t first_message_ms;
   rpc_call_t *waiting; /* calls awaiting their first message, oldest last */
   int64_t last_sweep_ms;
-  /* Handler threads (server.c; `mu`): idle ones wait on `work_cv` for a
-   * call handed to them. */
-  pthread_cond_t work_cv;
-  size_t threads; /* alive, busy or idle */
-  size_t idle;    /* waiting, not yet handed a call */
-  rpc_call_t *handoff;
-  bool pool_closed;
+  /* The server's threads (server.c; `mu`): each waits on `cq` and runs
+   * the calls it takes. */
+  size_t threads;   /* alive */
+  size_t listening; /* of them, waiting on `cq` (or about to) */
   atomic_bool shutting_down;
   atomic_bool draining; /* rpc_server_drain: new admitted calls are refused */
   bool shutdown_called;

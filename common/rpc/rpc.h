@@ -4,10 +4,10 @@
  * written as straight-line blocking code:
  *
  *   - Server: rpc_server_add_method() registers a handler per method path;
- *     rpc_server_start() listens and accepts calls on a poller thread; every
- *     accepted call runs its handler on a thread of its own, with a private
- *     completion queue, so a handler may block (on a pipe, a child process,
- *     the next message) without holding up any other call. Handlers use
+ *     rpc_server_start() listens and accepts calls; every accepted call
+ *     runs its handler on a thread of its own (the one that accepted it),
+ *     with a private completion queue, so a handler may block (on a pipe, a
+ *     child process, the next message) without holding up any other call. Handlers use
  *     rpc_call_recv / rpc_call_send / rpc_call_reply and return; the layer
  *     sends the final status. A handler notices a client that went away when
  *     a send fails or rpc_call_cancelled() says so.
@@ -231,6 +231,18 @@ int rpc_call_send (rpc_call_t *call, const ProtobufCMessage *msg, err_t *err);
  * itself and lends gRPC its bytes instead of copying them. */
 int rpc_call_send_raw (rpc_call_t *call, grpc_slice *slices, size_t n, err_t *err);
 
+/* The same, without waiting: the message is under way when it returns, so
+ * the handler can prepare the next one meanwhile. One such send is in
+ * flight at a time: this call, like every other send or the final status,
+ * first waits until the transport has taken the previous one (its failure
+ * is this call's). */
+int rpc_call_send_raw_start (rpc_call_t *call, grpc_slice *slices, size_t n, err_t *err);
+
+/* Waits until the transport has taken the message of the last
+ * rpc_call_send_raw_start: 0, or -1 with ECANCELED when the client has
+ * gone. 0 when there is none in flight. */
+int rpc_call_send_wait (rpc_call_t *call, err_t *err);
+
 /* In a handler: sets the final message of a call (of a streaming one, its
  * last); it is sent with the OK status in one batch when the handler
  * returns 0 or calls rpc_call_finish. */
@@ -319,6 +331,12 @@ int rpc_client_close_send (rpc_client_call_t *c, err_t *err);
  * (from any thread) makes both return. */
 int rpc_client_recv (rpc_client_call_t *c, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out,
                      err_t *err);
+
+/* The same, without decoding: 1 with *out the message's bytes as gRPC
+ * holds them (free with grpc_byte_buffer_destroy), for a caller that reads
+ * a large field in place; 0 at the end of the server's stream; -1 with
+ * EMSGSIZE for a message over the limit (the call is cancelled). */
+int rpc_client_recv_raw (rpc_client_call_t *c, grpc_byte_buffer **out, err_t *err);
 
 /* Waits for the call's final status into *st (caller releases it) and
  * returns its code. */

@@ -2,14 +2,17 @@
  * operations are in call.c.
  *
  * Shape: one "next" completion queue, registered with the gRPC server, on
- * which a single poller thread learns of new calls. For every method (and
- * for unregistered ones, answered UNIMPLEMENTED) a few accept slots are kept
+ * which the server's threads learn of new calls. For every method (and for
+ * unregistered ones, answered UNIMPLEMENTED) a few accept slots are kept
  * outstanding; each slot brings its own "pluck" completion queue, which
- * becomes the call's private queue. An accepted call is handed to a thread
- * of its own that runs the handler (a few idle threads are kept for the
- * next calls, sparing each call a thread's start); all operations of that call are plucked
- * from its queue by that thread, so handlers are plain blocking code and a
- * slow call never holds up another.
+ * becomes the call's private queue. The thread that takes a new call from
+ * the queue runs its handler itself — no hand-off to another thread on a
+ * call's way in — while the others wait for the next; one that takes a
+ * call when none other is waiting starts another first, and a few stay
+ * waiting when their calls are done, sparing the next calls a thread's
+ * start. All operations of a call are plucked from its queue by that
+ * thread, so handlers are plain blocking code and a slow call never holds
+ * up another.
  *
  * Every call starts RECV_CLOSE_ON_SERVER at once; rpc_call_cancelled()
  * peeks at it without blocking.
@@ -33,12 +36,12 @@
 #include "common/log.h"
 
 /* Outstanding accept slots per method: enough to take a burst of calls
- * without waiting for the poller to re-arm. */
+ * without waiting for a thread to re-arm. */
 #define RPC_ACCEPT_DEPTH 8
 
-/* Stack of a handler thread. */
+/* Stack of a server thread (it runs handlers). */
 #define RPC_HANDLER_STACK (2u * 1024u * 1024u)
-/* Handler threads kept waiting for the next call once theirs is done. */
+/* Threads kept waiting for the next call once theirs is done. */
 #define RPC_IDLE_THREADS 4
 
 gpr_timespec
@@ -263,59 +266,32 @@ sweep_waiting (rpc_server_t *s)
   pthread_mutex_unlock (&s->mu);
 }
 
-static void *
-call_thread (void *arg)
-{
-  rpc_call_t *c = arg;
-  rpc_server_t *s = c->server;
-  for (;;)
-    {
-      call_run (c);
-      call_done (s, c);
-      /* Wait for the next call, unless enough threads already do. */
-      pthread_mutex_lock (&s->mu);
-      if (s->idle >= RPC_IDLE_THREADS || s->pool_closed)
-        break;
-      s->idle++;
-      while (s->handoff == NULL && !s->pool_closed)
-        pthread_cond_wait (&s->work_cv, &s->mu);
-      c = s->handoff;
-      if (c == NULL)
-        {
-          s->idle--;
-          break;
-        }
-      s->handoff = c->handoff_next; /* idle was counted down by the hand-off */
-      pthread_mutex_unlock (&s->mu);
-    }
-  s->threads--;
-  pthread_cond_broadcast (&s->cv);
-  pthread_mutex_unlock (&s->mu);
-  return NULL;
-}
+static void *server_thread (void *arg);
 
-/* Gives `c` to an idle handler thread: false when none waits. */
+/* Starts a server thread, counted in `threads` and `listening` by the
+ * caller (under `mu`), who takes them back on failure. */
 static bool
-hand_off (rpc_server_t *s, rpc_call_t *c)
+spawn_thread (rpc_server_t *s)
 {
-  pthread_mutex_lock (&s->mu);
-  bool taken = s->idle > 0 && !s->pool_closed;
-  if (taken)
+  pthread_attr_t attr;
+  pthread_attr_init (&attr);
+  pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize (&attr, RPC_HANDLER_STACK);
+  pthread_t th;
+  int rc = pthread_create (&th, &attr, server_thread, s);
+  pthread_attr_destroy (&attr);
+  if (rc != 0)
     {
-      s->idle--;
-      c->handoff_next = s->handoff;
-      s->handoff = c;
-      pthread_cond_signal (&s->work_cv);
+      log_msg (SEV_ERROR, "rpc: cannot start a server thread: %s", strerror (rc));
+      return false;
     }
-  else
-    s->threads++; /* the caller starts one */
-  pthread_mutex_unlock (&s->mu);
-  return taken;
+  return true;
 }
 
-/* Turns a completed accept slot into a call and starts its thread. */
-static void
-call_start (rpc_server_t *s, rpc_slot_t *slot)
+/* Turns a completed accept slot into a call: NULL when it was refused (or
+ * could not be made), and is answered already. */
+static rpc_call_t *
+call_accept (rpc_server_t *s, rpc_slot_t *slot)
 {
   rpc_call_t *c = calloc (1, sizeof *c);
   if (c == NULL)
@@ -323,7 +299,7 @@ call_start (rpc_server_t *s, rpc_slot_t *slot)
       grpc_call_cancel_with_status (slot->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
       grpc_call_unref (slot->call);
       slot_free (slot);
-      return;
+      return NULL;
     }
   c->server = s;
   c->call = slot->call;
@@ -347,34 +323,11 @@ call_start (rpc_server_t *s, rpc_slot_t *slot)
   slot_free (slot);
   if (c->path == NULL)
     c->path = strdup ("?");
-
-  if (!admit (s, c))
-    return;
-
-  if (hand_off (s, c))
-    return;
-  pthread_attr_t attr;
-  pthread_attr_init (&attr);
-  pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
-  pthread_attr_setstacksize (&attr, RPC_HANDLER_STACK);
-  pthread_t th;
-  int rc = pthread_create (&th, &attr, call_thread, c);
-  pthread_attr_destroy (&attr);
-  if (rc != 0)
-    {
-      pthread_mutex_lock (&s->mu);
-      s->threads--;
-      pthread_mutex_unlock (&s->mu);
-      log_msg (SEV_ERROR, "rpc: cannot start a handler thread for %s: %s", c->path, strerror (rc));
-      grpc_call_cancel_with_status (c->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "server out of threads", NULL);
-      c->finished = true;
-      await_close (c);
-      call_done (s, c);
-    }
+  return admit (s, c) ? c : NULL;
 }
 
 static void *
-poller_thread (void *arg)
+server_thread (void *arg)
 {
   rpc_server_t *s = arg;
   for (;;)
@@ -401,8 +354,47 @@ poller_thread (void *arg)
         }
       if (!atomic_load (&s->shutting_down))
         slot_request (s, slot->method);
-      call_start (s, slot);
+      /* This thread goes to the call; another waits for the next one. */
+      pthread_mutex_lock (&s->mu);
+      s->listening--;
+      bool start = s->listening == 0;
+      if (start)
+        {
+          s->listening++;
+          s->threads++;
+        }
+      pthread_mutex_unlock (&s->mu);
+      if (start && !spawn_thread (s))
+        {
+          /* None waits while this call runs: later calls wait for it. */
+          pthread_mutex_lock (&s->mu);
+          s->listening--;
+          s->threads--;
+          pthread_mutex_unlock (&s->mu);
+        }
+      rpc_call_t *c = call_accept (s, slot);
+      if (c != NULL)
+        {
+          call_run (c);
+          call_done (s, c);
+        }
+      /* Back to waiting, unless enough threads already do. */
+      pthread_mutex_lock (&s->mu);
+      if (s->listening >= RPC_IDLE_THREADS)
+        {
+          s->threads--;
+          pthread_cond_broadcast (&s->cv);
+          pthread_mutex_unlock (&s->mu);
+          return NULL;
+        }
+      s->listening++;
+      pthread_mutex_unlock (&s->mu);
     }
+  pthread_mutex_lock (&s->mu);
+  s->listening--;
+  s->threads--;
+  pthread_cond_broadcast (&s->cv);
+  pthread_mutex_unlock (&s->mu);
   return NULL;
 }
 
@@ -423,7 +415,6 @@ rpc_server_new (const rpc_opts_t *opts, rpc_server_t **out, err_t *err)
   pthread_condattr_setclock (&ca, CLOCK_MONOTONIC);
   pthread_cond_init (&s->cv, &ca);
   pthread_condattr_destroy (&ca);
-  pthread_cond_init (&s->work_cv, NULL);
   atomic_init (&s->shutting_down, false);
   atomic_init (&s->draining, false);
   s->max_calls = s->opts.max_calls > 0 ? s->opts.max_calls : RPC_DEFAULT_MAX_CALLS;
@@ -513,9 +504,16 @@ rpc_server_start (rpc_server_t *s, const char *addr, int *bound_port, err_t *err
     return err_make (err, EADDRINUSE, "cannot listen on `%s` (address in use or not valid)", addr);
   grpc_server_start (s->server);
   s->started = true;
-  int rc = pthread_create (&s->poller, NULL, poller_thread, s);
-  if (rc != 0)
-    return err_make_sys (err, rc, "start the rpc poller thread");
+  pthread_mutex_lock (&s->mu);
+  s->threads = s->listening = 1;
+  pthread_mutex_unlock (&s->mu);
+  if (!spawn_thread (s))
+    {
+      pthread_mutex_lock (&s->mu);
+      s->threads = s->listening = 0;
+      pthread_mutex_unlock (&s->mu);
+      return err_make (err, EAGAIN, "cannot start the rpc server's thread");
+    }
   for (int d = 0; d < RPC_ACCEPT_DEPTH; d++)
     {
       for (size_t i = 0; i < s->n_methods; i++)
@@ -593,7 +591,7 @@ rpc_server_shutdown (rpc_server_t *s, int64_t grace_ms)
 
   if (!s->started)
     {
-      /* No poller: wait for the shutdown tag here. */
+      /* No thread: wait for the shutdown tag here. */
       grpc_server_shutdown_and_notify (s->server, s->cq, &s->shutdown_tag);
       for (;;)
         {
@@ -632,15 +630,12 @@ rpc_server_shutdown (rpc_server_t *s, int64_t grace_ms)
 
   grpc_server_destroy (s->server);
   grpc_completion_queue_shutdown (s->cq);
-  pthread_join (s->poller, NULL);
-  s->destroyed_grpc = true;
-  /* No call comes any more: the idle handler threads go. */
+  /* No call comes any more: the threads see the queue's end and go. */
   pthread_mutex_lock (&s->mu);
-  s->pool_closed = true;
-  pthread_cond_broadcast (&s->work_cv);
   while (s->threads > 0)
     pthread_cond_wait (&s->cv, &s->mu);
   pthread_mutex_unlock (&s->mu);
+  s->destroyed_grpc = true;
 }
 
 void
@@ -656,7 +651,6 @@ rpc_server_destroy (rpc_server_t *s)
   free (s->tls_cert_file);
   free (s->tls_key_file);
   free (s->tls_ca_file);
-  pthread_cond_destroy (&s->work_cv);
   pthread_cond_destroy (&s->cv);
   pthread_mutex_destroy (&s->mu);
   free (s);

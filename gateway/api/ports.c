@@ -4,13 +4,20 @@
  * Forward relays one TCP connection the runtime made on the sandbox's
  * loopback (runtime/ports.c) over a bidirectional stream of ForwardFrames.
  * Two threads per call: the call's own thread reads the socket and sends
- * `data` frames (its end as one `close_write` frame); a reader thread
- * receives the client's frames and writes them to the socket, a
- * `close_write` or the client's half-close becoming shutdown(SHUT_WR). The
- * call ends OK when both directions are closed, UNAVAILABLE when the
- * server resets the connection; a client that goes away closes the
- * socket. Receives and sends use separate tags (common/rpc): one thread
- * each. State: per call.
+ * `data` frames (its end as one `close_write` frame), each read
+ * overlapping the sending of the frame before it (one frame in flight, so
+ * flow control still holds the reads to the client's pace); a reader
+ * thread (an idle one from an earlier call when there is one) receives
+ * the client's frames and writes them to the socket, a `close_write` or
+ * the client's half-close becoming shutdown(SHUT_WR). The first frame's
+ * data goes to the server before `connected` goes out, which is not
+ * waited for. The call ends OK when both directions are closed,
+ * UNAVAILABLE when the server resets the connection; a client that goes
+ * away closes the socket. Receives and sends use separate tags
+ * (common/rpc): one thread each. Once the server's answer is out, the
+ * sandbox's next connection gets its socket made (runtime/ports.c).
+ * State: per call, and a few spare read buffers and idle reader threads
+ * shared by all.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -27,12 +34,20 @@
 #include "common/cleanup.h"
 #include "gateway/api/internal.h"
 
-/* The most bytes one data frame carries. */
-#define FWD_CHUNK (256 * 1024)
+/* The most bytes one data frame carries: a socket read's worth. Every
+ * frame costs both sides a round of gRPC work (batches, wake-ups), so a
+ * busy connection's go in large ones (1 MiB relays 100 MiB with half the
+ * CPU of 256 KiB; 2 MiB was no better); a quiet one's are as small as its
+ * reads. */
+#define FWD_CHUNK (1024 * 1024)
+/* Read buffers (one FWD_CHUNK each) kept for the next reads once gRPC has
+ * let go of them, in all calls together. */
+#define FWD_SPARE_BUFS 4
 /* How often a busy connection renews its sandbox's idle timer. */
 #define FWD_TOUCH_MS 10000
 /* ForwardFrame's fields. */
 #define FWD_FIELD_DATA 3
+#define FWD_FIELD_CONNECTED 5
 
 typedef struct fwd_s
 {
@@ -48,8 +63,10 @@ typedef struct fwd_s
   atomic_bool stop;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  bool input_done; /* mu: the client closed its direction */
-  err_t error;     /* mu: a protocol error of the client's stream */
+  bool input_done;          /* mu: the client closed its direction */
+  bool reader_done;         /* mu: the reader is done with this call */
+  err_t error;              /* mu: a protocol error of the client's stream */
+  struct fwd_s *queue_next; /* handed to an idle reader thread */
 } fwd_t;
 
 static int64_t
@@ -97,22 +114,25 @@ fwd_input_done (fwd_t *f)
 
 /* ---- client -> sandbox (the reader thread) ---------------------------------- */
 
-/* Writes all of `data` to the socket, waiting for room (and the wake). */
-static void
-sock_write_all (fwd_t *f, const uint8_t *data, size_t len)
+/* Writes `data` to the socket, waiting for room (and the wake) unless
+ * `at_once`: the count written (all of it, but on a failure or at once). */
+static size_t
+sock_write (fwd_t *f, const uint8_t *data, size_t len, bool at_once)
 {
-  while (len > 0 && !f->write_failed && !atomic_load (&f->stop))
+  size_t done = 0;
+  while (done < len && !f->write_failed && !atomic_load (&f->stop))
     {
-      ssize_t w = send (f->sock, data, len, MSG_NOSIGNAL);
+      ssize_t w = send (f->sock, data + done, len - done, MSG_NOSIGNAL);
       if (w > 0)
         {
           atomic_store (&f->active_ms, mono_ms ());
-          data += w;
-          len -= (size_t) w;
+          done += (size_t) w;
           continue;
         }
       if (w < 0 && errno == EINTR)
         continue;
+      if (w < 0 && errno == EAGAIN && at_once)
+        break;
       if (w < 0 && errno == EAGAIN)
         {
           struct pollfd p[2] = {{.fd = f->sock, .events = POLLOUT}, {.fd = f->wake, .events = POLLIN}};
@@ -123,6 +143,13 @@ sock_write_all (fwd_t *f, const uint8_t *data, size_t len)
        * still relayed the other way; its end says how it ended. */
       f->write_failed = true;
     }
+  return done;
+}
+
+static void
+sock_write_all (fwd_t *f, const uint8_t *data, size_t len)
+{
+  sock_write (f, data, len, false);
 }
 
 static void
@@ -156,10 +183,9 @@ apply_frame (fwd_t *f, const Sandbox__V1__ForwardFrame *fr)
     }
 }
 
-static void *
-reader_main (void *arg)
+static void
+reader_main (fwd_t *f)
 {
-  fwd_t *f = arg;
   while (!atomic_load (&f->stop))
     {
       ProtobufCMessage *m = NULL;
@@ -170,7 +196,7 @@ reader_main (void *arg)
           /* Cancelled (the client went away), or a frame that does not decode. */
           fwd_stop (f, e.status == ECANCELED ? NULL : &e);
           err_release (&e);
-          return NULL;
+          return;
         }
       if (rc == 0)
         break;
@@ -178,34 +204,154 @@ reader_main (void *arg)
       protobuf_c_message_free_unpacked (m, NULL);
     }
   if (atomic_load (&f->stop))
-    return NULL;
+    return;
   /* The client half-closed: its direction is over. A client that cancels
    * later still ends the relay: watch the call until it is over. */
   close_write (f);
   fwd_input_done (f);
   if (rpc_call_wait_closed (f->call))
     fwd_stop (f, NULL);
+}
+
+/* Reader threads kept waiting for the next call once theirs is over, a
+ * few: a call's second thread is then a wake-up, not a thread's start. */
+#define FWD_IDLE_READERS 4
+
+static pthread_mutex_t readers_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t readers_cv = PTHREAD_COND_INITIALIZER;
+static size_t readers_idle;
+static fwd_t *readers_queue; /* calls handed to idle readers */
+
+static void *
+reader_thread (void *arg)
+{
+  fwd_t *f = arg;
+  for (;;)
+    {
+      reader_main (f);
+      pthread_mutex_lock (&f->mu);
+      f->reader_done = true; /* from here on `f` is the call's again */
+      pthread_cond_broadcast (&f->cv);
+      pthread_mutex_unlock (&f->mu);
+      pthread_mutex_lock (&readers_mu);
+      if (readers_idle >= FWD_IDLE_READERS)
+        break;
+      readers_idle++;
+      while (readers_queue == NULL)
+        pthread_cond_wait (&readers_cv, &readers_mu);
+      f = readers_queue; /* idle was counted down by reader_start */
+      readers_queue = f->queue_next;
+      pthread_mutex_unlock (&readers_mu);
+    }
+  pthread_mutex_unlock (&readers_mu);
   return NULL;
+}
+
+/* Gives the call's input to a reader thread: an idle one, else a new one. */
+static bool
+reader_start (fwd_t *f)
+{
+  pthread_mutex_lock (&readers_mu);
+  bool handed = readers_idle > 0;
+  if (handed)
+    {
+      readers_idle--;
+      f->queue_next = readers_queue;
+      readers_queue = f;
+      pthread_cond_signal (&readers_cv);
+    }
+  pthread_mutex_unlock (&readers_mu);
+  if (handed)
+    return true;
+  pthread_attr_t attr;
+  pthread_attr_init (&attr);
+  pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
+  pthread_t t;
+  bool ok = pthread_create (&t, &attr, reader_thread, f) == 0;
+  pthread_attr_destroy (&attr);
+  return ok;
+}
+
+/* Waits until the reader is done with the call. */
+static void
+reader_wait (fwd_t *f)
+{
+  pthread_mutex_lock (&f->mu);
+  while (!f->reader_done)
+    pthread_cond_wait (&f->cv, &f->mu);
+  pthread_mutex_unlock (&f->mu);
 }
 
 /* ---- sandbox -> client (the call's thread) ---------------------------------- */
 
-/* Sends up to FWD_CHUNK bytes read from the socket as one data frame, read
- * straight into the message. 1 sent, 0 the server's EOF, -1 error (*err). */
+/* A read buffer: the socket's bytes go straight into it, after room for
+ * the data field's header, and gRPC sends them from there. Buffers come
+ * back when gRPC drops the message (from any thread) and are kept for the
+ * next reads, a few in all: a fresh buffer of this size would be a fresh
+ * mapping (the process's mmap threshold), every page of it faulted in
+ * again. */
+enum
+{
+  FWD_HEAD_ROOM = 11 /* the largest field header */
+};
+
+typedef struct fwd_buf_s
+{
+  struct fwd_buf_s *next;
+  uint8_t data[FWD_HEAD_ROOM + FWD_CHUNK];
+} fwd_buf_t;
+
+static pthread_mutex_t spare_mu = PTHREAD_MUTEX_INITIALIZER;
+static fwd_buf_t *spare;
+static size_t n_spare;
+
+static fwd_buf_t *
+fwd_buf_get (void)
+{
+  pthread_mutex_lock (&spare_mu);
+  fwd_buf_t *b = spare;
+  if (b != NULL)
+    {
+      spare = b->next;
+      n_spare--;
+    }
+  pthread_mutex_unlock (&spare_mu);
+  return b != NULL ? b : malloc (sizeof *b);
+}
+
+static void
+fwd_buf_put (void *p)
+{
+  fwd_buf_t *b = p;
+  pthread_mutex_lock (&spare_mu);
+  bool keep = n_spare < FWD_SPARE_BUFS;
+  if (keep)
+    {
+      b->next = spare;
+      spare = b;
+      n_spare++;
+    }
+  pthread_mutex_unlock (&spare_mu);
+  if (!keep)
+    free (b);
+}
+
+/* Reads up to FWD_CHUNK bytes from the socket and starts sending them as
+ * one data frame; the frame before it must have gone first (one in flight:
+ * the client's pace holds the reads back), but the read overlaps its
+ * sending. 1 sent, 0 the server's EOF, -1 error (*err). */
 static int
 relay_chunk (fwd_t *f, err_t *err)
 {
-  enum
-  {
-    HEAD_ROOM = 11 /* the largest field header */
-  };
-  grpc_slice buf = grpc_slice_malloc (HEAD_ROOM + FWD_CHUNK);
-  uint8_t *start = GRPC_SLICE_START_PTR (buf);
-  ssize_t r = TEMP_FAILURE_RETRY (recv (f->sock, start + HEAD_ROOM, FWD_CHUNK, 0));
+  fwd_buf_t *b = fwd_buf_get ();
+  if (b == NULL)
+    return err_make (err, ENOMEM, "Forward: out of memory");
+  uint8_t *start = b->data + FWD_HEAD_ROOM;
+  ssize_t r = TEMP_FAILURE_RETRY (recv (f->sock, start, FWD_CHUNK, 0));
   if (r <= 0)
     {
       int e = errno;
-      grpc_slice_unref (buf);
+      fwd_buf_put (b);
       if (r == 0)
         return 0;
       if (e == EAGAIN)
@@ -214,12 +360,11 @@ relay_chunk (fwd_t *f, err_t *err)
         return err_make (err, ECONNRESET, "Forward: the server in sandbox `%s` reset the connection", f->id);
       return err_make_sys (err, e, "Forward: recv");
     }
-  uint8_t head[HEAD_ROOM];
+  uint8_t head[FWD_HEAD_ROOM];
   size_t hn = api_field_header (head, FWD_FIELD_DATA, (size_t) r);
-  memcpy (start + HEAD_ROOM - hn, head, hn);
-  grpc_slice msg = grpc_slice_sub (buf, HEAD_ROOM - hn, HEAD_ROOM + (size_t) r);
-  grpc_slice_unref (buf);
-  return rpc_call_send_raw (f->call, &msg, 1, err) < 0 ? -1 : 1;
+  memcpy (start - hn, head, hn);
+  grpc_slice msg = grpc_slice_new_with_user_data (start - hn, hn + (size_t) r, fwd_buf_put, b);
+  return rpc_call_send_raw_start (f->call, &msg, 1, err) < 0 ? -1 : 1;
 }
 
 /* Relays the server's output until its end; then waits for the client's
@@ -258,6 +403,9 @@ relay_output (fwd_t *f, err_t *err)
   end.close_write = true;
   if (rpc_call_send (f->call, &end.base, err) < 0)
     return -1;
+  /* The answer is out (a request's, typically): now, off its path, the
+   * socket the sandbox's next connection takes. */
+  sbx_port_prepare (f->rt, f->id);
   pthread_mutex_lock (&f->mu);
   while (!f->input_done && !atomic_load (&f->stop))
     pthread_cond_wait (&f->cv, &f->mu);
@@ -265,17 +413,21 @@ relay_output (fwd_t *f, err_t *err)
   return atomic_load (&f->stop) ? 1 : 0;
 }
 
-/* Connects, answers `connected`, and applies the first frame's data. */
+/* Connects, answers `connected`, and applies the first frame's data: what
+ * of it the socket takes at once goes first, so the server is at work on
+ * a request while `connected` goes out (without waiting for it). */
 static int
 forward_open (fwd_t *f, const Sandbox__V1__ForwardFrame *first, err_t *err)
 {
   if (sbx_port_connect (f->rt, f->id, first->port, &f->sock, err) < 0)
     return -1;
-  Sandbox__V1__ForwardFrame ok = SANDBOX__V1__FORWARD_FRAME__INIT;
-  ok.connected = true;
-  if (rpc_call_send (f->call, &ok.base, err) < 0)
+  size_t done = sock_write (f, first->data.data, first->data.len, true);
+  static const uint8_t connected[] = {FWD_FIELD_CONNECTED << 3, 1}; /* a varint: true */
+  grpc_slice ok = grpc_slice_from_static_buffer (connected, sizeof connected);
+  if (rpc_call_send_raw_start (f->call, &ok, 1, err) < 0)
     return -1;
-  sock_write_all (f, first->data.data, first->data.len);
+  if (done < first->data.len)
+    sock_write_all (f, first->data.data + done, first->data.len - done);
   if (first->close_write)
     {
       close_write (f);
@@ -310,12 +462,11 @@ api_forward (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   atomic_init (&f.active_ms, mono_ms ());
   pthread_mutex_init (&f.mu, NULL);
   pthread_cond_init (&f.cv, NULL);
-  pthread_t reader;
   bool reader_started = false;
   int rc = forward_open (&f, first, err);
   if (rc == 0)
     {
-      reader_started = !f.input_done && pthread_create (&reader, NULL, reader_main, &f) == 0;
+      reader_started = !f.input_done && reader_start (&f);
       if (!f.input_done && !reader_started)
         rc = err_make (err, EAGAIN, "Forward: cannot start the input thread");
     }
@@ -343,7 +494,8 @@ api_forward (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   atomic_store (&f.stop, true);
   fwd_wake (&f);
   if (reader_started)
-    pthread_join (reader, NULL);
+    reader_wait (&f);
+  sbx_port_prepare (f.rt, f.id); /* unless the answer's end made it */
   if (f.sock >= 0)
     close (f.sock);
   err_release (&f.error);

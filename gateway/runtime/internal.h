@@ -68,7 +68,7 @@ typedef struct sbx_s
   pid_t helper;      /* the launch helper, while launching */
   int disk_fd;       /* its disk, a mount attached only in its own mount namespace; the
                       * one descriptor the gateway holds per sandbox (exec requests
-                      * connect to <state>/ctl each time) */
+                      * connect to <state>/ctl each time), with port_spare */
   pid_t slirp;       /* slirp4netns, when egress is on */
   int slirp_exit_fd; /* closing it tells slirp4netns to exit */
   unsigned exec_seq;
@@ -80,6 +80,10 @@ typedef struct sbx_s
   int bg_refs;                   /* of refs: detached processes (do not keep it from idling) */
   int watches;                   /* Watch calls running (rt->mu) */
   char store_gen[48];            /* the stored snapshot version it came from or last wrote (rt->mu) */
+  int port_spare;                /* an unconnected TCP socket made in its network namespace for
+                                  * the next Forward, once there has been one (ports.c; rt->mu);
+                                  * -1: none */
+  bool port_spare_making;        /* ports.c is making it (rt->mu) */
   struct sbx_s *next;
 } sbx_t;
 

@@ -39,6 +39,7 @@ reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_t **out, err_
   snprintf (s->state, sizeof s->state, "%s/%s", rt->sandboxes_dir, id);
   s->slirp_exit_fd = -1;
   s->disk_fd = -1;
+  s->port_spare = -1;
   s->uid_slot = -1;
   pthread_mutex_init (&s->freeze_mu, NULL);
   s->allow_egress = allow_egress && rt->cfg.allow_egress;

@@ -10,7 +10,10 @@
  * was created in, so the connect and all later I/O happen on the caller's
  * thread, which never leaves the gateway's namespace; no thread that
  * serves anything else ever changes namespace. Nothing is routed: the
- * connection exists only on the sandbox's loopback, egress or not.
+ * connection exists only on the sandbox's loopback, egress or not. Once a
+ * sandbox has had a connection, one IPv4 socket is made ahead for its next
+ * (sbx_port_prepare, off that connection's path), which then needs no
+ * thread; it is closed with the sandbox.
  *
  * The owner of a listening socket is found by matching its inode against
  * the socket descriptors of the sandbox's processes (listed from its
@@ -50,6 +53,7 @@ typedef struct netns_job_s
 {
   int pidfd;
   bool list;        /* read the tables; else make the sockets */
+  bool only4;       /* the IPv4 socket alone */
   int sock4, sock6; /* out */
   char *tab[2];     /* out: tcp, tcp6 */
   size_t tab_len[2];
@@ -118,7 +122,8 @@ netns_main (void *arg)
       return NULL;
     }
   j->sock4 = socket (AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  j->sock6 = socket (AF_INET6, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (!j->only4)
+    j->sock6 = socket (AF_INET6, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (j->sock4 < 0)
     {
       j->error = errno;
@@ -209,16 +214,71 @@ connect_wait (int fd, const struct sockaddr *sa, socklen_t len)
   return 0;
 }
 
+/* Sandbox `id`'s spare socket (sbx_port_prepare), taken: -1 when it has
+ * none. Renews its idle timer. */
+static int
+take_spare (sbx_runtime_t *rt, const char *id)
+{
+  int fd = -1;
+  pthread_mutex_lock (&rt->mu);
+  sbx_t *s = sbx_find_locked (rt, id);
+  if (s != NULL && s->ready && !s->deleting && s->port_spare >= 0)
+    {
+      fd = take_fd (&s->port_spare);
+      s->last_used_ms = sbx_mono_ms ();
+    }
+  pthread_mutex_unlock (&rt->mu);
+  return fd;
+}
+
+void
+sbx_port_prepare (sbx_runtime_t *rt, const char *id)
+{
+  pthread_mutex_lock (&rt->mu);
+  sbx_t *s = sbx_find_locked (rt, id);
+  bool make = s != NULL && s->ready && !s->deleting && s->port_spare < 0 && !s->port_spare_making;
+  if (make)
+    {
+      /* Held: it stays linked (and its id its own) until this is done. */
+      s->port_spare_making = true;
+      s->refs++;
+    }
+  pthread_mutex_unlock (&rt->mu);
+  if (!make)
+    return;
+  netns_job_t j = {.list = false, .only4 = true};
+  err_t err = ERR_INIT;
+  int rc = in_netns (rt, id, &j, &err);
+  err_release (&err);
+  pthread_mutex_lock (&rt->mu);
+  s->port_spare_making = false;
+  if (rc == 0 && !s->deleting && s->port_spare < 0)
+    s->port_spare = take_fd (&j.sock4);
+  s->refs--;
+  pthread_cond_broadcast (&rt->cv);
+  pthread_mutex_unlock (&rt->mu);
+  if (rc == 0 && j.sock4 >= 0)
+    close (j.sock4);
+}
+
 int
 sbx_port_connect (sbx_runtime_t *rt, const char *id, unsigned port, int *out, err_t *err)
 {
   if (port == 0 || port > 65535)
     return err_make (err, EINVAL, "port must be from 1 to 65535");
-  netns_job_t j = {.list = false};
-  if (in_netns (rt, id, &j, err) < 0)
-    return -1;
-  cleanup_close int s4 = j.sock4;
-  cleanup_close int s6 = j.sock6;
+  if (!sbx_id_valid (id))
+    return err_make (err, EINVAL, "invalid sandbox id");
+  /* A socket made ahead when there is one; else both kinds now. */
+  cleanup_close int s4 = take_spare (rt, id);
+  cleanup_close int s6 = -1;
+  if (s4 < 0)
+    {
+      netns_job_t j = {.list = false};
+      if (in_netns (rt, id, &j, err) < 0)
+        return -1;
+      s4 = j.sock4;
+      s6 = j.sock6;
+    }
   struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = htons ((uint16_t) port)};
   a4.sin_addr.s_addr = htonl (INADDR_LOOPBACK);
   if (connect_wait (s4, (struct sockaddr *) &a4, sizeof a4) == 0)
@@ -227,6 +287,18 @@ sbx_port_connect (sbx_runtime_t *rt, const char *id, unsigned port, int *out, er
       return 0;
     }
   int e4 = errno;
+  if (e4 == ECONNREFUSED && s6 < 0)
+    {
+      /* The spare was IPv4 alone: the IPv6 socket is made now. */
+      netns_job_t j = {.list = false};
+      err_t e6 = ERR_INIT;
+      if (in_netns (rt, id, &j, &e6) == 0)
+        {
+          close (j.sock4);
+          s6 = j.sock6;
+        }
+      err_release (&e6);
+    }
   if (e4 == ECONNREFUSED && s6 >= 0)
     {
       /* A server bound to [::1] only. */

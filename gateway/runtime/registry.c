@@ -367,6 +367,8 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
   pthread_mutex_unlock (&rt->mu);
   if (s->disk_fd >= 0)
     close (s->disk_fd);
+  if (s->port_spare >= 0)
+    close (s->port_spare);
   pthread_mutex_destroy (&s->freeze_mu);
   free (s);
   log_fields (SEV_INFO, json_pack ("{s:s}", "sandbox_id", id), "sandbox deleted");

@@ -373,6 +373,12 @@ int sbx_runtime_check (sbx_runtime_t *rt, err_t *err);
  * listens there, ETIMEDOUT the connection is not accepted in time. */
 int sbx_port_connect (sbx_runtime_t *rt, const char *id, unsigned port, int *fd, err_t *err);
 
+/* Makes, unless there is one, the socket sandbox `id`'s next
+ * sbx_port_connect takes instead of entering its network namespace then
+ * (a thread's start and a setns). Best effort; for a caller whose own
+ * connection is made and whose server is busy with it. */
+void sbx_port_prepare (sbx_runtime_t *rt, const char *id);
+
 /* Renews sandbox `id`'s idle timer (a forwarded connection in use). */
 void sbx_port_touch (sbx_runtime_t *rt, const char *id);
 

@@ -9,10 +9,12 @@
  * client sent it chunked). The answer's head is parsed (bounded by
  * PROXY_MAX_HEAD), its body relayed as it comes — by Content-Length,
  * de-chunked (MHD chunks it again for the client), or to the end of the
- * connection — so long-lived responses (SSE) stream. A 101 to a request
- * that asked for an upgrade (WebSocket) hands the client's socket over to
- * two threads of the proxy's own that relay bytes both ways until both
- * sides are closed.
+ * connection — so long-lived responses (SSE) stream. Data frames are read
+ * where gRPC received them (shim/frames.c): the body's bytes are copied
+ * once, into MHD's block (PROXY_BLOCK bytes at a time). A 101
+ * to a request that asked for an upgrade (WebSocket) hands the client's
+ * socket over to two threads of the proxy's own that relay bytes both ways
+ * until both sides are closed.
  *
  * Limits: forwarded connections (ports_slot_take), the request head we
  * build (431), the response head (502), bytes idle either way (the
@@ -33,10 +35,12 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "common/log.h"
 #include "sandbox/v1/sandbox.pb-c.h"
+#include "shim/frames.h"
 #include "shim/metrics.h"
 #include "shim/routes/proxy.h"
 #include "shim/routes/routes.h"
@@ -46,6 +50,11 @@
 #define PROXY_MAX_HEAD (64 * 1024)
 /* The most bytes a client socket read carries in one frame (upgraded). */
 #define PROXY_CHUNK (64 * 1024)
+/* The most pieces of a frame written to an upgraded client in one call. */
+#define PROXY_IOV 64
+/* The most bytes MHD takes from the answer's body at a time (a larger
+ * block measured no faster). */
+#define PROXY_BLOCK (256 * 1024)
 #define PROXY_THREAD_STACK (256 * 1024)
 
 typedef enum body_e
@@ -67,10 +76,7 @@ typedef struct px_s
   bool chunked_up; /* the request body goes upstream re-chunked */
   bool upgrade;    /* the client asked for an upgrade */
   bool head_method;
-  /* Upstream bytes: the current frame's data, or the head's leftover. */
-  ProtobufCMessage *frame;
-  const uint8_t *in;
-  size_t in_len, in_off;
+  frames_t up;  /* upstream bytes: the current frame */
   bool up_end;  /* upstream closed its side (or the call ended) */
   bool up_fail; /* ... abnormally */
   char *head;   /* the response head, and what came after it */
@@ -87,38 +93,70 @@ typedef struct px_s
 
 /* ---- upstream bytes -------------------------------------------------------------- */
 
-/* Up to `max` next bytes from upstream at *p (valid until the next call):
- * their count, 0 at upstream's end. */
+/* Receives the next frame from upstream: false at its end. */
+static bool
+up_recv (px_t *px)
+{
+  if (px->up_end)
+    return false;
+  err_t err = ERR_INIT;
+  grpc_byte_buffer *bb = NULL;
+  bool close_write = false;
+  int rc = rpc_client_recv_raw (px->call, &bb, &err);
+  if (rc > 0 && frames_take (&px->up, bb, &close_write, NULL, &err) < 0)
+    {
+      rpc_client_cancel (px->call);
+      rc = -1;
+    }
+  err_release (&err);
+  if (rc <= 0)
+    {
+      px->up_end = true;
+      px->up_fail = true; /* the call ended before the server closed its side */
+      return false;
+    }
+  px->up_end = close_write;
+  return true;
+}
+
+/* True when upstream bytes are at hand without waiting for a frame. */
+static bool
+up_buffered (const px_t *px)
+{
+  return frames_buffered (&px->up);
+}
+
+/* Up to `max` next bytes from upstream at *p (valid while up_buffered, or
+ * until the next call): their count, 0 at upstream's end. */
 static size_t
 up_next (px_t *px, const uint8_t **p, size_t max)
 {
-  while (px->in_off == px->in_len)
+  for (;;)
     {
-      if (px->frame != NULL)
-        protobuf_c_message_free_unpacked (px->frame, NULL);
-      px->frame = NULL;
-      if (px->up_end)
+      size_t k = frames_next (&px->up, p, max);
+      if (k > 0)
+        return k;
+      if (!up_recv (px))
         return 0;
-      err_t err = ERR_INIT;
-      int rc = rpc_client_recv (px->call, &sandbox__v1__forward_frame__descriptor, &px->frame, &err);
-      err_release (&err);
-      if (rc <= 0)
-        {
-          px->up_end = true;
-          px->up_fail = true; /* the call ended before the server closed its side */
-          return 0;
-        }
-      const Sandbox__V1__ForwardFrame *f = (const Sandbox__V1__ForwardFrame *) px->frame;
-      px->in = f->data.data;
-      px->in_len = f->data.len;
-      px->in_off = 0;
-      if (f->close_write)
-        px->up_end = true;
     }
-  size_t k = px->in_len - px->in_off < max ? px->in_len - px->in_off : max;
-  *p = px->in + px->in_off;
-  px->in_off += k;
-  return k;
+}
+
+/* Up to `max` next bytes from upstream copied into buf: at least one
+ * unless at upstream's end, then as many as are at hand without waiting. */
+static size_t
+up_copy (px_t *px, uint8_t *buf, size_t max)
+{
+  size_t n = 0;
+  while (n < max && (n == 0 || up_buffered (px)))
+    {
+      const uint8_t *p;
+      size_t k = up_next (px, &p, max - n);
+      if (k == 0)
+        break;
+      memcpy (buf + n, p, k);
+      n += k;
+    }
+  return n;
 }
 
 /* ---- the request upstream -------------------------------------------------------- */
@@ -335,9 +373,16 @@ px_open (shim_req_t *r, px_t *px, unsigned *status)
   px->watch = watch_add (shim_req_fd (r), px->call);
   /* The `connected` frame, or the call's failure. */
   err_t err = ERR_INIT;
-  int rc = rpc_client_recv (px->call, &sandbox__v1__forward_frame__descriptor, &px->frame, &err);
+  grpc_byte_buffer *bb = NULL;
+  bool connected = false;
+  int rc = rpc_client_recv_raw (px->call, &bb, &err);
+  if (rc > 0 && (frames_take (&px->up, bb, NULL, &connected, &err) < 0 || !connected))
+    {
+      rpc_client_cancel (px->call); /* not a gateway's answer */
+      rc = -1;
+    }
   err_release (&err);
-  if (rc <= 0 || !((Sandbox__V1__ForwardFrame *) px->frame)->connected)
+  if (rc <= 0)
     {
       grpc_status_code code = rpc_client_finish (px->call, &st);
       struct MHD_Response *resp = open_failed (px, code, &st, status);
@@ -438,7 +483,7 @@ read_head (px_t *px)
           size_t head_len = (size_t) (end - px->head) + 4;
           /* The rest is body, from the end of the piece just taken
            * (the head ends inside it): put it back. */
-          px->in_off -= len - head_len;
+          frames_unread (&px->up, len - head_len);
           *end = '\0';
           px->head_len = head_len;
           return 0;
@@ -538,11 +583,9 @@ read_chunked (px_t *px, char *buf, size_t max)
         break;
       case 1:
         {
-          const uint8_t *p;
-          size_t k = up_next (px, &p, px->remaining < max ? px->remaining : max);
+          size_t k = up_copy (px, (uint8_t *) buf, px->remaining < max ? px->remaining : max);
           if (k == 0)
             return -1;
-          memcpy (buf, p, k);
           px->remaining -= k;
           if (px->remaining == 0)
             px->chunk_state = 2;
@@ -580,13 +623,11 @@ body_read (void *cls, uint64_t pos, char *buf, size_t max)
         if (px->body == BODY_LENGTH && px->remaining == 0)
           return MHD_CONTENT_READER_END_OF_STREAM;
         size_t want = px->body == BODY_LENGTH && px->remaining < max ? (size_t) px->remaining : max;
-        const uint8_t *p;
-        size_t k = up_next (px, &p, want);
+        size_t k = up_copy (px, (uint8_t *) buf, want);
         if (k == 0)
           n = px->body == BODY_EOF && !px->up_fail ? 0 : -1;
         else
           {
-            memcpy (buf, p, k);
             px->remaining -= px->body == BODY_LENGTH ? k : 0;
             n = (ssize_t) k;
           }
@@ -615,8 +656,7 @@ px_free (px_t *px)
   watch_remove (px->watch);
   if (px->call != NULL)
     rpc_client_destroy (px->call);
-  if (px->frame != NULL)
-    protobuf_c_message_free_unpacked (px->frame, NULL);
+  frames_drop (&px->up);
   if (px->slot)
     ports_slot_release (px->id);
   free (px->head);
@@ -672,18 +712,38 @@ down_main (void *arg)
   bool ok = true;
   for (;;)
     {
-      const uint8_t *p;
-      size_t k = up_next (px, &p, PROXY_CHUNK);
-      if (k == 0)
-        break;
-      while (k > 0 && ok)
+      /* The frame's pieces at hand, in one send. */
+      struct iovec iov[PROXY_IOV];
+      size_t n = 0;
+      while (n < PROXY_IOV && (n == 0 || up_buffered (px)))
         {
-          ssize_t w = send (px->sock, p, k, MSG_NOSIGNAL);
+          const uint8_t *p;
+          size_t k = up_next (px, &p, SIZE_MAX);
+          if (k == 0)
+            break;
+          iov[n++] = (struct iovec){.iov_base = (void *) p, .iov_len = k};
+        }
+      if (n == 0)
+        break;
+      struct msghdr mh = {.msg_iov = iov, .msg_iovlen = n};
+      while (ok && mh.msg_iovlen > 0)
+        {
+          ssize_t w = sendmsg (px->sock, &mh, MSG_NOSIGNAL);
           if (w < 0 && errno == EINTR)
             continue;
           ok = w > 0;
-          p += ok ? w : 0;
-          k -= ok ? (size_t) w : k;
+          for (size_t done = ok ? (size_t) w : 0; done > 0;)
+            {
+              size_t k = done < mh.msg_iov->iov_len ? done : mh.msg_iov->iov_len;
+              mh.msg_iov->iov_base = (uint8_t *) mh.msg_iov->iov_base + k;
+              mh.msg_iov->iov_len -= k;
+              done -= k;
+              if (mh.msg_iov->iov_len == 0)
+                {
+                  mh.msg_iov++;
+                  mh.msg_iovlen--;
+                }
+            }
         }
       if (!ok)
         break;
@@ -790,7 +850,10 @@ proxy_handle (shim_req_t *r, unsigned *status)
   /* A long-lived answer (SSE) moves no byte for long: the Forward call's
    * idle timeout is the bound, not MHD's. */
   MHD_set_connection_option (r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0);
-  struct MHD_Response *resp = MHD_create_response_from_callback (size, 64 * 1024, body_read, px, body_done);
+  /* MHD's block comes with the response (a fresh mapping at this size):
+   * no larger than the body. */
+  size_t block = size < PROXY_BLOCK ? (size_t) size + 1 : PROXY_BLOCK;
+  struct MHD_Response *resp = MHD_create_response_from_callback (size, block, body_read, px, body_done);
   if (resp == NULL)
     return shim_detail (503, "Out of memory", status);
   body_t body = px->body;

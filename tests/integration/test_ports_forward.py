@@ -117,10 +117,42 @@ def test_unknown_sandbox_and_bad_port(sbx, box):
 
 def test_ipv6_loopback_server_is_reached(sbx, box):
     start_server(sbx, box, 7001, "v6")
-    f = Forward(sbx, box, 7001, first=b"six")
-    f.end()
-    assert f.read_all() == b"six"
-    assert f.finish() == grpc.StatusCode.OK
+    # Again and again: after the first, over the IPv4 socket made ahead
+    # (refused here, then IPv6).
+    for i in range(3):
+        f = Forward(sbx, box, 7001, first=b"six %d" % i)
+        f.end()
+        assert f.read_all() == b"six %d" % i
+        assert f.finish() == grpc.StatusCode.OK
+
+
+def _gateway_sockets(gw):
+    n = 0
+    for fd in os.listdir(f"/proc/{gw.pid}/fd"):
+        try:
+            n += os.readlink(f"/proc/{gw.pid}/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return n
+
+
+def test_connections_one_after_another_and_a_delete_leaves_no_socket_behind(sbx):
+    """Each Forward after the first takes the socket made ahead for it; the
+    one left over when the sandbox goes is closed with it."""
+    sid = new_id("ports-spare")
+    before = _gateway_sockets(sbx.gw)
+    sbx.launch(sid)
+    start_server(sbx, sid, ECHO, "echo")
+    for i in range(5):
+        f = Forward(sbx, sid, ECHO, first=b"ping %d" % i)
+        f.end()
+        assert f.read_all() == b"ping %d" % i
+        assert f.finish() == grpc.StatusCode.OK
+    sbx.delete(sid)
+    deadline = time.monotonic() + 10
+    while _gateway_sockets(sbx.gw) > before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gateway_sockets(sbx.gw) <= before
 
 
 def test_a_server_that_exits_mid_stream_closes_the_stream(sbx):

@@ -4,6 +4,7 @@ WebSocket server) running in a sandbox without egress."""
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import os
@@ -15,6 +16,7 @@ import time
 import pytest
 
 from tests.lib.client import new_id
+from tests.lib.procs import RssSampler
 from tests.lib.ports import start_detached, wait_listening
 
 HTTP_PORT = 8000
@@ -24,7 +26,7 @@ WS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ws")
 # An HTTP/1.1 server for the sandbox: /echo answers with what it got,
 # /chunked in chunks, /sse three events a second apart.
 SERVER = r"""
-import json, sys, time
+import hashlib, json, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -57,6 +59,15 @@ class H(BaseHTTPRequestHandler):
                 part = ("part %d;" % i).encode()
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
             self.wfile.write(b"0\r\n\r\n")
+        elif self.path.startswith("/big/"):
+            # N MiB, each 64 KiB block distinct: a block lost, doubled or
+            # out of place changes the digest.
+            n = int(self.path[5:]) * 16
+            self.send_response(200)
+            self.send_header("Content-Length", str(n * 65536))
+            self.end_headers()
+            for i in range(n):
+                self.wfile.write(hashlib.sha256(b"%d" % i).digest() * 2048)
         elif self.path == "/sse":
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -130,6 +141,46 @@ def test_chunked_response_arrives_whole(shim, web):
     r = shim.request("GET", _path(web, "/chunked"))
     assert r.status == 200, r
     assert r.body == b"".join(b"part %d;" % i for i in range(5))
+
+
+def _big_digest(mib):
+    h = hashlib.sha256()
+    for i in range(mib * 16):
+        h.update(hashlib.sha256(b"%d" % i).digest() * 2048)
+    return h.hexdigest()
+
+
+def test_a_large_answer_arrives_intact(shim, web):
+    r = shim.request("GET", _path(web, "/big/96"))
+    assert r.status == 200, r
+    assert len(r.body) == 96 * 1024 * 1024
+    assert hashlib.sha256(r.body).hexdigest() == _big_digest(96)
+
+
+def test_a_slow_reader_holds_the_answer_back_with_flat_memory(shim, web, gateway):
+    """Flow control all the way: a client that reads 256 MiB slowly makes
+    the server in the sandbox wait, while the shim and the gateway hold no
+    more than a few MiB of it each."""
+    mib = 256
+    conn = shim.connection()
+    conn.request("GET", _path(web, f"/big/{mib}"), headers=shim.auth_headers())
+    r = conn.getresponse()
+    assert r.status == 200
+    h, got = hashlib.sha256(), 0
+    with RssSampler(shim) as in_shim, RssSampler(gateway) as in_gateway:
+        while True:
+            piece = r.read(1024 * 1024)
+            if not piece:
+                break
+            h.update(piece)
+            got += len(piece)
+            if got % (32 * 1024 * 1024) == 0:
+                time.sleep(0.3)  # the socket fills; everything behind it must wait
+    conn.close()
+    assert got == mib * 1024 * 1024
+    assert h.hexdigest() == _big_digest(mib)
+    assert in_shim.growth_mib < 48, f"the shim grew by {in_shim.growth_mib:.0f} MiB"
+    assert in_gateway.growth_mib < 48, f"the gateway grew by {in_gateway.growth_mib:.0f} MiB"
 
 
 def test_sse_arrives_as_it_is_sent(shim, web):
