@@ -366,11 +366,16 @@ server_thread (void *arg)
       pthread_mutex_unlock (&s->mu);
       if (start && !spawn_thread (s))
         {
-          /* None waits while this call runs: later calls wait for it. */
+          /* No other thread would wait for calls while this one runs (for
+           * as long as its call lasts): the call is refused instead, and
+           * this thread goes on waiting. */
+          grpc_call_cancel_with_status (slot->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "no thread for the call", NULL);
+          grpc_call_unref (slot->call);
+          slot_free (slot);
           pthread_mutex_lock (&s->mu);
-          s->listening--;
-          s->threads--;
+          s->threads--; /* the one that did not start; this one listens on */
           pthread_mutex_unlock (&s->mu);
+          continue;
         }
       rpc_call_t *c = call_accept (s, slot);
       if (c != NULL)
