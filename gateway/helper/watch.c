@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,13 @@ add_tree (const char *root, bool announce)
           snprintf (path, sizeof path, "%s/%s", strcmp (queue[head], "/") == 0 ? "" : queue[head], e->d_name);
           bool dir = e->d_type == DT_DIR;
           if (announce && send_event (SBX_EVENT_CREATED, dir, path, NULL) < 0)
+            rc = -1;
+          /* A file written before its new directory came under watch:
+           * its write was missed, so it is reported as well. */
+          struct stat fst;
+          if (announce && rc == 0 && e->d_type == DT_REG
+              && fstatat (dirfd (d), e->d_name, &fst, AT_SYMLINK_NOFOLLOW) == 0 && fst.st_size > 0
+              && send_event (SBX_EVENT_MODIFIED, false, path, NULL) < 0)
             rc = -1;
           if (dir && rc == 0)
             {
@@ -246,6 +254,12 @@ translate (const struct inotify_event *ev, const struct inotify_event *next, boo
   return 0;
 }
 
+/* How long a MOVED_FROM that ends a read waits for its MOVED_TO: the
+ * rename queues the two an instant apart, and a reader woken by the first
+ * can read before the second is there. A move out of the watched tree
+ * (no MOVED_TO ever) is reported that much later. */
+#define MOVE_PAIR_WAIT_MS 20
+
 /* Reads and forwards what inotify has. -1 when the gateway has gone. */
 static int
 pump (char *buf, size_t cap)
@@ -253,11 +267,26 @@ pump (char *buf, size_t cap)
   ssize_t n = read (ifd, buf, cap);
   if (n <= 0)
     return 0;
-  for (char *p = buf; p < buf + n;)
+  char *end = buf + n;
+  for (char *p = buf; p < end;)
     {
+      char *after = p + sizeof (struct inotify_event) + ((const struct inotify_event *) (void *) p)->len;
+      if (after >= end && (((const struct inotify_event *) (void *) p)->mask & IN_MOVED_FROM))
+        {
+          /* Its partner may be an instant behind: moved to the front of
+           * the buffer, the event waits briefly for what follows. */
+          size_t keep = (size_t) (after - p);
+          memmove (buf, p, keep);
+          p = buf;
+          after = buf + keep;
+          end = after;
+          struct pollfd pf = {.fd = ifd, .events = POLLIN};
+          ssize_t m = poll (&pf, 1, MOVE_PAIR_WAIT_MS) > 0 ? read (ifd, after, cap - keep) : 0;
+          if (m > 0)
+            end += m;
+        }
       const struct inotify_event *ev = (const struct inotify_event *) (void *) p;
-      char *after = p + sizeof *ev + ev->len;
-      const struct inotify_event *next = after < buf + n ? (const struct inotify_event *) (void *) after : NULL;
+      const struct inotify_event *next = after < end ? (const struct inotify_event *) (void *) after : NULL;
       bool paired = false;
       if (translate (ev, next, &paired) < 0)
         return -1;
