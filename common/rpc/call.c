@@ -200,6 +200,19 @@ rpc_call_send_wait (rpc_call_t *c, err_t *err)
   return 0;
 }
 
+/* The operations that send `bb` (the initial metadata first, if still
+ * due) into ops[0..1]; their count. */
+static size_t
+message_ops (rpc_call_t *c, grpc_byte_buffer *bb, grpc_op ops[2])
+{
+  size_t n = 0;
+  add_initial_md (c, ops, &n);
+  memset (&ops[n], 0, sizeof ops[n]);
+  ops[n].op = GRPC_OP_SEND_MESSAGE;
+  ops[n].data.send_message.send_message = bb;
+  return n + 1;
+}
+
 /* Sends `bb` (always destroyed) and waits until the transport has it. */
 static int
 send_buffer (rpc_call_t *c, grpc_byte_buffer *bb, err_t *err)
@@ -210,12 +223,7 @@ send_buffer (rpc_call_t *c, grpc_byte_buffer *bb, err_t *err)
       return -1;
     }
   grpc_op ops[2];
-  size_t n = 0;
-  add_initial_md (c, ops, &n);
-  memset (&ops[n], 0, sizeof ops[n]);
-  ops[n].op = GRPC_OP_SEND_MESSAGE;
-  ops[n].data.send_message.send_message = bb;
-  n++;
+  size_t n = message_ops (c, bb, ops);
   bool ok = rpc_call_run_batch (c, ops, n);
   grpc_byte_buffer_destroy (bb);
   if (!ok)
@@ -279,12 +287,7 @@ rpc_call_send_raw_start (rpc_call_t *c, grpc_slice *slices, size_t n, err_t *err
       return -1;
     }
   grpc_op ops[2];
-  size_t k = 0;
-  add_initial_md (c, ops, &k);
-  memset (&ops[k], 0, sizeof ops[k]);
-  ops[k].op = GRPC_OP_SEND_MESSAGE;
-  ops[k].data.send_message.send_message = bb;
-  k++;
+  size_t k = message_ops (c, bb, ops);
   if (rpc_call_start_batch (c, ops, k, &c->send_tag) != GRPC_CALL_OK)
     {
       grpc_byte_buffer_destroy (bb);
