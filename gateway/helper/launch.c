@@ -117,6 +117,28 @@ make_disk (const helper_opts_t *o, err_t *err)
   return 0;
 }
 
+/* The control socket: a listening socket at <state>/ctl, where the gateway
+ * connects once per request (it holds no descriptor of it meanwhile). Bound
+ * through /proc/self/fd: the state path may be longer than a socket
+ * address allows. */
+/* Made before the holder is forked (see make_layer), which inherits it. */
+static int helper_ctl_fd = -1;
+
+static int
+listen_ctl (const helper_opts_t *o, int *out, err_t *err)
+{
+  cleanup_close int dir = open (o->state, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  cleanup_close int fd = socket (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (dir < 0 || fd < 0)
+    return err_make_sys (err, errno, "the control socket in `%s`", o->state);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf (sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/" SBX_CTL_NAME, dir);
+  if (bind (fd, (struct sockaddr *) &sa, sizeof sa) < 0 || listen (fd, 128) < 0)
+    return err_make_sys (err, errno, "bind the control socket in `%s`", o->state);
+  *out = take_fd (&fd);
+  return 0;
+}
+
 /* The sandbox's cgroups and its disk, with the snapshot unpacked into it
  * when restoring. 0 ok; 1 the unpacker failed and reported why; -1 *err. */
 static int
@@ -128,14 +150,16 @@ make_layer (const helper_opts_t *o, sbx_cg_layout_t *cg, err_t *err)
   if (sbx_cg_detect (o->cgroup_mount, o->cgroup_group, o->limits.cpu_millis > 0, cg, err) < 0
       || sbx_cg_prepare (cg, err) < 0 || sbx_cg_create (cg, o->id, &o->limits, err) < 0)
     return -1;
-  /* From here on, what the helper does is the sandbox's: the unpacker it
-   * runs (memory, CPU, processes) and the restored bytes it writes into the
-   * disk are charged to the sandbox's limits, not the gateway's. */
-  if (sbx_cg_join (cg, o->id, NULL, err) < 0)
-    return -1;
+  /* Entries of the state directory (the host's file system) are made
+   * before joining the sandbox's cgroups: the file system's metadata
+   * blocks they bring into the page cache are the host's, and a page
+   * charged to the sandbox's memory cgroup would keep it alive in the
+   * kernel after its removal ("dying", with its statistics and shrinker
+   * slots: thousands of them and gigabytes of slab after a few thousand
+   * launches) until memory pressure reclaims that page. Mount points (in
+   * the holder's mount namespace only: the host's mount table never holds
+   * a sandbox's mounts), then the control socket. */
   char path[PATH_MAX * 2];
-  /* Mount points in the holder's mount namespace only (the host's mount
-   * table never holds a sandbox's mounts). */
   static const char *const dirs[] = {"disk", "root", "lower"};
   for (size_t i = 0; i < (o->uid_range > 0 ? 3 : 2); i++)
     {
@@ -143,6 +167,13 @@ make_layer (const helper_opts_t *o, sbx_cg_layout_t *cg, err_t *err)
       if (helper_mkdir_p (path, 0700, err) < 0)
         return -1;
     }
+  if (listen_ctl (o, &helper_ctl_fd, err) < 0)
+    return -1;
+  /* From here on, what the helper does is the sandbox's: the unpacker it
+   * runs (memory, CPU, processes) and the restored bytes it writes into the
+   * disk are charged to the sandbox's limits, not the gateway's. */
+  if (sbx_cg_join (cg, o->id, NULL, err) < 0)
+    return -1;
   if (make_disk (o, err) < 0)
     return -1;
   /* work/ and upper/ of the overlay; dev/ and shm/, bound at /dev and
@@ -176,25 +207,6 @@ make_layer (const helper_opts_t *o, sbx_cg_layout_t *cg, err_t *err)
   return rc == 0 && restore_done (err) < 0 ? -1 : rc;
 }
 
-/* The control socket: a listening socket at <state>/ctl, where the gateway
- * connects once per request (it holds no descriptor of it meanwhile). Bound
- * through /proc/self/fd: the state path may be longer than a socket
- * address allows. */
-static int
-listen_ctl (const helper_opts_t *o, int *out, err_t *err)
-{
-  cleanup_close int dir = open (o->state, O_PATH | O_DIRECTORY | O_CLOEXEC);
-  cleanup_close int fd = socket (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (dir < 0 || fd < 0)
-    return err_make_sys (err, errno, "the control socket in `%s`", o->state);
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  snprintf (sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/" SBX_CTL_NAME, dir);
-  if (bind (fd, (struct sockaddr *) &sa, sizeof sa) < 0 || listen (fd, 128) < 0)
-    return err_make_sys (err, errno, "bind the control socket in `%s`", o->state);
-  *out = take_fd (&fd);
-  return 0;
-}
-
 /* In the forked holder: sets the sandbox up, says READY on `sync`, then
  * serves the gateway's requests for the sandbox's life. `lifeline` is a
  * pidfd of the gateway: the sandbox ends with it. */
@@ -203,12 +215,12 @@ holder_main (const helper_opts_t *o, const sbx_cg_layout_t *cg, const sbx_confin
 {
   close (helper_report_fd);
   err_t cerr = ERR_INIT;
-  int ctl = -1;
+  int ctl = helper_ctl_fd;
   /* The sandbox's pid 1 leads a session of its own: nothing inside shares
    * a session or process group with the helper, the gateway or the shim. */
   if (setsid () < 0)
     err_make_sys (&cerr, errno, "setsid");
-  if (cerr.status != 0 || listen_ctl (o, &ctl, &cerr) < 0 || helper_holder_setup (o, cg, &cerr) < 0)
+  if (cerr.status != 0 || helper_holder_setup (o, cg, &cerr) < 0)
     {
       helper_report_err (sync, &cerr);
       _exit (1);
