@@ -85,6 +85,8 @@ typedef struct sbx_s
                                   * -1: none */
   bool port_spare_making;        /* ports.c is making it (rt->mu) */
   struct sbx_s *next;
+  struct sbx_s **pprev; /* what points at this one in the list */
+  struct sbx_s *hnext;  /* next in its bucket of the id index */
 } sbx_t;
 
 struct sbx_runtime_s
@@ -100,6 +102,12 @@ struct sbx_runtime_s
   pthread_cond_t cv;
   sbx_t *list;
   size_t count;
+  /* The id index: lookups cost the same with 10 or 10 000 sandboxes. */
+  sbx_t **index;
+  size_t index_mask;
+  /* Layer users (exports and the like) linked to any sandbox: the reaper
+   * looks for frozen-too-long ones only when there are some. */
+  size_t layer_users;
   bool stopping;
   pthread_t reaper;
   bool reaper_running;
@@ -133,7 +141,9 @@ int64_t sbx_wall_ms (void);
 int64_t sbx_mono_ms (void);
 
 /* registry.c. The *_locked functions need rt->mu held. */
+int sbx_index_init (sbx_runtime_t *rt, err_t *err);
 sbx_t *sbx_find_locked (sbx_runtime_t *rt, const char *id);
+void sbx_link_locked (sbx_runtime_t *rt, sbx_t *s);
 void sbx_unlink_locked (sbx_runtime_t *rt, sbx_t *s);
 void sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out);
 /* A ready sandbox, referenced (renews its idle timer), or NULL. */

@@ -58,9 +58,7 @@ reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_t **out, err_
     rc = err_make (err, EUSERS, "no free uid range for another sandbox (SANDBOX_UID_BASE, SANDBOX_UID_RANGE)");
   else
     {
-      s->next = rt->list;
-      rt->list = s;
-      rt->count++;
+      sbx_link_locked (rt, s);
       *out = take_ptr (&s);
     }
   pthread_mutex_unlock (&rt->mu);

@@ -115,23 +115,36 @@ sbx_reaper_main (void *arg)
   sbx_runtime_t *rt = arg;
   int64_t ttl_ms = rt->cfg.idle_ttl_seconds * 1000;
   unsigned round = 0;
+  int64_t next_tick = 0;
+  bool rescan = false; /* an idle sandbox was just deleted: look for the next at once */
   pthread_mutex_lock (&rt->mu);
   while (!rt->stopping)
     {
-      struct timespec until;
-      clock_gettime (CLOCK_MONOTONIC, &until);
-      until.tv_sec += 1;
-      pthread_cond_timedwait (&rt->cv, &rt->mu, &until);
-      pthread_mutex_unlock (&rt->mu);
-      sbx_enforce_freeze_deadlines (rt);
-      if (rt->cfg.health != NULL && round++ % 2 == 0)
+      int64_t now = sbx_mono_ms ();
+      if (!rescan && now < next_tick)
         {
-          /* The self-check, every two seconds: what health reports. */
-          err_t cerr = ERR_INIT;
-          rt->cfg.health (sbx_runtime_check (rt, &cerr) < 0 ? err_msg (&cerr) : NULL);
-          err_release (&cerr);
+          /* Woken early (every launch and delete signals rt->cv): the
+           * scans below walk every sandbox, so they keep to once a second
+           * however busy the gateway is. */
+          struct timespec until = {.tv_sec = next_tick / 1000, .tv_nsec = (long) (next_tick % 1000) * 1000000};
+          pthread_cond_timedwait (&rt->cv, &rt->mu, &until);
+          continue;
         }
-      pthread_mutex_lock (&rt->mu);
+      if (!rescan)
+        {
+          next_tick = now + 1000;
+          pthread_mutex_unlock (&rt->mu);
+          sbx_enforce_freeze_deadlines (rt);
+          if (rt->cfg.health != NULL && round++ % 2 == 0)
+            {
+              /* The self-check, every two seconds: what health reports. */
+              err_t cerr = ERR_INIT;
+              rt->cfg.health (sbx_runtime_check (rt, &cerr) < 0 ? err_msg (&cerr) : NULL);
+              err_release (&cerr);
+            }
+          pthread_mutex_lock (&rt->mu);
+        }
+      rescan = false;
       char id[SBX_ID_MAX + 1];
       if (rt->stopping || ttl_ms <= 0 || !find_idle_locked (rt, ttl_ms, id))
         continue;
@@ -142,6 +155,7 @@ sbx_reaper_main (void *arg)
       sbx_delete (rt, id, &err);
       err_warn_release (&err, "delete idle `%s`", id);
       pthread_mutex_lock (&rt->mu);
+      rescan = true;
     }
   pthread_mutex_unlock (&rt->mu);
   return NULL;

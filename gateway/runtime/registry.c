@@ -93,28 +93,72 @@ sbx_runtime_check (sbx_runtime_t *rt, err_t *err)
   return 0;
 }
 
+/* FNV-1a: ids are short and chosen by callers, who cannot make a bucket
+ * longer than the sandboxes they may launch. */
+static size_t
+id_hash (const char *id)
+{
+  uint64_t h = 14695981039346656037ULL;
+  for (const unsigned char *p = (const unsigned char *) id; *p != '\0'; p++)
+    h = (h ^ *p) * 1099511628211ULL;
+  return (size_t) (h ^ (h >> 32));
+}
+
+int
+sbx_index_init (sbx_runtime_t *rt, err_t *err)
+{
+  size_t n = 64;
+  while (n < (size_t) rt->cfg.max_sandboxes && n < ((size_t) 1 << 20))
+    n <<= 1;
+  rt->index = calloc (n, sizeof *rt->index);
+  if (rt->index == NULL)
+    return err_make (err, ENOMEM, "runtime: out of memory");
+  rt->index_mask = n - 1;
+  return 0;
+}
+
 sbx_t *
 sbx_find_locked (sbx_runtime_t *rt, const char *id)
 {
-  for (sbx_t *s = rt->list; s != NULL; s = s->next)
+  for (sbx_t *s = rt->index[id_hash (id) & rt->index_mask]; s != NULL; s = s->hnext)
     if (strcmp (s->id, id) == 0)
       return s;
   return NULL;
 }
 
 void
+sbx_link_locked (sbx_runtime_t *rt, sbx_t *s)
+{
+  s->next = rt->list;
+  if (s->next != NULL)
+    s->next->pprev = &s->next;
+  s->pprev = &rt->list;
+  rt->list = s;
+  sbx_t **bucket = &rt->index[id_hash (s->id) & rt->index_mask];
+  s->hnext = *bucket;
+  *bucket = s;
+  rt->count++;
+}
+
+void
 sbx_unlink_locked (sbx_runtime_t *rt, sbx_t *s)
 {
-  for (sbx_t **p = &rt->list; *p != NULL; p = &(*p)->next)
+  if (s->pprev == NULL)
+    return;
+  *s->pprev = s->next;
+  if (s->next != NULL)
+    s->next->pprev = s->pprev;
+  s->pprev = NULL;
+  for (sbx_t **p = &rt->index[id_hash (s->id) & rt->index_mask]; *p != NULL; p = &(*p)->hnext)
     if (*p == s)
       {
-        *p = s->next;
-        rt->count--;
-        /* Its processes are gone: the range may serve a later sandbox. */
-        sbx_uid_release_locked (rt, s->uid_slot);
-        s->uid_slot = -1;
-        return;
+        *p = s->hnext;
+        break;
       }
+  rt->count--;
+  /* Its processes are gone: the range may serve a later sandbox. */
+  sbx_uid_release_locked (rt, s->uid_slot);
+  s->uid_slot = -1;
 }
 
 sbx_t *
@@ -202,7 +246,7 @@ sbx_enforce_freeze_deadlines (sbx_runtime_t *rt)
 {
   int64_t now = sbx_mono_ms ();
   pthread_mutex_lock (&rt->mu);
-  for (sbx_t *s = rt->list; s != NULL; s = s->next)
+  for (sbx_t *s = rt->layer_users > 0 ? rt->list : NULL; s != NULL; s = s->next)
     for (sbx_layer_user_t *u = s->layer_users; u != NULL; u = u->next)
       if (!u->cancelled && u->freeze_deadline_ms > 0 && now >= u->freeze_deadline_ms && u->cancel != NULL)
         {
@@ -274,6 +318,7 @@ sbx_with_layer (sbx_runtime_t *rt, const char *id, bool freeze, sbx_layer_fn fn,
   pthread_mutex_lock (&rt->mu);
   user.next = s->layer_users;
   s->layer_users = &user;
+  rt->layer_users++;
   pthread_mutex_unlock (&rt->mu);
   cleanup_close int upper = openat (s->disk_fd, "upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   sbx_layer_t layer = {.upper_fd = upper};
@@ -300,6 +345,7 @@ sbx_with_layer (sbx_runtime_t *rt, const char *id, bool freeze, sbx_layer_fn fn,
     }
   pthread_mutex_lock (&rt->mu);
   unlink_user_locked (s, &user);
+  rt->layer_users--;
   bool deleted = s->deleting;
   pthread_mutex_unlock (&rt->mu);
   sbx_release (rt, s);

@@ -17,6 +17,7 @@ runtime_free (sbx_runtime_t *rt)
     free (rt->host_addrs[i]);
   free (rt->host_addrs);
   free (rt->uid_used);
+  free (rt->index);
   for (int i = 0; i < 2; i++)
     if (rt->egress_progs[i] >= 0)
       close (rt->egress_progs[i]);
@@ -39,7 +40,7 @@ runtime_init (sbx_runtime_t *rt, const sbx_config_t *cfg, err_t *err)
       || (mkdir (rt->sandboxes_dir, 0700) < 0 && errno != EEXIST))
     return err_make_sys (err, errno, "create the state directory `%s`", rt->sandboxes_dir);
   sbx_clean_leftovers (rt);
-  if (sbx_uid_pool_init (rt, err) < 0 || sbx_userns_probe (rt, err) < 0)
+  if (sbx_index_init (rt, err) < 0 || sbx_uid_pool_init (rt, err) < 0 || sbx_userns_probe (rt, err) < 0)
     return -1;
   if (!cfg->userns)
     log_msg (SEV_WARNING, "SANDBOX_USERNS is off: sandbox root is host root (uid 0 of the host's user namespace); "
