@@ -901,7 +901,13 @@ bench_density (void)
           if (bc_launch (CH, id, &err) < 0)
             bc_die (PROG, "launch", &err);
           double ms = bc_now_ms () - s0;
+          /* Deleted before the next launch, and the kernel's deferred part
+           * of it (the memory cgroup's offlining, the network namespace's
+           * clean-up, run by its workers) given time: what is timed is the
+           * launch alone. */
           pool_delete (id);
+          pool_drain ();
+          usleep (50 * 1000);
           if (i >= warm)
             bc_series_add (&at[l], ms);
         }
