@@ -14,6 +14,59 @@
 
 #include "sandbox/v1/sandbox.pb-c.h"
 
+long
+bc_proc_status_kib (pid_t pid, const char *field)
+{
+  char path[64], line[256];
+  snprintf (path, sizeof path, "/proc/%d/status", (int) pid);
+  FILE *f = fopen (path, "re");
+  if (f == NULL)
+    return -1;
+  long v = -1;
+  size_t n = strlen (field);
+  while (fgets (line, sizeof line, f) != NULL)
+    if (strncmp (line, field, n) == 0 && line[n] == ':')
+      v = strtol (line + n + 1, NULL, 10);
+  fclose (f);
+  return v;
+}
+
+static void *
+rss_sampler_main (void *arg)
+{
+  bc_rss_sampler_t *s = arg;
+  while (!s->stop)
+    {
+      long v = bc_proc_status_kib (s->pid, "VmRSS");
+      if (v > s->peak_kib)
+        s->peak_kib = v;
+      usleep (5 * 1000);
+    }
+  return NULL;
+}
+
+void
+bc_rss_start (bc_rss_sampler_t *s, pid_t pid)
+{
+  memset (s, 0, sizeof *s);
+  s->pid = pid;
+  s->start_kib = s->peak_kib = pid > 0 ? bc_proc_status_kib (pid, "VmRSS") : -1;
+  s->running = s->start_kib >= 0 && pthread_create (&s->thread, NULL, rss_sampler_main, s) == 0;
+}
+
+long
+bc_rss_stop (bc_rss_sampler_t *s)
+{
+  if (!s->running)
+    return -1;
+  s->stop = true;
+  pthread_join (s->thread, NULL);
+  long v = bc_proc_status_kib (s->pid, "VmRSS");
+  if (v > s->peak_kib)
+    s->peak_kib = v;
+  return s->peak_kib - s->start_kib;
+}
+
 extern char **environ;
 
 double

@@ -13,6 +13,7 @@
 #ifndef SBX_BENCH_BENCH_COMMON_H
 #define SBX_BENCH_BENCH_COMMON_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -27,6 +28,23 @@ double bc_now_ms (void);
 
 /* `bytes` in `ms` milliseconds as MB/s (10^6 bytes a second). */
 double bc_mbps (uint64_t bytes, double ms);
+
+/* A field of /proc/<pid>/status in KiB (VmRSS, VmHWM, ...), or -1. */
+long bc_proc_status_kib (pid_t pid, const char *field);
+
+/* A process's VmRSS sampled every 5 ms by a thread of its own while an
+ * operation runs: bc_rss_start before it, bc_rss_stop after, which returns
+ * the peak's growth over the start in KiB (-1 when it could not be read). */
+typedef struct bc_rss_sampler_s
+{
+  pid_t pid;
+  long start_kib, peak_kib;
+  volatile bool stop;
+  bool running;
+  pthread_t thread;
+} bc_rss_sampler_t;
+void bc_rss_start (bc_rss_sampler_t *s, pid_t pid);
+long bc_rss_stop (bc_rss_sampler_t *s);
 
 /* Prints "PROG: what: <err's message>" to stderr and exits 1. */
 void bc_die (const char *prog, const char *what, err_t *err) __attribute__ ((noreturn));

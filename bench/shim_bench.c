@@ -605,23 +605,6 @@ typedef struct mem_s
   long peak_rss_kib; /* sampled VmRSS */
 } mem_t;
 
-static long
-proc_status_kib (int pid, const char *field)
-{
-  char path[64], line[256];
-  snprintf (path, sizeof path, "/proc/%d/status", pid);
-  FILE *f = fopen (path, "re");
-  if (f == NULL)
-    return -1;
-  long v = -1;
-  size_t n = strlen (field);
-  while (fgets (line, sizeof line, f) != NULL)
-    if (strncmp (line, field, n) == 0 && line[n] == ':')
-      v = strtol (line + n + 1, NULL, 10);
-  fclose (f);
-  return v;
-}
-
 /* One client: sends the exec, reads the answer's head, waits until every
  * client has its head, then reads and discards the body. */
 static int
@@ -685,7 +668,7 @@ mem_sampler (void *arg)
   mem_t *M = arg;
   while (!M->done)
     {
-      long v = proc_status_kib (O.mem_shim_pid, "VmRSS");
+      long v = bc_proc_status_kib (O.mem_shim_pid, "VmRSS");
       if (v > M->peak_rss_kib)
         M->peak_rss_kib = v;
       usleep (10 * 1000);
@@ -702,7 +685,7 @@ static void
 bench_mem (void)
 {
   mem_t M = {.mu = PTHREAD_MUTEX_INITIALIZER};
-  long idle = proc_status_kib (O.mem_shim_pid, "VmRSS");
+  long idle = bc_proc_status_kib (O.mem_shim_pid, "VmRSS");
   fprintf (stderr, PROG ": buffered: %d execs of %d MiB at once; shim RSS before: %ld KiB\n", O.mem_clients,
            O.mem_mib, idle);
   pthread_barrier_init (&M.heads, NULL, (unsigned) O.mem_clients);
@@ -725,14 +708,14 @@ bench_mem (void)
   pthread_join (sampler, NULL);
   free (t);
   pthread_barrier_destroy (&M.heads);
-  long hwm = proc_status_kib (O.mem_shim_pid, "VmHWM");
+  long hwm = bc_proc_status_kib (O.mem_shim_pid, "VmHWM");
   /* The shim frees an answer just after its last byte is sent: wait
    * (up to 3 s) until its memory has stopped falling. */
-  long after = proc_status_kib (O.mem_shim_pid, "VmRSS");
+  long after = bc_proc_status_kib (O.mem_shim_pid, "VmRSS");
   for (int i = 0; i < 30; i++)
     {
       usleep (100 * 1000);
-      long now = proc_status_kib (O.mem_shim_pid, "VmRSS");
+      long now = bc_proc_status_kib (O.mem_shim_pid, "VmRSS");
       if (now == after)
         break;
       after = now;

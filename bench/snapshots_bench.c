@@ -52,6 +52,7 @@ typedef struct opts_s
   const char *markdown;
   int runs;
   long tree_mib;
+  pid_t gateway_pid; /* the local-store gateway: its VmRSS growth is reported */
 } opts_t;
 
 static opts_t O = {.runs = 3, .tree_mib = 1024};
@@ -226,16 +227,19 @@ tar_c_once (bool digest, uint64_t *bytes)
 static void
 bench_export (const char *src)
 {
-  bc_series_t plain = {0}, tar = {0}, hashed = {0}, tar_dgst = {0};
+  bc_series_t plain = {0}, tar = {0}, hashed = {0}, tar_dgst = {0}, rss = {0};
   err_t err = ERR_INIT;
   fprintf (stderr, PROG ": export: 1 warm-up + %d runs of each\n", O.runs);
   for (int i = 0; i <= O.runs; i++)
     {
       uint64_t pb = 0, hb = 0, tb = 0, db = 0;
+      bc_rss_sampler_t sampler;
+      bc_rss_start (&sampler, O.gateway_pid);
       double t0 = bc_now_ms ();
       if (export_once (src, -1, true, &pb, &err) < 0)
         bc_die (PROG, "export", &err);
       double pms = bc_now_ms () - t0;
+      long grew = bc_rss_stop (&sampler);
       double tms = tar_c_once (false, &tb);
       t0 = bc_now_ms ();
       if (export_once (src, -1, false, &hb, &err) < 0)
@@ -257,6 +261,8 @@ bench_export (const char *src)
           bc_series_add (&tar, bc_mbps (TREE_BYTES, tms));
           bc_series_add (&hashed, bc_mbps (TREE_BYTES, hms));
           bc_series_add (&tar_dgst, bc_mbps (TREE_BYTES, dms));
+          if (grew >= 0)
+            bc_series_add (&rss, (double) grew / 1024);
         }
     }
   char what[128];
@@ -265,6 +271,11 @@ bench_export (const char *src)
   snprintf (what, sizeof what, "export %.0f MiB tree with sha256, p99 col = slowest",
             (double) TREE_BYTES / (1 << 20));
   bc_row_add (what, "MB/s", &hashed, 1, "tar -c | openssl dgst -sha256", &tar_dgst);
+  if (rss.n > 0)
+    {
+      snprintf (what, sizeof what, "gateway VmRSS growth during export (peak - start), p99 col = largest");
+      bc_row_add (what, "MiB", &rss, 99, NULL, NULL);
+    }
 }
 
 /* ---- restore ------------------------------------------------------------- */
@@ -359,17 +370,20 @@ tar_x_once (const char *tarpath)
 static void
 bench_restore (const char *tarpath)
 {
-  bc_series_t ours = {0}, tar = {0};
+  bc_series_t ours = {0}, tar = {0}, rss = {0};
   err_t err = ERR_INIT;
   fprintf (stderr, PROG ": restore: 1 warm-up + %d runs of each\n", O.runs);
   for (int i = 0; i <= O.runs; i++)
     {
       char id[64];
       snprintf (id, sizeof id, "snapbench-restore-%d", i);
+      bc_rss_sampler_t sampler;
+      bc_rss_start (&sampler, O.gateway_pid);
       double t0 = bc_now_ms ();
       if (restore_once (CH, id, tarpath, &err) < 0)
         bc_die (PROG, "restore", &err);
       double ms = bc_now_ms () - t0;
+      long grew = bc_rss_stop (&sampler);
       /* Not timed: the restored sandbox's memory goes back before the next
        * run. */
       if (bc_delete (CH, id, &err) < 0)
@@ -385,11 +399,15 @@ bench_restore (const char *tarpath)
         {
           bc_series_add (&ours, bc_mbps (TREE_BYTES, ms));
           bc_series_add (&tar, bc_mbps (TREE_BYTES, tms));
+          if (grew >= 0)
+            bc_series_add (&rss, (double) grew / 1024);
         }
     }
   char what[96];
   snprintf (what, sizeof what, "restore %.0f MiB tree, p99 col = slowest", (double) TREE_BYTES / (1 << 20));
   bc_row_add (what, "MB/s", &ours, 1, "tar -x (tmpfs to tmpfs)", &tar);
+  if (rss.n > 0)
+    bc_row_add ("gateway VmRSS growth during restore (peak - start), p99 col = largest", "MiB", &rss, 99, NULL, NULL);
 }
 
 /* ---- persist ------------------------------------------------------------- */
@@ -487,6 +505,8 @@ usage (FILE *f)
               "  --dir DIR               work directory (the tree, its tar, tar -x's target)\n"
               "  --runs N                timed runs of each, after one warm-up (default 3)\n"
               "  --tree-mib N            size of the tree (default 1024; the classes scale)\n"
+              "  --gateway-pid PID       the --target gateway's pid: its VmRSS growth during\n"
+              "                          export and restore is reported\n"
               "  --markdown FILE         also write the table to FILE in Markdown\n");
 }
 
@@ -494,10 +514,15 @@ int
 main (int argc, char **argv)
 {
   static const struct option lo[] = {
-      {"target", required_argument, 0, 't'},   {"gcs-target", required_argument, 0, 'g'},
-      {"dir", required_argument, 0, 'd'},      {"runs", required_argument, 0, 'n'},
-      {"tree-mib", required_argument, 0, 's'}, {"markdown", required_argument, 0, 'm'},
-      {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
+      {"target", required_argument, 0, 't'},
+      {"gcs-target", required_argument, 0, 'g'},
+      {"dir", required_argument, 0, 'd'},
+      {"runs", required_argument, 0, 'n'},
+      {"tree-mib", required_argument, 0, 's'},
+      {"markdown", required_argument, 0, 'm'},
+      {"gateway-pid", required_argument, 0, 'p'},
+      {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0},
   };
   int chr;
   while ((chr = getopt_long (argc, argv, "h", lo, NULL)) != -1)
@@ -509,6 +534,7 @@ main (int argc, char **argv)
       case 'n': O.runs = atoi (optarg); break;
       case 's': O.tree_mib = atol (optarg); break;
       case 'm': O.markdown = optarg; break;
+      case 'p': O.gateway_pid = (pid_t) atoi (optarg); break;
       case 'h': usage (stdout); return 0;
       default: usage (stderr); return 2;
       }
