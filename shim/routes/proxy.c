@@ -348,8 +348,14 @@ px_open (shim_req_t *r, px_t *px, unsigned *status)
       px->port = (unsigned) p;
     }
   px->head_method = strcmp (r->method, "HEAD") == 0;
-  if (!ports_slot_take (px->id))
-    return shim_detail (429, "Too many forwarded connections", status);
+  switch (ports_slot_take (px->id))
+    {
+    case PORTS_SLOT_TAKEN: break;
+    case PORTS_SLOT_SANDBOX_FULL:
+      return shim_detail (429, "Too many forwarded connections into this sandbox", status);
+    case PORTS_SLOT_ALL_FULL: return shim_detail (429, "Too many forwarded connections", status);
+    case PORTS_SLOT_NO_MEMORY: return shim_detail (503, "Out of memory", status);
+    }
   px->slot = true;
   char buf[PROXY_MAX_HEAD];
   head_t h = {.buf = buf, .cap = sizeof buf};
