@@ -16,9 +16,10 @@
  * socket over to two threads of the proxy's own that relay bytes both ways
  * until both sides are closed.
  *
- * Limits: forwarded connections (ports_slot_take), the request head we
- * build (431), the response head (502), bytes idle either way (the
- * Forward call's idle timeout, SHIM_FORWARD_IDLE_SECONDS).
+ * Limits: forwarded connections (ports_slot_take: 429), the request head
+ * we build (431), the response head (502, at once), bytes idle either way
+ * (the Forward call's idle timeout, SHIM_FORWARD_IDLE_SECONDS: 504 before
+ * the answer's head, the connection cut after it).
  *
  * Threading: until an upgrade, everything runs on the connection's thread
  * (it sends and receives on the call); after it, the up thread is the
@@ -463,22 +464,33 @@ proxy_upload (shim_req_t *r, const char *data, size_t len)
 
 /* ---- the response ------------------------------------------------------------------ */
 
+typedef enum got_head_e
+{
+  HEAD_OK,
+  HEAD_ENDED,     /* upstream's end (or the call's) before the head's */
+  HEAD_TOO_LARGE, /* over PROXY_MAX_HEAD */
+  HEAD_NO_MEMORY,
+} got_head_t;
+
 /* Reads the response head into px->head (NUL-terminated at its blank
- * line); what follows it becomes the next upstream bytes. 0, or -1. */
-static int
+ * line); what follows it becomes the next upstream bytes. */
+static got_head_t
 read_head (px_t *px)
 {
   free (px->head);
   px->head = malloc (PROXY_MAX_HEAD + 1);
   if (px->head == NULL)
-    return -1;
+    return HEAD_NO_MEMORY;
   size_t len = 0;
   for (;;)
     {
+      /* Full without its end: stop here, not read the rest of the stream. */
+      if (len == PROXY_MAX_HEAD)
+        return HEAD_TOO_LARGE;
       const uint8_t *p;
       size_t k = up_next (px, &p, PROXY_MAX_HEAD - len);
       if (k == 0)
-        return -1; /* the end, or a head too large */
+        return HEAD_ENDED;
       memcpy (px->head + len, p, k);
       size_t from = len > 3 ? len - 3 : 0;
       len += k;
@@ -492,7 +504,7 @@ read_head (px_t *px)
           frames_unread (&px->up, len - head_len);
           *end = '\0';
           px->head_len = head_len;
-          return 0;
+          return HEAD_OK;
         }
     }
 }
@@ -805,6 +817,40 @@ px_upgraded (void *cls, struct MHD_Connection *conn, void *con_cls, const char *
 
 /* ---- the route ---------------------------------------------------------------------- */
 
+/* The answer when no usable response head came (`got` says why, HEAD_OK:
+ * a malformed one). */
+static struct MHD_Response *
+head_failed (px_t *px, got_head_t got, unsigned *status)
+{
+  bool client_gone = watch_remove (px->watch);
+  px->watch = NULL;
+  if (client_gone)
+    return shim_detail (499, "Client closed the request", status);
+  if (got == HEAD_NO_MEMORY)
+    return shim_detail (503, "Out of memory", status);
+  if (got == HEAD_TOO_LARGE)
+    {
+      char msg[96];
+      snprintf (msg, sizeof msg, "The server in the sandbox sent a response head over %d KiB", PROXY_MAX_HEAD / 1024);
+      return shim_detail (502, msg, status);
+    }
+  if (got == HEAD_ENDED && px->up_fail)
+    {
+      /* The call is over: its status says whether the gateway cut it idle. */
+      rpc_status_t st = RPC_STATUS_INIT;
+      grpc_status_code code = rpc_client_finish (px->call, &st);
+      rpc_status_release (&st);
+      if (code == GRPC_STATUS_DEADLINE_EXCEEDED)
+        {
+          char msg[96];
+          snprintf (msg, sizeof msg, "The server in the sandbox sent nothing for %ld s",
+                    shim.cfg.forward_idle_seconds);
+          return shim_detail (504, msg, status);
+        }
+    }
+  return shim_detail (502, "The server in the sandbox sent no valid HTTP response", status);
+}
+
 struct MHD_Response *
 proxy_handle (shim_req_t *r, unsigned *status)
 {
@@ -820,19 +866,12 @@ proxy_handle (shim_req_t *r, unsigned *status)
     }
   if (px->chunked_up && send_data (px, "0\r\n\r\n", 5) < 0)
     return shim_detail (502, "The server in the sandbox closed the connection", status);
-  unsigned code;
+  unsigned code = 0;
   do
     {
-      if (read_head (px) < 0 || (code = head_status (px->head)) == 0)
-        {
-          if (watch_remove (px->watch))
-            {
-              px->watch = NULL;
-              return shim_detail (499, "Client closed the request", status);
-            }
-          px->watch = NULL;
-          return shim_detail (502, "The server in the sandbox sent no valid HTTP response", status);
-        }
+      got_head_t got = read_head (px);
+      if (got != HEAD_OK || (code = head_status (px->head)) == 0)
+        return head_failed (px, got, status);
     }
   while (code >= 100 && code < 200 && code != 101); /* interim answers */
   if (code == 101)

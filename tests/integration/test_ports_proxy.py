@@ -28,7 +28,9 @@ WS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ws")
 # An HTTP/1.1 server for the sandbox: /echo answers with what it got,
 # /chunked in chunks, /sse three events a second apart; /hold/NAME an event
 # stream held open (one event now) until /release/NAME or 60 s; /tick/N/MS
-# N events MS ms apart; /stall/S one event, then S seconds of silence.
+# N events MS ms apart; /stall/S one event, then S seconds of silence;
+# /late/S its answer after S seconds of silence; /bighead/KIB/N N events
+# 0.5 s apart after a KIB KiB header.
 SERVER = r"""
 import hashlib, json, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -58,9 +60,11 @@ class H(BaseHTTPRequestHandler):
         self.send_header("X-Upstream", "yes")
         self.end_headers()
         self.wfile.write(out)
-    def events(self, parts, gap):
+    def events(self, parts, gap, extra=()):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
+        for k, v in extra:
+            self.send_header(k, v)
         self.end_headers()
         for i, part in enumerate(parts):
             if i:
@@ -86,6 +90,12 @@ class H(BaseHTTPRequestHandler):
             self.events([b"tick %d" % i for i in range(n)], ms / 1000)
         elif self.path.startswith("/stall/"):
             self.events([b"start", b"end"], int(self.path[7:]))
+        elif self.path.startswith("/bighead/"):
+            kib, n = map(int, self.path[9:].split("/"))
+            self.events([b"tick %d" % i for i in range(n)], 0.5, [("X-Big", "h" * (kib * 1024))])
+        elif self.path.startswith("/late/"):
+            time.sleep(int(self.path[6:]))
+            self.echo()
         elif self.path == "/chunked":
             self.send_response(200)
             self.send_header("Transfer-Encoding", "chunked")
@@ -571,6 +581,16 @@ def test_an_idle_answer_is_cut_and_its_slot_given_back(shims, gateway, web):
     assert _status_soon(shim, _path(web, "/echo"), 200).status == 200
 
 
+def test_a_server_silent_before_its_answer_is_cut(shims, gateway, web):
+    """SHIM_FORWARD_IDLE_SECONDS=2: a server that sends nothing for 60 s
+    after the request is cut: the client gets 504 well before the server
+    would have answered, and the slot comes back."""
+    shim = shims.shim(gateway, env={"SHIM_FORWARD_IDLE_SECONDS": "2", "SHIM_MAX_FORWARDS_PER_SANDBOX": "1"})
+    r = shim.request("GET", _path(web, "/late/60"), timeout=30)
+    assert r.status == 504 and "2 s" in r.json()["detail"], r
+    assert _status_soon(shim, _path(web, "/echo"), 200).status == 200
+
+
 def test_an_answer_that_keeps_moving_is_not_cut(shims, gateway, web):
     """SHIM_FORWARD_IDLE_SECONDS=2: an event stream that sends an event
     every 0.5 s for 5 s — longer than the idle time in all, never silent
@@ -614,4 +634,16 @@ def test_a_request_head_too_large_is_431_and_the_shim_stays_well(shims, gateway,
     assert health_ok(shim)
     r = shim.request("GET", _path(web, "/echo"))
     assert r.status == 200 and r.json()["tag"] == web, r
+
+
+def test_a_response_head_too_large_is_502_at_once(shim, web):
+    """The response head taken from the server is capped at 64 KiB too: a
+    head of 70 KiB, followed by a minute of events, gets the client a 502
+    saying so once the cap is reached, not at the stream's end (the rest
+    is not read); a 48 KiB head passes, its header intact."""
+    r = shim.request("GET", _path(web, "/bighead/48/1"))
+    assert r.status == 200 and r.headers["x-big"] == "h" * (48 * 1024) and r.body == b"data: tick 0\n\n", r
+    r = shim.request("GET", _path(web, "/bighead/70/120"), timeout=30)
+    assert r.status == 502 and r.json() == {"detail": "The server in the sandbox sent a response head over 64 KiB"}, r
+    assert shim.request("GET", _path(web, "/echo")).status == 200
 
