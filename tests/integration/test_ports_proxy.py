@@ -30,7 +30,8 @@ WS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ws")
 # stream held open (one event now) until /release/NAME or 60 s; /tick/N/MS
 # N events MS ms apart; /stall/S one event, then S seconds of silence;
 # /late/S its answer after S seconds of silence; /bighead/KIB/N N events
-# 0.5 s apart after a KIB KiB header.
+# 0.5 s apart after a KIB KiB header; /hop an answer with hop-by-hop
+# headers.
 SERVER = r"""
 import hashlib, json, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -96,6 +97,15 @@ class H(BaseHTTPRequestHandler):
         elif self.path.startswith("/late/"):
             time.sleep(int(self.path[6:]))
             self.echo()
+        elif self.path == "/hop":
+            self.send_response(200)
+            for k, v in (("Connection", "close, X-Resp-Hop, x-resp-hop-2"), ("X-Resp-Hop", "1"),
+                         ("X-Resp-Hop-2", "1"), ("Keep-Alive", "timeout=5"), ("Proxy-Connection", "keep-alive"),
+                         ("Proxy-Authenticate", "Basic realm=x"), ("Trailer", "X-Sum"), ("Upgrade", "h2c"),
+                         ("TE", "trailers"), ("X-Kept", "yes"), ("Content-Length", "2")):
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(b"ok")
         elif self.path == "/chunked":
             self.send_response(200)
             self.send_header("Transfer-Encoding", "chunked")
@@ -647,3 +657,89 @@ def test_a_response_head_too_large_is_502_at_once(shim, web):
     assert r.status == 502 and r.json() == {"detail": "The server in the sandbox sent a response head over 64 KiB"}, r
     assert shim.request("GET", _path(web, "/echo")).status == 200
 
+
+# ---- hop-by-hop headers ------------------------------------------------------------------
+
+
+def _echoed_headers(shim, path: str, lines: list[tuple[str, str]], auth: bool = True) -> dict:
+    """Sends a GET with exactly these header lines (repeated names kept) on
+    a raw socket: the headers the server in the sandbox received, by
+    lower-case name."""
+    head = f"GET {path} HTTP/1.1\r\nHost: {shim.host}:{shim.port}\r\n"
+    if auth:
+        head += f"Authorization: Bearer {shim.secret}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in lines) + "Connection: close\r\n\r\n"
+    s = raw_connect(shim, timeout=30)
+    try:
+        s.sendall(head.encode())
+        data = b""
+        while True:
+            piece = s.recv(65536)
+            if not piece:
+                break
+            data += piece
+    finally:
+        s.close()
+    assert status_of(data) == 200, data[:500]
+    body = data.split(b"\r\n\r\n", 1)[1]
+    return {k.lower(): v for k, v in json.loads(body)["headers"].items()}
+
+
+HOP_LINES = [("Connection", "keep-alive, X-Secret-Hop"), ("Connection", " x-second-hop ,te"),
+             ("X-Secret-Hop", "1"), ("X-Second-Hop", "1"), ("Keep-Alive", "timeout=5"),
+             ("Proxy-Connection", "keep-alive"), ("TE", "trailers"), ("Trailer", "X-Sum"),
+             ("Upgrade", "h2c"), ("Proxy-Authorization", "Basic c2VjcmV0"), ("X-Custom", "kept")]
+HOP_NAMES = ("connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+             "proxy-authorization", "x-secret-hop", "x-second-hop")
+
+
+def test_hop_by_hop_request_headers_stay_with_the_shim(shim, web):
+    """RFC 9110 §7.6.1: the headers a request's Connection header names
+    (in any of its Connection lines, any case, with spaces), and the
+    standard hop-by-hop ones, do not reach the server in the sandbox; nor
+    does our bearer, in any header; an upgrade that is not a WebSocket's
+    is not passed on. Other headers are."""
+    got = _echoed_headers(shim, _path(web, "/echo"), HOP_LINES)
+    assert got["x-custom"] == "kept", got
+    assert got["connection"] == "close", got  # the shim's own
+    for name in HOP_NAMES[1:]:
+        assert name not in got, (name, got)
+    assert "authorization" not in got, got
+    assert not any(shim.secret in v for v in got.values()), got
+
+
+def test_hop_by_hop_request_headers_stay_with_the_shim_on_a_preview_link(shim, web):
+    """The same on a preview link, where the visitor's own Authorization
+    goes on to the server — unless Connection names it."""
+    link = _link(shim, web)["path"]
+    got = _echoed_headers(shim, link + "echo", HOP_LINES + [("Authorization", "Basic dmlzaXRvcg==")], auth=False)
+    assert got["x-custom"] == "kept" and got["authorization"] == "Basic dmlzaXRvcg==", got
+    for name in HOP_NAMES[1:]:
+        assert name not in got, (name, got)
+    got = _echoed_headers(shim, link + "echo", [("Authorization", "Basic dmlzaXRvcg=="), ("Connection", "Authorization")],
+                          auth=False)
+    assert "authorization" not in got, got
+
+
+def test_a_connection_header_naming_too_many_is_refused(shim, web):
+    """More than 32 names in a request's Connection headers is 400, not a
+    request forwarded with some of them passed on."""
+    names = [f"X-Opt-{i}" for i in range(33)]
+    r = shim.request("GET", _path(web, "/echo"), headers={"Connection": ", ".join(names)})
+    assert r.status == 400 and r.json() == {"detail": "Too many header names in Connection"}, r
+    got = _echoed_headers(shim, _path(web, "/echo"), [("Connection", ", ".join(names[:31])), ("X-Opt-0", "1")])
+    assert "x-opt-0" not in got, got
+
+
+def test_hop_by_hop_response_headers_stay_with_the_shim(shim, web):
+    """The answer's way back: the headers its Connection header names and
+    the standard hop-by-hop ones (Keep-Alive, Proxy-Connection,
+    Proxy-Authenticate, Trailer, Upgrade on an answer that is no switch,
+    TE) do not reach the client; others do, and the body is intact."""
+    r = shim.request("GET", _path(web, "/hop"))
+    assert r.status == 200 and r.body == b"ok", r
+    assert r.headers.get("x-kept") == "yes", r.headers
+    for name in ("x-resp-hop", "x-resp-hop-2", "keep-alive", "proxy-connection", "proxy-authenticate", "trailer",
+                 "upgrade", "te"):
+        assert name not in r.headers, (name, r.header_list)
+    assert all("x-resp-hop" not in v.lower() for k, v in r.header_list if k.lower() == "connection"), r.header_list
