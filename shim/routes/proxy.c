@@ -18,10 +18,11 @@
  * socket over to two threads of the proxy's own that relay bytes both ways
  * until both sides are closed.
  *
- * Limits: forwarded connections (ports_slot_take: 429), the request head
- * we build (431), the response head (502, at once), bytes idle either way
- * (the Forward call's idle timeout, SHIM_FORWARD_IDLE_SECONDS: 504 before
- * the answer's head, the connection cut after it).
+ * Limits: forwarded connections (ports_slot_take: 429; given back once
+ * the answer is all read from upstream), the request head we build (431),
+ * the response head (502, at once), bytes idle either way (the Forward
+ * call's idle timeout, SHIM_FORWARD_IDLE_SECONDS: 504 before the answer's
+ * head, the connection cut after it).
  *
  * Threading: until an upgrade, everything runs on the connection's thread
  * (it sends and receives on the call); after it, the up thread is the
@@ -78,7 +79,8 @@ typedef struct px_s
   char id[SHIM_ID_MAX + 1];
   unsigned port;
   bool preview;
-  bool slot;
+  bool slot;     /* holds a forwarded-connection slot */
+  bool relaying; /* the answer is the server's, with a body or upgraded */
   rpc_client_call_t *call;
   watch_t *watch;
   bool chunked_up; /* the request body goes upstream re-chunked */
@@ -407,36 +409,24 @@ open_failed (px_t *px, grpc_status_code code, const rpc_status_t *st, unsigned *
   return shim_gateway_error (code, st, status);
 }
 
-/* Opens the Forward call with the request head: NULL, or the answer. */
-static struct MHD_Response *
-px_open (shim_req_t *r, px_t *px, unsigned *status)
+/* Gives the request's forwarded-connection slot back, once: as soon as
+ * nothing more of its answer comes from upstream, so that it is free
+ * before the answer's end reaches the client (who may go on at once). */
+static void
+px_slot_give_back (px_t *px)
 {
-  if (px->preview)
+  if (px->slot)
     {
-      const char *uri = r->uri != NULL ? r->uri : "";
-      const char *tok = strstr (uri, "/p/");
-      if (tok == NULL || ports_token_check (tok + 3, px->id, &px->port) < 0)
-        return shim_detail (403, "Invalid or expired link", status);
+      px->slot = false;
+      ports_slot_release (px->id);
     }
-  else
-    {
-      char *end;
-      unsigned long p = strtoul (r->pid, &end, 10);
-      if (*end != '\0' || p < 1 || p > 65535)
-        return shim_detail (422, "The port must be a number from 1 to 65535", status);
-      snprintf (px->id, sizeof px->id, "%s", r->id);
-      px->port = (unsigned) p;
-    }
-  px->head_method = strcmp (r->method, "HEAD") == 0;
-  switch (ports_slot_take (px->id))
-    {
-    case PORTS_SLOT_TAKEN: break;
-    case PORTS_SLOT_SANDBOX_FULL:
-      return shim_detail (429, "Too many forwarded connections into this sandbox", status);
-    case PORTS_SLOT_ALL_FULL: return shim_detail (429, "Too many forwarded connections", status);
-    case PORTS_SLOT_NO_MEMORY: return shim_detail (503, "Out of memory", status);
-    }
-  px->slot = true;
+}
+
+/* Opens the Forward call with the request head and waits for the
+ * gateway's `connected`: NULL, or the answer. */
+static struct MHD_Response *
+px_start (shim_req_t *r, px_t *px, unsigned *status)
+{
   conn_names_t named = {.n = 0};
   MHD_get_connection_values (r->conn, MHD_HEADER_KIND, collect_conn_names, &named);
   if (named.over)
@@ -481,6 +471,43 @@ px_open (shim_req_t *r, px_t *px, unsigned *status)
     }
   metrics_bytes (true, h.len);
   return NULL;
+}
+
+/* Checks the request's target and takes a slot, then opens the Forward
+ * call with the request head (px_start): NULL, or the answer. */
+static struct MHD_Response *
+px_open (shim_req_t *r, px_t *px, unsigned *status)
+{
+  if (px->preview)
+    {
+      const char *uri = r->uri != NULL ? r->uri : "";
+      const char *tok = strstr (uri, "/p/");
+      if (tok == NULL || ports_token_check (tok + 3, px->id, &px->port) < 0)
+        return shim_detail (403, "Invalid or expired link", status);
+    }
+  else
+    {
+      char *end;
+      unsigned long p = strtoul (r->pid, &end, 10);
+      if (*end != '\0' || p < 1 || p > 65535)
+        return shim_detail (422, "The port must be a number from 1 to 65535", status);
+      snprintf (px->id, sizeof px->id, "%s", r->id);
+      px->port = (unsigned) p;
+    }
+  px->head_method = strcmp (r->method, "HEAD") == 0;
+  switch (ports_slot_take (px->id))
+    {
+    case PORTS_SLOT_TAKEN: break;
+    case PORTS_SLOT_SANDBOX_FULL:
+      return shim_detail (429, "Too many forwarded connections into this sandbox", status);
+    case PORTS_SLOT_ALL_FULL: return shim_detail (429, "Too many forwarded connections", status);
+    case PORTS_SLOT_NO_MEMORY: return shim_detail (503, "Out of memory", status);
+    }
+  px->slot = true;
+  struct MHD_Response *resp = px_start (r, px, status);
+  if (resp != NULL)
+    px_slot_give_back (px); /* refused: nothing is forwarded */
+  return resp;
 }
 
 static px_t *
@@ -539,6 +566,7 @@ proxy_upload (shim_req_t *r, const char *data, size_t len)
     rc = send_data (px, data, len);
   if (rc < 0)
     {
+      px_slot_give_back (px);
       shim_req_fail (r, 502, "The server in the sandbox closed the connection");
       return -1;
     }
@@ -739,13 +767,13 @@ body_read (void *cls, uint64_t pos, char *buf, size_t max)
   ssize_t n = 0;
   switch (px->body)
     {
-    case BODY_NONE: return MHD_CONTENT_READER_END_OF_STREAM;
+    case BODY_NONE: break;
     case BODY_CHUNKED: n = read_chunked (px, buf, max); break;
     case BODY_LENGTH:
     case BODY_EOF:
       {
         if (px->body == BODY_LENGTH && px->remaining == 0)
-          return MHD_CONTENT_READER_END_OF_STREAM;
+          break;
         size_t want = px->body == BODY_LENGTH && px->remaining < max ? (size_t) px->remaining : max;
         size_t k = up_copy (px, (uint8_t *) buf, want);
         if (k == 0)
@@ -758,6 +786,8 @@ body_read (void *cls, uint64_t pos, char *buf, size_t max)
         break;
       }
     }
+  if (n <= 0 || (px->body == BODY_LENGTH && px->remaining == 0))
+    px_slot_give_back (px); /* the last of the answer is in MHD's hands */
   if (n < 0)
     return MHD_CONTENT_READER_END_WITH_ERROR;
   if (n == 0)
@@ -966,19 +996,11 @@ head_failed (px_t *px, got_head_t got, unsigned *status)
   return shim_detail (502, "The server in the sandbox sent no valid HTTP response", status);
 }
 
-struct MHD_Response *
-proxy_handle (shim_req_t *r, unsigned *status)
+/* The answer, once the request is upstream: the server's (px->relaying
+ * when a body or an upgrade follows), or one of ours. */
+static struct MHD_Response *
+px_answer (shim_req_t *r, px_t *px, unsigned *status)
 {
-  px_t *px = r->state;
-  if (px == NULL)
-    {
-      px = px_new (r);
-      if (px == NULL)
-        return shim_detail (503, "Out of memory", status);
-      struct MHD_Response *resp = px_open (r, px, status);
-      if (resp != NULL)
-        return resp;
-    }
   if (px->chunked_up && send_data (px, "0\r\n\r\n", 5) < 0)
     return shim_detail (502, "The server in the sandbox closed the connection", status);
   unsigned code = 0;
@@ -1002,6 +1024,7 @@ proxy_handle (shim_req_t *r, unsigned *status)
       if (resp == NULL || take_headers (px, resp, true) < 0)
         return out_of_memory (resp, status);
       MHD_add_response_header (resp, MHD_HTTP_HEADER_CONNECTION, "Upgrade");
+      px->relaying = true;
       *status = 101;
       return resp;
     }
@@ -1023,7 +1046,27 @@ proxy_handle (shim_req_t *r, unsigned *status)
     return out_of_memory (resp, status);
   px->body = body;
   px->remaining = remaining;
+  px->relaying = size != 0;
   *status = code;
+  return resp;
+}
+
+struct MHD_Response *
+proxy_handle (shim_req_t *r, unsigned *status)
+{
+  px_t *px = r->state;
+  if (px == NULL)
+    {
+      px = px_new (r);
+      if (px == NULL)
+        return shim_detail (503, "Out of memory", status);
+      struct MHD_Response *resp = px_open (r, px, status);
+      if (resp != NULL)
+        return resp;
+    }
+  struct MHD_Response *resp = px_answer (r, px, status);
+  if (!px->relaying)
+    px_slot_give_back (px); /* all there is of the answer is here */
   return resp;
 }
 
