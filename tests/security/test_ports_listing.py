@@ -197,6 +197,34 @@ int main (int argc, char **argv)
 }
 """
 
+# A server whose supplementary groups and name the test sets (through the
+# file PATH: "<groups> <name>"; it answers in PATH.ack): they are what comes
+# before the NSpid line in its /proc/<pid>/status, so they move that line.
+GROUPS_SERVER = r"""
+import ctypes, os, socket, sys, time
+port, path = int(sys.argv[1]), sys.argv[2]
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", port))
+ls.listen(8)
+libc = ctypes.CDLL(None, use_errno=True)
+last = None
+while True:
+    try:
+        with open(path) as f:
+            ctl = f.read().split()
+    except OSError:
+        ctl = []
+    if len(ctl) == 2 and ctl != last:
+        os.setgroups(list(range(1, int(ctl[0]) + 1)))
+        libc.prctl(15, ctl[1].encode(), 0, 0, 0)
+        with open(path + ".ack", "w") as f:
+            f.write(" ".join(ctl))
+        last = ctl
+    time.sleep(0.05)
+"""
+
+
 @pytest.fixture(scope="module")
 def walked(gateway_secret):
     with gateway_client({"SANDBOX_PIDS_MAX": str(PIDS_MAX)}, secret=gateway_secret,
@@ -354,3 +382,62 @@ def test_descriptors_named_like_a_socket_are_not_taken_for_it(walked, victim, by
     assert ports.get(SERVER_PORT) == server, (ports, server)
     assert not decoys & set(ports.values()), (ports, decoys)
 
+
+def _nspid_end(host_pid: int) -> int:
+    """Where the host's pid ends in the NSpid line of `host_pid`'s status,
+    as the gateway reads it (the status is the same to both: root in the
+    host's namespaces)."""
+    with open(f"/proc/{host_pid}/status") as f:
+        status = f.read()
+    return status.index("\nNSpid:\t") + len("\nNSpid:\t") + len(str(host_pid))
+
+
+def _set_groups(client: SandboxClient, sid: str, groups: int, name: str) -> None:
+    ctl = f"{groups} {name}"
+    client.write_file(sid, "/tmp/groups", ctl.encode())
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if client.read_file(sid, "/tmp/groups.ack")[0].decode() == ctl:
+                return
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+        assert time.monotonic() < deadline, "the server did not take its groups"
+        time.sleep(0.05)
+
+
+@pytest.mark.finding("F7")
+@pytest.mark.parametrize("placement", ["cut-after-the-hosts-pid", "past-4-KiB"])
+def test_a_server_cannot_misplace_its_pid_line(walked, victim, bystander, placement):
+    """A process's /proc/<pid>/status grows with its supplementary groups
+    (up to 65536 of them, its own to set in its user namespace) ahead of the
+    NSpid line the pid inside the sandbox came from. Placed so that a 4 KiB
+    read of it ends just after the host's pid (then that pid was reported:
+    a host pid, the owner's in no namespace the sandbox knows), or pushed
+    past the first 4 KiB (then no pid at all): the owner's pid is still the
+    one it has in the sandbox."""
+    start_detached(walked, victim, ["python3", "-c", GROUPS_SERVER, "9004", "/tmp/groups"])
+    _set_groups(walked, victim, 0, "aaaa")
+    found = _processes(walked, victim, "9004", "/tmp/groups")
+    assert len(found) == 1, found
+    [(host, inner)] = found.items()
+    if placement == "past-4-KiB":
+        _set_groups(walked, victim, 60000, "aaaa")
+        assert _nspid_end(host) > 4096 * 64
+    else:
+        groups, name = 0, 4
+        for _ in range(4):
+            gap = 4095 - _nspid_end(host)  # the bytes a read of 4095 leaves past the pid
+            if gap == 0:
+                break
+            more, extra = divmod(gap, 8)  # a group is 8 bytes of the Groups line, a name byte 1
+            groups, name = groups + more, name + extra
+            if name > 15:
+                groups, name = groups + 1, name - 8
+            _set_groups(walked, victim, groups, "a" * name)
+        assert _nspid_end(host) == 4095, "could not place the NSpid line"
+    with Bystander(walked, bystander), RssSampler(walked.gw) as rss:
+        ports = _list(walked, victim)
+    assert ports.get(9004) == inner, (ports, inner, host)
+    assert rss.growth_mib < 64, f"the gateway grew by {rss.growth_mib:.0f} MiB"
