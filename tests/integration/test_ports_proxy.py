@@ -513,7 +513,6 @@ def _status_soon(shim, path: str, want: int, timeout: float = 10.0) -> ShimRespo
         time.sleep(0.1)
 
 
-
 def test_forwards_into_one_sandbox_are_capped_and_given_back(shims, gateway, sbx, web, web2):
     """SHIM_MAX_FORWARDS_PER_SANDBOX=2: with two answers held open into one
     sandbox, a third request to it (by the API route or a preview link) is
@@ -523,8 +522,10 @@ def test_forwards_into_one_sandbox_are_capped_and_given_back(shims, gateway, sbx
     the sandbox takes two at once again, and not three."""
     shim = shims.shim(gateway, env={"SHIM_MAX_FORWARDS_PER_SANDBOX": "2"})
     name = new_id("cap")
-    a, b = Held(shim, _path(web, f"/hold/{name}")), Held(shim, _path(web, f"/hold/{name}-b"))
+    held = [Held(shim, _path(web, f"/hold/{name}"))]
     try:
+        held.append(Held(shim, _path(web, f"/hold/{name}-b")))
+        a, b = held
         r = shim.request("GET", _path(web, "/echo"))
         assert r.status == 429, r
         assert r.json() == {"detail": "Too many forwarded connections into this sandbox"}, r
@@ -538,9 +539,10 @@ def test_forwards_into_one_sandbox_are_capped_and_given_back(shims, gateway, sbx
         assert whole and b"data: released" in rest, rest
         b.reset()
     finally:
+        _release(sbx, web, name)
         _release(sbx, web, f"{name}-b")
-        a.close()
-        b.close()
+        for h in held:
+            h.close()
     assert _status_soon(shim, _path(web, "/echo"), 200).status == 200
     again = [Held(shim, _path(web, f"/hold/{name}-c"))]
     try:
@@ -560,8 +562,8 @@ def test_forwards_in_all_are_capped(shims, gateway, sbx, web, web2):
     name = new_id("total")
     held = []
     try:
-        held += [Held(shim, _path(web, f"/hold/{name}")), Held(shim, _path(web, f"/hold/{name}"))]
-        held.append(Held(shim, _path(web2, f"/hold/{name}")))
+        for sid in (web, web, web2):
+            held.append(Held(shim, _path(sid, f"/hold/{name}")))
         for sid in (web2, web):
             r = shim.request("GET", _path(sid, "/echo"))
             assert r.status == 429 and r.json() == {"detail": "Too many forwarded connections"}, r
