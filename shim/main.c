@@ -98,8 +98,9 @@ static const cfg_var_t shim_vars[] = {
      "most forwarded connections into one sandbox at once; beyond: 429", 1, 100000,
      &shim.cfg.max_forwards_per_sandbox, NULL, false},
     {"SHIM_FORWARD_IDLE_SECONDS", CFG_INT, "300",
-     "seconds a forwarded connection may move no byte either way before it is cut", 1, 86400,
-     &shim.cfg.forward_idle_seconds, NULL, false},
+     "seconds a forwarded connection may move no byte either way before it is cut (504 when the server had not "
+     "begun its answer)",
+     1, 86400, &shim.cfg.forward_idle_seconds, NULL, false},
     {"SHIM_PREVIEW_MAX_TTL_SECONDS", CFG_INT, "604800", "longest lifetime a preview link may be given", 1, 31536000,
      &shim.cfg.preview_max_ttl, NULL, false},
     {"SHIM_PUBLIC_URL", CFG_STRING, NULL,

@@ -17,7 +17,8 @@
  *
  * The owner of a listening socket is found by matching its inode against
  * the socket descriptors of the sandbox's processes (listed from its
- * cgroups; /proc/<pid>/fd links are read, never followed), within a bound.
+ * cgroups; /proc/<pid>/fd links are read, never followed), within a bound;
+ * its pid inside the sandbox comes from a pidfd's fdinfo.
  *
  * Threading: any thread; no state beyond the registry.
  */
@@ -46,6 +47,8 @@
 /* Bounds of the owner search: processes and descriptors looked at. */
 #define PORTS_MAX_PIDS 4096
 #define PORTS_MAX_FDS 65536
+/* The most of a pidfd's fdinfo read (a few short lines). */
+#define PORTS_FDINFO_MAX 1024
 
 /* ---- inside the sandbox's network namespace (a thread of its own) ---------- */
 
@@ -385,25 +388,37 @@ parse_table (const char *tab, bool v6, sbx_port_t **ports, size_t *n, size_t *ca
   return 0;
 }
 
-/* The pid a process has inside its own pid namespace (the last NSpid). */
+/* The pid that host process `pid`, of `pidfd`, has inside its own pid
+ * namespace: the last NSpid of the pidfd's fdinfo, which the kernel
+ * writes in a few lines the process cannot change. (Not from
+ * /proc/<pid>/status: its Groups line comes first and grows with the
+ * process's supplementary groups, 65536 of them its own to set in its user
+ * namespace, so a read of a fixed size could end anywhere — after the
+ * host's pid, say.) 0 when not known, and when that process is gone: its
+ * pid may have been another's since. */
 static int
-inner_pid (int proc_dir)
+inner_pid (int pidfd, pid_t pid)
 {
-  cleanup_close int fd = openat (proc_dir, "status", O_RDONLY | O_CLOEXEC);
-  char buf[4096];
-  ssize_t r = fd < 0 ? -1 : read (fd, buf, sizeof buf - 1);
+  char path[64];
+  snprintf (path, sizeof path, "/proc/self/fdinfo/%d", pidfd);
+  cleanup_close int fd = open (path, O_RDONLY | O_CLOEXEC);
+  char buf[PORTS_FDINFO_MAX];
+  ssize_t r = fd < 0 ? -1 : TEMP_FAILURE_RETRY (read (fd, buf, sizeof buf - 1));
   if (r <= 0)
     return 0;
   buf[r] = '\0';
   char *l = strstr (buf, "\nNSpid:");
-  if (l == NULL)
-    return 0;
-  l += 7;
-  char *end = strchr (l, '\n');
-  if (end != NULL)
-    *end = '\0';
+  char *end = l != NULL ? strchr (l + 1, '\n') : NULL;
+  if (end == NULL)
+    return 0; /* no such line (an older kernel), or not all of it */
+  *end = '\0';
+  char *next;
+  long first = strtol (l + 7, &next, 10); /* the pid as we see it: -1 once reaped */
   char *last = strrchr (l, '\t');
-  return atoi (last != NULL ? last + 1 : l);
+  long inner = last != NULL ? strtol (last + 1, &next, 10) : 0;
+  if (first != pid || inner <= 0 || *next != '\0')
+    return 0;
+  return (int) inner;
 }
 
 /* Matches the socket descriptors of host process `pid` against `ports`;
@@ -411,6 +426,11 @@ inner_pid (int proc_dir)
 static void
 match_process (pid_t pid, sbx_port_t *ports, size_t n, long *budget)
 {
+  /* The pidfd first: if its process still lives when a match is found,
+   * the pid named it all along, so the directory opened after is its. */
+  cleanup_close int pidfd = (int) syscall (SYS_pidfd_open, pid, 0);
+  if (pidfd < 0)
+    return;
   char path[64];
   snprintf (path, sizeof path, "/proc/%d", (int) pid);
   cleanup_close int dir = open (path, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -438,7 +458,7 @@ match_process (pid_t pid, sbx_port_t *ports, size_t n, long *budget)
         if (ports[i].inode == ino && ports[i].pid == 0)
           {
             if (inner < 0)
-              inner = inner_pid (dir);
+              inner = inner_pid (pidfd, pid);
             ports[i].pid = inner;
           }
     }

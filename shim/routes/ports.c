@@ -44,19 +44,23 @@ static pthread_mutex_t slot_mu = PTHREAD_MUTEX_INITIALIZER;
 static slot_t *slots;
 static long slots_total;
 
-bool
+ports_slot_t
 ports_slot_take (const char *id)
 {
   pthread_mutex_lock (&slot_mu);
   slot_t *s = slots;
   while (s != NULL && strcmp (s->id, id) != 0)
     s = s->next;
-  bool ok = slots_total < shim.cfg.max_forwards && (s == NULL || s->n < shim.cfg.max_forwards_per_sandbox);
-  if (ok && s == NULL)
+  ports_slot_t got = PORTS_SLOT_TAKEN;
+  if (s != NULL && s->n >= shim.cfg.max_forwards_per_sandbox)
+    got = PORTS_SLOT_SANDBOX_FULL;
+  else if (slots_total >= shim.cfg.max_forwards)
+    got = PORTS_SLOT_ALL_FULL;
+  else if (s == NULL)
     {
       s = calloc (1, sizeof *s);
       if (s == NULL)
-        ok = false;
+        got = PORTS_SLOT_NO_MEMORY;
       else
         {
           snprintf (s->id, sizeof s->id, "%s", id);
@@ -64,13 +68,13 @@ ports_slot_take (const char *id)
           slots = s;
         }
     }
-  if (ok)
+  if (got == PORTS_SLOT_TAKEN)
     {
       s->n++;
       slots_total++;
     }
   pthread_mutex_unlock (&slot_mu);
-  return ok;
+  return got;
 }
 
 void

@@ -4,10 +4,12 @@
  *
  * The shim speaks HTTP/1.1 to the server in the sandbox itself, over the
  * Forward stream: the request head (the client's method, path and query as
- * sent, its headers minus hop-by-hop ones and our bearer, X-Forwarded-*,
- * `Connection: close`), then the body as it arrives (re-chunked when the
- * client sent it chunked). The answer's head is parsed (bounded by
- * PROXY_MAX_HEAD), its body relayed as it comes — by Content-Length,
+ * sent, its headers minus hop-by-hop ones — the standard set and those its
+ * Connection headers list, RFC 9110 §7.6.1 — and our bearer,
+ * X-Forwarded-*, `Connection: close`), then the body as it arrives
+ * (re-chunked when the client sent it chunked). The answer's head is
+ * parsed (bounded by PROXY_MAX_HEAD; its hop-by-hop headers dropped the
+ * same way), its body relayed as it comes — by Content-Length,
  * de-chunked (MHD chunks it again for the client), or to the end of the
  * connection — so long-lived responses (SSE) stream. Data frames are read
  * where gRPC received them (shim/frames.c): the body's bytes are copied
@@ -16,9 +18,11 @@
  * socket over to two threads of the proxy's own that relay bytes both ways
  * until both sides are closed.
  *
- * Limits: forwarded connections (ports_slot_take), the request head we
- * build (431), the response head (502), bytes idle either way (the
- * Forward call's idle timeout, SHIM_FORWARD_IDLE_SECONDS).
+ * Limits: forwarded connections (ports_slot_take: 429; given back once
+ * the answer is all read from upstream), the request head we build (431),
+ * the response head (502, at once), bytes idle either way (the Forward
+ * call's idle timeout, SHIM_FORWARD_IDLE_SECONDS: 504 before the answer's
+ * head, the connection cut after it).
  *
  * Threading: until an upgrade, everything runs on the connection's thread
  * (it sends and receives on the call); after it, the up thread is the
@@ -38,6 +42,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "common/cleanup.h"
 #include "common/log.h"
 #include "sandbox/v1/sandbox.pb-c.h"
 #include "shim/frames.h"
@@ -48,6 +53,10 @@
 
 /* The largest request head sent upstream, and response head accepted. */
 #define PROXY_MAX_HEAD (64 * 1024)
+/* The most header names a message's Connection headers may list; beyond,
+ * it is refused (dropping some and forwarding the rest would pass on
+ * headers meant for us alone). */
+#define PROXY_MAX_CONN_NAMES 32
 /* The most bytes a client socket read carries in one frame (upgraded). */
 #define PROXY_CHUNK (64 * 1024)
 /* The most pieces of a frame written to an upgraded client in one call. */
@@ -70,7 +79,8 @@ typedef struct px_s
   char id[SHIM_ID_MAX + 1];
   unsigned port;
   bool preview;
-  bool slot;
+  bool slot;     /* holds a forwarded-connection slot */
+  bool relaying; /* the answer is the server's, with a body or upgraded */
   rpc_client_call_t *call;
   watch_t *watch;
   bool chunked_up; /* the request body goes upstream re-chunked */
@@ -186,33 +196,105 @@ head_add (head_t *h, const char *fmt, ...)
 }
 
 static bool
-hop_by_hop (const char *name)
+name_in (const char *name, const char *const *names, size_t n)
 {
-  static const char *const names[] = {"connection",
-                                      "keep-alive",
-                                      "proxy-connection",
-                                      "te",
-                                      "trailer",
-                                      "transfer-encoding",
-                                      "upgrade",
-                                      "proxy-authorization",
-                                      "host",
-                                      "expect",
-                                      "content-length",
-                                      "x-forwarded-proto",
-                                      "x-forwarded-host",
-                                      "x-forwarded-prefix"};
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+  for (size_t i = 0; i < n; i++)
     if (strcasecmp (name, names[i]) == 0)
       return true;
   return false;
+}
+
+/* The hop-by-hop headers of RFC 9110 §7.6.1 and their older kin: they
+ * describe one connection, never forwarded either way (Upgrade is written
+ * again for a WebSocket's upgrade; Transfer-Encoding and Content-Length
+ * are the framing, which each side makes for itself). */
+static bool
+hop_by_hop (const char *name)
+{
+  static const char *const names[] = {
+      "connection", "keep-alive",          "proxy-connection",   "te", "trailer", "transfer-encoding",
+      "upgrade",    "proxy-authorization", "proxy-authenticate",
+  };
+  return name_in (name, names, sizeof names / sizeof names[0]);
+}
+
+/* Request headers the shim writes itself (or drops: Expect is answered
+ * here). */
+static bool
+written_here (const char *name)
+{
+  static const char *const names[] = {
+      "host",
+      "expect",
+      "content-length",
+      "x-forwarded-for",
+      "x-forwarded-proto",
+      "x-forwarded-host",
+      "x-forwarded-prefix",
+  };
+  return name_in (name, names, sizeof names / sizeof names[0]);
+}
+
+/* The header names a message's Connection headers list: hop-by-hop for
+ * that connection alone (RFC 9110 §7.6.1). Pointers into the headers'
+ * values, which outlive it. */
+typedef struct conn_names_s
+{
+  struct
+  {
+    const char *p;
+    size_t len;
+  } name[PROXY_MAX_CONN_NAMES];
+  size_t n;
+  bool over; /* more than PROXY_MAX_CONN_NAMES: the message is refused */
+} conn_names_t;
+
+/* Adds the names one Connection header lists ("close, X-A ,x-b"). */
+static void
+conn_names_add (conn_names_t *c, const char *value)
+{
+  for (const char *p = value;;)
+    {
+      p += strspn (p, " \t,");
+      size_t len = strcspn (p, " \t,");
+      if (len == 0)
+        return;
+      if (c->n == PROXY_MAX_CONN_NAMES)
+        {
+          c->over = true;
+          return;
+        }
+      c->name[c->n].p = p;
+      c->name[c->n].len = len;
+      c->n++;
+      p += len;
+    }
+}
+
+static bool
+conn_names_has (const conn_names_t *c, const char *name)
+{
+  size_t len = strlen (name);
+  for (size_t i = 0; i < c->n; i++)
+    if (c->name[i].len == len && strncasecmp (c->name[i].p, name, len) == 0)
+      return true;
+  return false;
+}
+
+static enum MHD_Result
+collect_conn_names (void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+  (void) kind;
+  if (strcasecmp (key, "connection") == 0 && value != NULL)
+    conn_names_add (cls, value);
+  return MHD_YES;
 }
 
 typedef struct copy_s
 {
   head_t *h;
   bool preview;
-  const char *xff;
+  const conn_names_t *named;
 } copy_t;
 
 static enum MHD_Result
@@ -220,7 +302,7 @@ copy_header (void *cls, enum MHD_ValueKind kind, const char *key, const char *va
 {
   copy_t *c = cls;
   (void) kind;
-  if (hop_by_hop (key) || strcasecmp (key, "x-forwarded-for") == 0)
+  if (hop_by_hop (key) || written_here (key) || conn_names_has (c->named, key))
     return MHD_YES;
   /* Our bearer stays here; a preview link's visitor's own credentials go on. */
   if (!c->preview && strcasecmp (key, "authorization") == 0)
@@ -268,9 +350,10 @@ upstream_target (const char *uri, int skip, size_t *prefix_len)
   return p;
 }
 
-/* The request head for upstream, into h. */
+/* The request head for upstream, into h; `named`: the headers the
+ * client's Connection headers list. */
 static void
-build_head (shim_req_t *r, px_t *px, head_t *h)
+build_head (shim_req_t *r, px_t *px, const conn_names_t *named, head_t *h)
 {
   const char *uri = r->uri != NULL ? r->uri : "/";
   size_t prefix_len = 0;
@@ -279,12 +362,12 @@ build_head (shim_req_t *r, px_t *px, head_t *h)
     target = "/";
   const char *start = strncmp (uri, "http", 4) == 0 ? strchr (strstr (uri, "//") + 2, '/') : uri;
   head_add (h, "%s %s HTTP/1.1\r\nHost: localhost:%u\r\n", r->method, target, px->port);
-  copy_t c = {.h = h, .preview = px->preview};
+  copy_t c = {.h = h, .preview = px->preview, .named = named};
   MHD_get_connection_values (r->conn, MHD_HEADER_KIND, copy_header, &c);
   char addr[64];
   client_address (r, addr, sizeof addr);
   const char *xff = MHD_lookup_connection_value (r->conn, MHD_HEADER_KIND, "X-Forwarded-For");
-  if (xff != NULL && strpbrk (xff, "\r\n") == NULL)
+  if (xff != NULL && strpbrk (xff, "\r\n") == NULL && !conn_names_has (named, "x-forwarded-for"))
     head_add (h, "X-Forwarded-For: %s, %s\r\n", xff, addr);
   else
     head_add (h, "X-Forwarded-For: %s\r\n", addr);
@@ -304,8 +387,7 @@ build_head (shim_req_t *r, px_t *px, head_t *h)
   else if (cl != NULL)
     head_add (h, "Content-Length: %llu\r\n", strtoull (cl, NULL, 10));
   const char *up = MHD_lookup_connection_value (r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_UPGRADE);
-  const char *conn = MHD_lookup_connection_value (r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONNECTION);
-  px->upgrade = up != NULL && conn != NULL && strcasestr (conn, "upgrade") != NULL && strpbrk (up, "\r\n") == NULL;
+  px->upgrade = up != NULL && conn_names_has (named, "upgrade") && strpbrk (up, "\r\n") == NULL;
   if (px->upgrade)
     head_add (h, "Connection: Upgrade\r\nUpgrade: %s\r\n\r\n", up);
   else
@@ -327,33 +409,31 @@ open_failed (px_t *px, grpc_status_code code, const rpc_status_t *st, unsigned *
   return shim_gateway_error (code, st, status);
 }
 
-/* Opens the Forward call with the request head: NULL, or the answer. */
-static struct MHD_Response *
-px_open (shim_req_t *r, px_t *px, unsigned *status)
+/* Gives the request's forwarded-connection slot back, once: as soon as
+ * nothing more of its answer comes from upstream, so that it is free
+ * before the answer's end reaches the client (who may go on at once). */
+static void
+px_slot_give_back (px_t *px)
 {
-  if (px->preview)
+  if (px->slot)
     {
-      const char *uri = r->uri != NULL ? r->uri : "";
-      const char *tok = strstr (uri, "/p/");
-      if (tok == NULL || ports_token_check (tok + 3, px->id, &px->port) < 0)
-        return shim_detail (403, "Invalid or expired link", status);
+      px->slot = false;
+      ports_slot_release (px->id);
     }
-  else
-    {
-      char *end;
-      unsigned long p = strtoul (r->pid, &end, 10);
-      if (*end != '\0' || p < 1 || p > 65535)
-        return shim_detail (422, "The port must be a number from 1 to 65535", status);
-      snprintf (px->id, sizeof px->id, "%s", r->id);
-      px->port = (unsigned) p;
-    }
-  px->head_method = strcmp (r->method, "HEAD") == 0;
-  if (!ports_slot_take (px->id))
-    return shim_detail (429, "Too many forwarded connections", status);
-  px->slot = true;
+}
+
+/* Opens the Forward call with the request head and waits for the
+ * gateway's `connected`: NULL, or the answer. */
+static struct MHD_Response *
+px_start (shim_req_t *r, px_t *px, unsigned *status)
+{
+  conn_names_t named = {.n = 0};
+  MHD_get_connection_values (r->conn, MHD_HEADER_KIND, collect_conn_names, &named);
+  if (named.over)
+    return shim_detail (400, "Too many header names in Connection", status);
   char buf[PROXY_MAX_HEAD];
   head_t h = {.buf = buf, .cap = sizeof buf};
-  build_head (r, px, &h);
+  build_head (r, px, &named, &h);
   if (h.over)
     return shim_detail (431, "Request head too large to forward", status);
   Sandbox__V1__ForwardFrame first = SANDBOX__V1__FORWARD_FRAME__INIT;
@@ -391,6 +471,43 @@ px_open (shim_req_t *r, px_t *px, unsigned *status)
     }
   metrics_bytes (true, h.len);
   return NULL;
+}
+
+/* Checks the request's target and takes a slot, then opens the Forward
+ * call with the request head (px_start): NULL, or the answer. */
+static struct MHD_Response *
+px_open (shim_req_t *r, px_t *px, unsigned *status)
+{
+  if (px->preview)
+    {
+      const char *uri = r->uri != NULL ? r->uri : "";
+      const char *tok = strstr (uri, "/p/");
+      if (tok == NULL || ports_token_check (tok + 3, px->id, &px->port) < 0)
+        return shim_detail (403, "Invalid or expired link", status);
+    }
+  else
+    {
+      char *end;
+      unsigned long p = strtoul (r->pid, &end, 10);
+      if (*end != '\0' || p < 1 || p > 65535)
+        return shim_detail (422, "The port must be a number from 1 to 65535", status);
+      snprintf (px->id, sizeof px->id, "%s", r->id);
+      px->port = (unsigned) p;
+    }
+  px->head_method = strcmp (r->method, "HEAD") == 0;
+  switch (ports_slot_take (px->id))
+    {
+    case PORTS_SLOT_TAKEN: break;
+    case PORTS_SLOT_SANDBOX_FULL:
+      return shim_detail (429, "Too many forwarded connections into this sandbox", status);
+    case PORTS_SLOT_ALL_FULL: return shim_detail (429, "Too many forwarded connections", status);
+    case PORTS_SLOT_NO_MEMORY: return shim_detail (503, "Out of memory", status);
+    }
+  px->slot = true;
+  struct MHD_Response *resp = px_start (r, px, status);
+  if (resp != NULL)
+    px_slot_give_back (px); /* refused: nothing is forwarded */
+  return resp;
 }
 
 static px_t *
@@ -449,6 +566,7 @@ proxy_upload (shim_req_t *r, const char *data, size_t len)
     rc = send_data (px, data, len);
   if (rc < 0)
     {
+      px_slot_give_back (px);
       shim_req_fail (r, 502, "The server in the sandbox closed the connection");
       return -1;
     }
@@ -457,22 +575,33 @@ proxy_upload (shim_req_t *r, const char *data, size_t len)
 
 /* ---- the response ------------------------------------------------------------------ */
 
+typedef enum got_head_e
+{
+  HEAD_OK,
+  HEAD_ENDED,     /* upstream's end (or the call's) before the head's */
+  HEAD_TOO_LARGE, /* over PROXY_MAX_HEAD */
+  HEAD_NO_MEMORY,
+} got_head_t;
+
 /* Reads the response head into px->head (NUL-terminated at its blank
- * line); what follows it becomes the next upstream bytes. 0, or -1. */
-static int
+ * line); what follows it becomes the next upstream bytes. */
+static got_head_t
 read_head (px_t *px)
 {
   free (px->head);
   px->head = malloc (PROXY_MAX_HEAD + 1);
   if (px->head == NULL)
-    return -1;
+    return HEAD_NO_MEMORY;
   size_t len = 0;
   for (;;)
     {
+      /* Full without its end: stop here, not read the rest of the stream. */
+      if (len == PROXY_MAX_HEAD)
+        return HEAD_TOO_LARGE;
       const uint8_t *p;
       size_t k = up_next (px, &p, PROXY_MAX_HEAD - len);
       if (k == 0)
-        return -1; /* the end, or a head too large */
+        return HEAD_ENDED;
       memcpy (px->head + len, p, k);
       size_t from = len > 3 ? len - 3 : 0;
       len += k;
@@ -486,7 +615,7 @@ read_head (px_t *px)
           frames_unread (&px->up, len - head_len);
           *end = '\0';
           px->head_len = head_len;
-          return 0;
+          return HEAD_OK;
         }
     }
 }
@@ -501,45 +630,68 @@ head_status (const char *head)
   return code;
 }
 
-/* Adds the head's end-to-end headers to `resp` (when not NULL); notes the
- * body's framing. */
-static void
-take_headers (px_t *px, struct MHD_Response *resp, bool upgraded)
+/* The next header line of a head being split by strtok_r (the status
+ * line already taken): its name and value (leading blanks skipped), cut
+ * apart in place; false at the end. Lines without a name are skipped. */
+static bool
+next_header (char **save, char **name, char **value)
 {
-  char *head = strdup (px->head);
-  if (head == NULL)
-    return;
-  char *save = NULL;
-  strtok_r (head, "\r\n", &save); /* the status line */
-  bool chunked = false, length = false;
-  uint64_t cl = 0;
-  char *conn_tokens = NULL;
-  for (char *line = strtok_r (NULL, "\r\n", &save); line != NULL; line = strtok_r (NULL, "\r\n", &save))
+  for (char *line; (line = strtok_r (NULL, "\r\n", save)) != NULL;)
     {
       char *colon = strchr (line, ':');
       if (colon == NULL || colon == line)
         continue;
       *colon = '\0';
-      char *value = colon + 1;
-      value += strspn (value, " \t");
-      if (strcasecmp (line, "transfer-encoding") == 0)
+      *name = line;
+      *value = colon + 1 + strspn (colon + 1, " \t");
+      return true;
+    }
+  return false;
+}
+
+/* Adds the head's end-to-end headers to `resp` (when not NULL): not the
+ * hop-by-hop ones, nor those its Connection headers list (but Upgrade on
+ * a switch to it); notes the body's framing. 0; -E2BIG when its
+ * Connection headers list more than PROXY_MAX_CONN_NAMES names; -ENOMEM. */
+static int
+take_headers (px_t *px, struct MHD_Response *resp, bool upgraded)
+{
+  /* One pass for the Connection headers (their values stay in `conn`),
+   * one for the rest. */
+  cleanup_free char *conn = strdup (px->head);
+  cleanup_free char *head = strdup (px->head);
+  if (conn == NULL || head == NULL)
+    return -ENOMEM;
+  conn_names_t named = {.n = 0};
+  char *save = NULL, *name, *value;
+  strtok_r (conn, "\r\n", &save); /* the status line */
+  while (next_header (&save, &name, &value))
+    if (strcasecmp (name, "connection") == 0)
+      conn_names_add (&named, value);
+  if (named.over)
+    return -E2BIG;
+  bool chunked = false, length = false;
+  uint64_t cl = 0;
+  strtok_r (head, "\r\n", &save);
+  while (next_header (&save, &name, &value))
+    {
+      if (strcasecmp (name, "transfer-encoding") == 0)
         chunked = strcasestr (value, "chunked") != NULL;
-      else if (strcasecmp (line, "content-length") == 0)
+      else if (strcasecmp (name, "content-length") == 0)
         {
           length = true;
           cl = strtoull (value, NULL, 10);
         }
-      else if (strcasecmp (line, "connection") == 0)
-        conn_tokens = value;
-      if (hop_by_hop (line) && !(upgraded && strcasecmp (line, "upgrade") == 0))
+      bool upgrade = upgraded && strcasecmp (name, "upgrade") == 0;
+      if (!upgrade
+          && (hop_by_hop (name) || conn_names_has (&named, name) || strcasecmp (name, "content-length") == 0))
         continue;
       if (resp != NULL)
-        MHD_add_response_header (resp, line, value);
+        MHD_add_response_header (resp, name, value);
     }
-  (void) conn_tokens;
   px->body = chunked ? BODY_CHUNKED : length ? BODY_LENGTH : BODY_EOF;
   px->remaining = length && !chunked ? cl : 0;
-  free (head);
+  return 0;
 }
 
 /* Reads one line of a chunked body (at most 1 KiB) into `line`. */
@@ -615,13 +767,13 @@ body_read (void *cls, uint64_t pos, char *buf, size_t max)
   ssize_t n = 0;
   switch (px->body)
     {
-    case BODY_NONE: return MHD_CONTENT_READER_END_OF_STREAM;
+    case BODY_NONE: break;
     case BODY_CHUNKED: n = read_chunked (px, buf, max); break;
     case BODY_LENGTH:
     case BODY_EOF:
       {
         if (px->body == BODY_LENGTH && px->remaining == 0)
-          return MHD_CONTENT_READER_END_OF_STREAM;
+          break;
         size_t want = px->body == BODY_LENGTH && px->remaining < max ? (size_t) px->remaining : max;
         size_t k = up_copy (px, (uint8_t *) buf, want);
         if (k == 0)
@@ -634,6 +786,8 @@ body_read (void *cls, uint64_t pos, char *buf, size_t max)
         break;
       }
     }
+  if (n <= 0 || (px->body == BODY_LENGTH && px->remaining == 0))
+    px_slot_give_back (px); /* the last of the answer is in MHD's hands */
   if (n < 0)
     return MHD_CONTENT_READER_END_WITH_ERROR;
   if (n == 0)
@@ -799,6 +953,104 @@ px_upgraded (void *cls, struct MHD_Connection *conn, void *con_cls, const char *
 
 /* ---- the route ---------------------------------------------------------------------- */
 
+/* 503 instead of `resp` (may be NULL). */
+static struct MHD_Response *
+out_of_memory (struct MHD_Response *resp, unsigned *status)
+{
+  if (resp != NULL)
+    MHD_destroy_response (resp);
+  return shim_detail (503, "Out of memory", status);
+}
+
+/* The answer when no usable response head came (`got` says why, HEAD_OK:
+ * a malformed one). */
+static struct MHD_Response *
+head_failed (px_t *px, got_head_t got, unsigned *status)
+{
+  bool client_gone = watch_remove (px->watch);
+  px->watch = NULL;
+  if (client_gone)
+    return shim_detail (499, "Client closed the request", status);
+  if (got == HEAD_NO_MEMORY)
+    return shim_detail (503, "Out of memory", status);
+  if (got == HEAD_TOO_LARGE)
+    {
+      char msg[96];
+      snprintf (msg, sizeof msg, "The server in the sandbox sent a response head over %d KiB", PROXY_MAX_HEAD / 1024);
+      return shim_detail (502, msg, status);
+    }
+  if (got == HEAD_ENDED && px->up_fail)
+    {
+      /* The call is over: its status says whether the gateway cut it idle. */
+      rpc_status_t st = RPC_STATUS_INIT;
+      grpc_status_code code = rpc_client_finish (px->call, &st);
+      rpc_status_release (&st);
+      if (code == GRPC_STATUS_DEADLINE_EXCEEDED)
+        {
+          char msg[96];
+          snprintf (msg, sizeof msg, "The server in the sandbox sent nothing for %ld s",
+                    shim.cfg.forward_idle_seconds);
+          return shim_detail (504, msg, status);
+        }
+    }
+  return shim_detail (502, "The server in the sandbox sent no valid HTTP response", status);
+}
+
+/* The answer, once the request is upstream: the server's (px->relaying
+ * when a body or an upgrade follows), or one of ours. */
+static struct MHD_Response *
+px_answer (shim_req_t *r, px_t *px, unsigned *status)
+{
+  if (px->chunked_up && send_data (px, "0\r\n\r\n", 5) < 0)
+    return shim_detail (502, "The server in the sandbox closed the connection", status);
+  unsigned code = 0;
+  do
+    {
+      got_head_t got = read_head (px);
+      if (got != HEAD_OK || (code = head_status (px->head)) == 0)
+        return head_failed (px, got, status);
+    }
+  while (code >= 100 && code < 200 && code != 101); /* interim answers */
+  int rc = take_headers (px, NULL, code == 101);
+  if (rc == -E2BIG)
+    return shim_detail (502, "The server in the sandbox named too many headers in Connection", status);
+  if (rc < 0)
+    return shim_detail (503, "Out of memory", status);
+  if (code == 101)
+    {
+      if (!px->upgrade)
+        return shim_detail (502, "The server in the sandbox switched protocols unasked", status);
+      struct MHD_Response *resp = MHD_create_response_for_upgrade (px_upgraded, px);
+      if (resp == NULL || take_headers (px, resp, true) < 0)
+        return out_of_memory (resp, status);
+      MHD_add_response_header (resp, MHD_HTTP_HEADER_CONNECTION, "Upgrade");
+      px->relaying = true;
+      *status = 101;
+      return resp;
+    }
+  if (px->head_method || code == 204 || code == 304)
+    px->body = BODY_NONE;
+  uint64_t size = px->body == BODY_LENGTH ? px->remaining : MHD_SIZE_UNKNOWN;
+  if (px->body == BODY_NONE)
+    size = 0;
+  /* A long-lived answer (SSE) moves no byte for long: the Forward call's
+   * idle timeout is the bound, not MHD's. */
+  MHD_set_connection_option (r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0);
+  /* MHD's block comes with the response (a fresh mapping at this size):
+   * no larger than the body. */
+  size_t block = size < PROXY_BLOCK ? (size_t) size + 1 : PROXY_BLOCK;
+  struct MHD_Response *resp = MHD_create_response_from_callback (size, block, body_read, px, body_done);
+  body_t body = px->body;
+  uint64_t remaining = px->remaining;
+  if (resp == NULL || take_headers (px, resp, false) < 0)
+    return out_of_memory (resp, status);
+  px->body = body;
+  px->remaining = remaining;
+  px->relaying = size != 0;
+  *status = code;
+  return resp;
+}
+
 struct MHD_Response *
 proxy_handle (shim_req_t *r, unsigned *status)
 {
@@ -812,56 +1064,9 @@ proxy_handle (shim_req_t *r, unsigned *status)
       if (resp != NULL)
         return resp;
     }
-  if (px->chunked_up && send_data (px, "0\r\n\r\n", 5) < 0)
-    return shim_detail (502, "The server in the sandbox closed the connection", status);
-  unsigned code;
-  do
-    {
-      if (read_head (px) < 0 || (code = head_status (px->head)) == 0)
-        {
-          if (watch_remove (px->watch))
-            {
-              px->watch = NULL;
-              return shim_detail (499, "Client closed the request", status);
-            }
-          px->watch = NULL;
-          return shim_detail (502, "The server in the sandbox sent no valid HTTP response", status);
-        }
-    }
-  while (code >= 100 && code < 200 && code != 101); /* interim answers */
-  if (code == 101)
-    {
-      if (!px->upgrade)
-        return shim_detail (502, "The server in the sandbox switched protocols unasked", status);
-      struct MHD_Response *resp = MHD_create_response_for_upgrade (px_upgraded, px);
-      if (resp == NULL)
-        return shim_detail (503, "Out of memory", status);
-      take_headers (px, resp, true);
-      MHD_add_response_header (resp, MHD_HTTP_HEADER_CONNECTION, "Upgrade");
-      *status = 101;
-      return resp;
-    }
-  take_headers (px, NULL, false);
-  if (px->head_method || code == 204 || code == 304)
-    px->body = BODY_NONE;
-  uint64_t size = px->body == BODY_LENGTH ? px->remaining : MHD_SIZE_UNKNOWN;
-  if (px->body == BODY_NONE)
-    size = 0;
-  /* A long-lived answer (SSE) moves no byte for long: the Forward call's
-   * idle timeout is the bound, not MHD's. */
-  MHD_set_connection_option (r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0);
-  /* MHD's block comes with the response (a fresh mapping at this size):
-   * no larger than the body. */
-  size_t block = size < PROXY_BLOCK ? (size_t) size + 1 : PROXY_BLOCK;
-  struct MHD_Response *resp = MHD_create_response_from_callback (size, block, body_read, px, body_done);
-  if (resp == NULL)
-    return shim_detail (503, "Out of memory", status);
-  body_t body = px->body;
-  uint64_t remaining = px->remaining;
-  take_headers (px, resp, false);
-  px->body = body;
-  px->remaining = remaining;
-  *status = code;
+  struct MHD_Response *resp = px_answer (r, px, status);
+  if (!px->relaying)
+    px_slot_give_back (px); /* all there is of the answer is here */
   return resp;
 }
 

@@ -9,10 +9,18 @@
 
 #include "shim/shim.h"
 
-/* Takes a forwarded-connection slot for sandbox `id` (SHIM_MAX_FORWARDS in
- * all, SHIM_MAX_FORWARDS_PER_SANDBOX per sandbox): false when none is
- * left. Every slot taken is given back with ports_slot_release. */
-bool ports_slot_take (const char *id);
+typedef enum ports_slot_e
+{
+  PORTS_SLOT_TAKEN,
+  PORTS_SLOT_SANDBOX_FULL, /* SHIM_MAX_FORWARDS_PER_SANDBOX reached */
+  PORTS_SLOT_ALL_FULL,     /* SHIM_MAX_FORWARDS reached */
+  PORTS_SLOT_NO_MEMORY,
+} ports_slot_t;
+
+/* Takes a forwarded-connection slot for sandbox `id`: PORTS_SLOT_TAKEN,
+ * or why none was. Every slot taken is given back with
+ * ports_slot_release. */
+ports_slot_t ports_slot_take (const char *id);
 void ports_slot_release (const char *id);
 
 /* A preview link's token for `port` of sandbox `id` (created at

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import time
 
@@ -17,17 +18,27 @@ import pytest
 
 from tests.lib.client import new_id
 from tests.lib.procs import RssSampler
-from tests.lib.ports import start_detached, wait_listening
+from tests.lib.ports import Forward, start_detached, wait_listening
+from tests.lib.shim import ShimResponse, health_ok, raw_connect, read_response_head, status_of
 
 HTTP_PORT = 8000
 WS_PORT = 8001
 WS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ws")
 
 # An HTTP/1.1 server for the sandbox: /echo answers with what it got,
-# /chunked in chunks, /sse three events a second apart.
+# /chunked in chunks, /sse three events a second apart; /hold/NAME an event
+# stream held open (one event now) until /release/NAME or 60 s; /tick/N/MS
+# N events MS ms apart; /stall/S one event, then S seconds of silence;
+# /late/S its answer after S seconds of silence; /bighead/KIB/N N events
+# 0.5 s apart after a KIB KiB header; /hop an answer with hop-by-hop
+# headers.
 SERVER = r"""
-import hashlib, json, sys, time
+import hashlib, json, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+HELD, HELD_MU = {}, threading.Lock()
+def held(name):
+    with HELD_MU:
+        return HELD.setdefault(name, threading.Event())
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def log_message(self, *a): pass
@@ -50,8 +61,52 @@ class H(BaseHTTPRequestHandler):
         self.send_header("X-Upstream", "yes")
         self.end_headers()
         self.wfile.write(out)
+    def events(self, parts, gap, extra=()):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        for k, v in extra:
+            self.send_header(k, v)
+        self.end_headers()
+        for i, part in enumerate(parts):
+            if i:
+                time.sleep(gap)
+            self.wfile.write(b"data: %s\n\n" % part)
+            self.wfile.flush()
+        self.close_connection = True
     def do_GET(self):
-        if self.path == "/chunked":
+        if self.path.startswith("/hold/"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b"data: held\n\n")
+            self.wfile.flush()
+            held(self.path[6:]).wait(60)
+            self.wfile.write(b"data: released\n\n")
+            self.close_connection = True
+        elif self.path.startswith("/release/"):
+            held(self.path[9:]).set()
+            self.echo()
+        elif self.path.startswith("/tick/"):
+            n, ms = map(int, self.path[6:].split("/"))
+            self.events([b"tick %d" % i for i in range(n)], ms / 1000)
+        elif self.path.startswith("/stall/"):
+            self.events([b"start", b"end"], int(self.path[7:]))
+        elif self.path.startswith("/bighead/"):
+            kib, n = map(int, self.path[9:].split("/"))
+            self.events([b"tick %d" % i for i in range(n)], 0.5, [("X-Big", "h" * (kib * 1024))])
+        elif self.path.startswith("/late/"):
+            time.sleep(int(self.path[6:]))
+            self.echo()
+        elif self.path == "/hop":
+            self.send_response(200)
+            for k, v in (("Connection", "close, X-Resp-Hop, x-resp-hop-2"), ("X-Resp-Hop", "1"),
+                         ("X-Resp-Hop-2", "1"), ("Keep-Alive", "timeout=5"), ("Proxy-Connection", "keep-alive"),
+                         ("Proxy-Authenticate", "Basic realm=x"), ("Trailer", "X-Sum"), ("Upgrade", "h2c"),
+                         ("TE", "trailers"), ("X-Kept", "yes"), ("Content-Length", "2")):
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(b"ok")
+        elif self.path == "/chunked":
             self.send_response(200)
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
@@ -381,3 +436,332 @@ def test_slow_head_on_a_preview_link_is_cut(shim, web):
     assert time.monotonic() - t0 < 25
     assert data == b"" or b"408" in data or b"400" in data
     s.close()
+
+
+# ---- limits ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def web2(sbx):
+    """A second sandbox with the same server, for what one sandbox's load
+    must leave alone."""
+    sid = new_id("proxy-two")
+    sbx.launch(sid)
+    start_detached(sbx, sid, ["python3", "-c", SERVER, str(HTTP_PORT), sid])
+    wait_listening(sbx, sid, HTTP_PORT)
+    return sid
+
+
+class Held:
+    """A request through the shim whose answer stays open: sent on a raw
+    socket, its head and first event read. `close()` leaves politely,
+    `reset()` abruptly (an RST, mid-answer)."""
+
+    def __init__(self, shim, path: str, auth: bool = True, first: bytes = b"data: held"):
+        self.sock = raw_connect(shim, timeout=30)
+        head = f"GET {path} HTTP/1.1\r\nHost: {shim.host}:{shim.port}\r\n"
+        if auth:
+            head += f"Authorization: Bearer {shim.secret}\r\n"
+        self.sock.sendall(head.encode() + b"\r\n")
+        self.data = b""
+        while first not in self.data:
+            piece = self.sock.recv(65536)
+            assert piece, f"closed before {first!r}: {self.data!r}"
+            self.data += piece
+        assert status_of(self.data) == 200, self.data
+
+    def rest(self, timeout: float = 30.0) -> tuple[bytes, bool]:
+        """What comes after, up to the answer's end: (the bytes, True when
+        the answer ended properly: the last chunk came). Raises
+        socket.timeout when neither came within `timeout`."""
+        self.sock.settimeout(timeout)
+        while not self.data.endswith(b"0\r\n\r\n"):
+            try:
+                piece = self.sock.recv(65536)
+            except ConnectionResetError:
+                piece = b""
+            if not piece:
+                return self.data, False
+            self.data += piece
+        return self.data, True
+
+    def reset(self) -> None:
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.sock.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _release(sbx, sid: str, name: str) -> None:
+    """Ends the answers held under `name` in `sid` by asking its server
+    directly over Forward (not through the shim, whose slots are full)."""
+    f = Forward(sbx, sid, HTTP_PORT, first=f"GET /release/{name} HTTP/1.1\r\nHost: x\r\n\r\n".encode(), timeout=30)
+    got = f.recv()
+    f.cancel()
+    assert got.startswith(b"HTTP/1.1 200"), got
+
+
+def _status_soon(shim, path: str, want: int, timeout: float = 10.0) -> ShimResponse:
+    """Asks `path` until it answers `want` (the slot of a client that left
+    is given back once the shim has seen it go): the last answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = shim.request("GET", path, timeout=30)
+        if r.status == want or time.monotonic() > deadline:
+            return r
+        time.sleep(0.1)
+
+
+def test_forwards_into_one_sandbox_are_capped_and_given_back(shims, gateway, sbx, web, web2):
+    """SHIM_MAX_FORWARDS_PER_SANDBOX=2: with two answers held open into one
+    sandbox, a third request to it (by the API route or a preview link) is
+    429 with a detail saying so, while another sandbox is still reached.
+    The slots come back when the held answers end — one ended by the
+    server, one by its client resetting the connection mid-answer — so
+    the sandbox takes two at once again, and not three."""
+    shim = shims.shim(gateway, env={"SHIM_MAX_FORWARDS_PER_SANDBOX": "2"})
+    name = new_id("cap")
+    held = [Held(shim, _path(web, f"/hold/{name}"))]
+    try:
+        held.append(Held(shim, _path(web, f"/hold/{name}-b")))
+        a, b = held
+        r = shim.request("GET", _path(web, "/echo"))
+        assert r.status == 429, r
+        assert r.json() == {"detail": "Too many forwarded connections into this sandbox"}, r
+        link = _link(shim, web)["path"]
+        r = shim.request("GET", link + "echo", auth=False)
+        assert r.status == 429 and r.json() == {"detail": "Too many forwarded connections into this sandbox"}, r
+        assert shim.request("GET", _path(web2, "/echo")).json()["tag"] == web2
+        # One ends as its server finishes it, the other as its client vanishes.
+        _release(sbx, web, name)
+        rest, whole = a.rest()
+        assert whole and b"data: released" in rest, rest
+        b.reset()
+    finally:
+        _release(sbx, web, name)
+        _release(sbx, web, f"{name}-b")
+        for h in held:
+            h.close()
+    assert _status_soon(shim, _path(web, "/echo"), 200).status == 200
+    again = [Held(shim, _path(web, f"/hold/{name}-c"))]
+    try:
+        again.append(Held(shim, link + f"hold/{name}-c", auth=False))
+        assert shim.request("GET", _path(web, "/echo")).status == 429
+    finally:
+        _release(sbx, web, f"{name}-c")
+        for h in again:
+            h.close()
+
+
+def test_forwards_in_all_are_capped(shims, gateway, sbx, web, web2):
+    """SHIM_MAX_FORWARDS=3 across two sandboxes: two answers held in one
+    and one in the other, a fourth request to either is 429; one of them
+    ended, the next is served."""
+    shim = shims.shim(gateway, env={"SHIM_MAX_FORWARDS": "3"})
+    name = new_id("total")
+    held = []
+    try:
+        for sid in (web, web, web2):
+            held.append(Held(shim, _path(sid, f"/hold/{name}")))
+        for sid in (web2, web):
+            r = shim.request("GET", _path(sid, "/echo"))
+            assert r.status == 429 and r.json() == {"detail": "Too many forwarded connections"}, r
+        held.pop().close()  # the one in web2
+        assert _status_soon(shim, _path(web2, "/echo"), 200).status == 200
+    finally:
+        for sid in (web, web2):
+            _release(sbx, sid, name)
+        for h in held:
+            h.close()
+
+
+def test_an_idle_answer_is_cut_and_its_slot_given_back(shims, gateway, web):
+    """SHIM_FORWARD_IDLE_SECONDS=2: an answer whose server goes silent (one
+    event, then 60 s of nothing) is cut long before the server would end
+    it: the client sees the connection closed without the answer's end.
+    With one slot per sandbox, the next request is served: the slot came
+    back (before the client saw the cut)."""
+    shim = shims.shim(gateway, env={"SHIM_FORWARD_IDLE_SECONDS": "2", "SHIM_MAX_FORWARDS_PER_SANDBOX": "1"})
+    h = Held(shim, _path(web, "/stall/60"), first=b"data: start")
+    try:
+        rest, whole = h.rest(timeout=30)  # a socket.timeout here: never cut
+        assert not whole and b"data: end" not in rest, rest
+    finally:
+        h.close()
+    r = shim.request("GET", _path(web, "/echo"))
+    assert r.status == 200, r
+
+
+def test_a_server_silent_before_its_answer_is_cut(shims, gateway, web):
+    """SHIM_FORWARD_IDLE_SECONDS=2: a server that sends nothing for 60 s
+    after the request is cut: the client gets 504 well before the server
+    would have answered, and the slot comes back."""
+    shim = shims.shim(gateway, env={"SHIM_FORWARD_IDLE_SECONDS": "2", "SHIM_MAX_FORWARDS_PER_SANDBOX": "1"})
+    r = shim.request("GET", _path(web, "/late/60"), timeout=30)
+    assert r.status == 504 and "2 s" in r.json()["detail"], r
+    r = shim.request("GET", _path(web, "/echo"))
+    assert r.status == 200, r
+
+
+def test_at_the_cap_a_client_may_go_on_as_soon_as_its_answer_ends(shims, gateway, web):
+    """SHIM_MAX_FORWARDS_PER_SANDBOX=1: a request's slot is given back
+    before the end of its answer reaches the client, so requests one after
+    another — answers with a length, chunked, to the connection's end,
+    without a body (HEAD, which that server does not implement: 501),
+    refused by the proxy (431), nothing listening (502) — are each
+    answered, never 429."""
+    shim = shims.shim(gateway, env={"SHIM_MAX_FORWARDS_PER_SANDBOX": "1"})
+    big = {"X-Big": "b" * (100 * 1024)}
+    for i in range(10):
+        for method, rest, headers, want in (("GET", "/echo", {}, 200), ("GET", "/chunked", {}, 200),
+                                            ("GET", "/tick/1/0", {}, 200), ("HEAD", "/echo", {}, 501),
+                                            ("GET", "/echo", big, 431)):
+            r = shim.request(method, _path(web, rest), headers=headers)
+            assert r.status == want, (i, method, rest, r)
+        r = shim.request("GET", _path(web, "/", port=9))
+        assert r.status == 502, (i, r)
+
+
+def test_an_answer_that_keeps_moving_is_not_cut(shims, gateway, web):
+    """SHIM_FORWARD_IDLE_SECONDS=2: an event stream that sends an event
+    every 0.5 s for 5 s — longer than the idle time in all, never silent
+    that long — arrives whole, to its proper end."""
+    shim = shims.shim(gateway, env={"SHIM_FORWARD_IDLE_SECONDS": "2"})
+    h = Held(shim, _path(web, "/tick/11/500"), first=b"data: tick 0")
+    try:
+        rest, whole = h.rest(timeout=30)
+    finally:
+        h.close()
+    assert whole, rest
+    assert all(b"data: tick %d\n" % i in rest for i in range(11)), rest
+
+
+def test_a_request_head_too_large_is_431_and_the_shim_stays_well(shims, gateway, web):
+    """The head forwarded upstream is capped at 64 KiB: a 48 KiB header
+    goes through intact; a 200 KiB one is 431 with a detail, on the API
+    route and on a preview link (it fits MHD's 256 KiB per connection, so
+    it is the proxy's cap that answers); a 300 KiB one is refused by MHD
+    itself (431, or the connection closed while it is still sent). The shim then answers
+    /health and forwards as before, and no slot was kept (one per
+    sandbox here)."""
+    shim = shims.shim(gateway, env={"SHIM_MAX_FORWARDS_PER_SANDBOX": "1"})
+    link = _link(shim, web)["path"]
+    ok = "a" * (48 * 1024)
+    r = shim.request("GET", _path(web, "/echo"), headers={"X-Big": ok})
+    assert r.status == 200 and r.json()["headers"]["X-Big"] == ok, r
+    big = {"X-Big": "b" * (200 * 1024)}
+    for path, auth in ((_path(web, "/echo"), True), (link + "echo", False)):
+        r = shim.request("GET", path, headers=big, auth=auth)
+        assert r.status == 431 and r.json() == {"detail": "Request head too large to forward"}, r
+    s = raw_connect(shim)
+    try:
+        s.sendall(f"GET {_path(web, '/echo')} HTTP/1.1\r\nHost: x\r\nX-Huge: {'c' * (300 * 1024)}\r\n\r\n".encode())
+        got = read_response_head(s, 10)
+    except (ConnectionResetError, BrokenPipeError):
+        got = b""
+    finally:
+        s.close()
+    assert got == b"" or status_of(got) == 431, got
+    assert health_ok(shim)
+    r = shim.request("GET", _path(web, "/echo"))
+    assert r.status == 200 and r.json()["tag"] == web, r
+
+
+def test_a_response_head_too_large_is_502_at_once(shim, web):
+    """The response head taken from the server is capped at 64 KiB too: a
+    head of 70 KiB, followed by a minute of events, gets the client a 502
+    saying so once the cap is reached, not at the stream's end (the rest
+    is not read); a 48 KiB head passes, its header intact."""
+    r = shim.request("GET", _path(web, "/bighead/48/1"))
+    assert r.status == 200 and r.headers["x-big"] == "h" * (48 * 1024) and r.body == b"data: tick 0\n\n", r
+    r = shim.request("GET", _path(web, "/bighead/70/120"), timeout=30)
+    assert r.status == 502 and r.json() == {"detail": "The server in the sandbox sent a response head over 64 KiB"}, r
+    assert shim.request("GET", _path(web, "/echo")).status == 200
+
+
+# ---- hop-by-hop headers ------------------------------------------------------------------
+
+
+def _echoed_headers(shim, path: str, lines: list[tuple[str, str]], auth: bool = True) -> dict:
+    """Sends a GET with exactly these header lines (repeated names kept) on
+    a raw socket: the headers the server in the sandbox received, by
+    lower-case name."""
+    head = f"GET {path} HTTP/1.1\r\nHost: {shim.host}:{shim.port}\r\n"
+    if auth:
+        head += f"Authorization: Bearer {shim.secret}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in lines) + "Connection: close\r\n\r\n"
+    s = raw_connect(shim, timeout=30)
+    try:
+        s.sendall(head.encode())
+        data = b""
+        while True:
+            piece = s.recv(65536)
+            if not piece:
+                break
+            data += piece
+    finally:
+        s.close()
+    assert status_of(data) == 200, data[:500]
+    body = data.split(b"\r\n\r\n", 1)[1]
+    return {k.lower(): v for k, v in json.loads(body)["headers"].items()}
+
+
+HOP_LINES = [("Connection", "keep-alive, X-Secret-Hop"), ("Connection", " x-second-hop ,te"),
+             ("X-Secret-Hop", "1"), ("X-Second-Hop", "1"), ("Keep-Alive", "timeout=5"),
+             ("Proxy-Connection", "keep-alive"), ("TE", "trailers"), ("Trailer", "X-Sum"),
+             ("Upgrade", "h2c"), ("Proxy-Authorization", "Basic c2VjcmV0"), ("X-Custom", "kept")]
+HOP_NAMES = ("connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+             "proxy-authorization", "x-secret-hop", "x-second-hop")
+
+
+def test_hop_by_hop_request_headers_stay_with_the_shim(shim, web):
+    """RFC 9110 §7.6.1: the headers a request's Connection header names
+    (in any of its Connection lines, any case, with spaces), and the
+    standard hop-by-hop ones, do not reach the server in the sandbox; nor
+    does our bearer, in any header; an upgrade that is not a WebSocket's
+    is not passed on. Other headers are."""
+    got = _echoed_headers(shim, _path(web, "/echo"), HOP_LINES)
+    assert got["x-custom"] == "kept", got
+    assert got["connection"] == "close", got  # the shim's own
+    for name in HOP_NAMES[1:]:
+        assert name not in got, (name, got)
+    assert "authorization" not in got, got
+    assert not any(shim.secret in v for v in got.values()), got
+
+
+def test_hop_by_hop_request_headers_stay_with_the_shim_on_a_preview_link(shim, web):
+    """The same on a preview link, where the visitor's own Authorization
+    goes on to the server — unless Connection names it."""
+    link = _link(shim, web)["path"]
+    got = _echoed_headers(shim, link + "echo", HOP_LINES + [("Authorization", "Basic dmlzaXRvcg==")], auth=False)
+    assert got["x-custom"] == "kept" and got["authorization"] == "Basic dmlzaXRvcg==", got
+    for name in HOP_NAMES[1:]:
+        assert name not in got, (name, got)
+    got = _echoed_headers(shim, link + "echo", [("Authorization", "Basic dmlzaXRvcg=="), ("Connection", "Authorization")],
+                          auth=False)
+    assert "authorization" not in got, got
+
+
+def test_a_connection_header_naming_too_many_is_refused(shim, web):
+    """More than 32 names in a request's Connection headers is 400, not a
+    request forwarded with some of them passed on."""
+    names = [f"X-Opt-{i}" for i in range(33)]
+    r = shim.request("GET", _path(web, "/echo"), headers={"Connection": ", ".join(names)})
+    assert r.status == 400 and r.json() == {"detail": "Too many header names in Connection"}, r
+    got = _echoed_headers(shim, _path(web, "/echo"), [("Connection", ", ".join(names[:31])), ("X-Opt-0", "1")])
+    assert "x-opt-0" not in got, got
+
+
+def test_hop_by_hop_response_headers_stay_with_the_shim(shim, web):
+    """The answer's way back: the headers its Connection header names and
+    the standard hop-by-hop ones (Keep-Alive, Proxy-Connection,
+    Proxy-Authenticate, Trailer, Upgrade on an answer that is no switch,
+    TE) do not reach the client; others do, and the body is intact."""
+    r = shim.request("GET", _path(web, "/hop"))
+    assert r.status == 200 and r.body == b"ok", r
+    assert r.headers.get("x-kept") == "yes", r.headers
+    for name in ("x-resp-hop", "x-resp-hop-2", "keep-alive", "proxy-connection", "proxy-authenticate", "trailer",
+                 "upgrade", "te"):
+        assert name not in r.headers, (name, r.header_list)
+    assert all("x-resp-hop" not in v.lower() for k, v in r.header_list if k.lower() == "connection"), r.header_list
