@@ -202,6 +202,11 @@ sbx_connect_holder (const char *state, const char *id, err_t *err)
   snprintf (sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/" SBX_CTL_NAME, dir);
   if (fd < 0)
     return err_make_sys (err, errno, "exec: socket");
+  /* A request is one message, and a message must fit the sender's buffer
+   * (net.core.wmem_max, 208 KiB by default, is below SBX_EXEC_MAX): the
+   * gateway, root in its network namespace, sets its own past that cap. */
+  int sndbuf = SBX_EXEC_MAX + 64 * 1024;
+  setsockopt (fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndbuf, sizeof sndbuf);
   if (dir < 0 || connect (fd, (struct sockaddr *) &sa, sizeof sa) < 0)
     return err_make_sys (err, ESRCH, "sandbox `%s` is gone (its pid 1 does not answer)", id);
   return take_fd (&fd);
@@ -248,8 +253,15 @@ start_command (exec_run_t *x, const char *state, err_t *err)
   if (ctl < 0)
     return -1;
   if (sbx_send_fds (ctl, msg, (size_t) msg_len, pass, SBX_EXEC_FDS) < 0)
-    return err_make_sys (err, errno == EPIPE || errno == ECONNREFUSED ? ESRCH : errno,
-                         "sandbox `%s` is gone (its pid 1 does not answer)", req->id);
+    {
+      if (errno == EMSGSIZE) /* a buffer the gateway could not enlarge */
+        return err_make (err, E2BIG,
+                         "argv and env together (%zd bytes) are more than this host lets the gateway "
+                         "hand to a sandbox in one message",
+                         msg_len);
+      return err_make_sys (err, errno == EPIPE || errno == ECONNREFUSED ? ESRCH : errno,
+                           "sandbox `%s` is gone (its pid 1 does not answer)", req->id);
+    }
   x->report_fd = take_fd (&rep[0]);
   x->pumps[0] = (pump_t){take_fd (&out[0]), 1};
   x->pumps[1] = (pump_t){take_fd (&errp[0]), 2};

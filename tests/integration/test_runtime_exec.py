@@ -173,6 +173,30 @@ def test_env_name_with_equals_sign_is_invalid_argument(sbx, box):
     assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_argv_and_env_up_to_their_limit_reach_the_command(sbx, box):
+    """argv and env may take up to 256 KiB together; a request that large is
+    one message to the sandbox's pid 1, more than a socket's default buffer
+    holds (208 KiB): it still arrives whole."""
+    args = [secrets.token_hex(50 * 1024) for _ in range(2)]  # 2 x 100 KiB (one arg may be 128 KiB)
+    env = {"BIG": secrets.token_hex(20 * 1024)}  # 40 KiB
+    res = sbx.exec(box, ["sh", "-c", 'printf "%s %s %s" "${#1}" "${#2}" "${#BIG}"; echo; printf %s "$1$2$BIG" | sha256sum',
+                         "sh", *args], env=env)
+    assert res.code == 0, res.describe()
+    lengths, digest = res.out.splitlines()
+    assert lengths == f"{len(args[0])} {len(args[1])} {len(env['BIG'])}"
+    assert digest.split()[0] == hashlib.sha256("".join(args + [env["BIG"]]).encode()).hexdigest()
+
+
+@pytest.mark.parametrize("kib", [260, 1024])
+def test_argv_and_env_past_their_limit_is_invalid_argument(sbx, box, kib):
+    args = [secrets.token_hex(512) for _ in range(kib)]  # kib x 1 KiB
+    with pytest.raises(grpc.RpcError) as ei:
+        sbx.exec(box, ["true", *args])
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "256 KiB" in ei.value.details()
+    assert sbx.exec(box, ["true"]).code == 0  # the sandbox is fine
+
+
 def test_default_working_directory_is_root_home(sbx, box):
     assert sbx.exec(box, ["pwd"]).out == "/root\n"
 
