@@ -4,9 +4,12 @@ a SandboxClient, and checking that the sandbox survived it."""
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Callable, Optional
+
+import grpc
 
 from tests.lib.client import ExecResult, SandboxClient
+from tests.lib.procs import Repeater
 
 
 def py(sbx: SandboxClient, sid: str, code: str, timeout: int = 60, **kw) -> ExecResult:
@@ -49,3 +52,34 @@ def host_shadow_secret() -> Optional[bytes]:
     except OSError:
         pass
     return None
+
+
+class Bystander(Repeater):
+    """Another sandbox, used normally while an attack runs: every `interval`
+    seconds `check` (when given; it returns a failure's text or None) and
+    an Exec of `echo ok` in it. At the end of the `with` block every one
+    must have succeeded, and at least one must have run."""
+
+    def __init__(self, client: SandboxClient, sid: str, interval: float = 0.5,
+                 check: Optional[Callable[[SandboxClient, str], Optional[str]]] = None):
+        super().__init__(interval, join_timeout=60)
+        self.client, self.sid, self.check = client, sid, check
+        self.failures: list[str] = []
+        self.runs = 0
+
+    def step(self) -> None:
+        try:
+            failure = self.check(self.client, self.sid) if self.check is not None else None
+            if failure is not None:
+                self.failures.append(failure)
+            res = self.client.exec(self.sid, ["sh", "-c", "echo ok"], timeout_seconds=20, rpc_timeout=30)
+            if res.out != "ok\n":
+                self.failures.append(res.describe())
+        except grpc.RpcError as e:
+            self.failures.append(f"{e.code()}: {e.details()}")
+        self.runs += 1
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        assert not self.failures, self.failures[:3]
+        assert self.runs > 0

@@ -16,6 +16,7 @@ memory stays flat.
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import grpc
 import pytest
@@ -23,7 +24,8 @@ import pytest
 from tests.lib.client import SandboxClient, pb
 from tests.lib.gateway import cgroup_pids, gateway_client
 from tests.lib.ports import start_detached, start_server
-from tests.lib.procs import Repeater, RssSampler
+from tests.lib.procs import RssSampler
+from tests.lib.security import Bystander
 
 # 1000 children of an attacker, a server, pid 1 and the commands around.
 PIDS_MAX = 1200
@@ -298,31 +300,14 @@ def _wait_file(client: SandboxClient, sid: str, path: str, timeout: float = 60.0
         time.sleep(0.1)
 
 
-class Bystander(Repeater):
+def _bystander_listed(client: SandboxClient, sid: str) -> Optional[str]:
+    return None if SERVER_PORT in _list(client, sid) else "the bystander's server is not listed"
+
+
+def _bystander(client: SandboxClient, sid: str) -> Bystander:
     """Another sandbox's ListPorts (its server listed) and an Exec in it,
     every 0.3 s while an attack runs; every one must succeed."""
-
-    def __init__(self, client: SandboxClient, sid: str):
-        super().__init__(0.3, join_timeout=60)
-        self.client, self.sid = client, sid
-        self.failures: list[str] = []
-        self.runs = 0
-
-    def step(self) -> None:
-        try:
-            if SERVER_PORT not in _list(self.client, self.sid):
-                self.failures.append("the bystander's server is not listed")
-            res = self.client.exec(self.sid, ["sh", "-c", "echo ok"], timeout_seconds=20, rpc_timeout=30)
-            if res.out != "ok\n":
-                self.failures.append(res.describe())
-        except grpc.RpcError as e:
-            self.failures.append(f"{e.code()}: {e.details()}")
-        self.runs += 1
-
-    def __exit__(self, *exc):
-        super().__exit__(*exc)
-        assert not self.failures, self.failures[:3]
-        assert self.runs > 0
+    return Bystander(client, sid, interval=0.3, check=_bystander_listed)
 
 
 def test_a_thousand_processes_of_a_thousand_descriptors(walked, victim, bystander):
@@ -337,7 +322,7 @@ def test_a_thousand_processes_of_a_thousand_descriptors(walked, victim, bystande
     _wait_file(walked, victim, "/tmp/hold-ready")
     attackers = set(_processes(walked, victim, "/tmp/walk", "hold").values())
     assert len(attackers) == 1001, len(attackers)
-    with Bystander(walked, bystander), RssSampler(walked.gw) as rss:
+    with _bystander(walked, bystander), RssSampler(walked.gw) as rss:
         for _ in range(5):
             ports = _list(walked, victim)
             assert ports.get(SERVER_PORT) in (server, 0), (ports, server)
@@ -353,7 +338,7 @@ def test_processes_and_descriptors_churning_during_the_walk(walked, victim, byst
     server = _server_pid(walked, victim)
     start_detached(walked, victim, ["/tmp/walk", "churn", "9003", "8", "2"])
     calls = 0
-    with Bystander(walked, bystander), RssSampler(walked.gw) as rss:
+    with _bystander(walked, bystander), RssSampler(walked.gw) as rss:
         end = time.monotonic() + 6
         while time.monotonic() < end:
             ports = _list(walked, victim)
@@ -376,7 +361,7 @@ def test_descriptors_named_like_a_socket_are_not_taken_for_it(walked, victim, by
     _wait_file(walked, victim, "/tmp/decoy-ready")
     decoys = set(_processes(walked, victim, "/tmp/walk", "decoy").values())
     assert len(decoys) == 1, decoys
-    with Bystander(walked, bystander):
+    with _bystander(walked, bystander):
         ports = _list(walked, victim)
     assert ports.get(9002) == 0, ports
     assert ports.get(SERVER_PORT) == server, (ports, server)
@@ -437,7 +422,7 @@ def test_a_server_cannot_misplace_its_pid_line(walked, victim, bystander, placem
                 groups, name = groups + 1, name - 8
             _set_groups(walked, victim, groups, "a" * name)
         assert _nspid_end(host) == 4095, "could not place the NSpid line"
-    with Bystander(walked, bystander), RssSampler(walked.gw) as rss:
+    with _bystander(walked, bystander), RssSampler(walked.gw) as rss:
         ports = _list(walked, victim)
     assert ports.get(9004) == inner, (ports, inner, host)
     assert rss.growth_mib < 64, f"the gateway grew by {rss.growth_mib:.0f} MiB"

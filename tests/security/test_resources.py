@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import time
 
-import grpc
 import pytest
 
 from tests.lib.client import SandboxClient
 from tests.lib.gateway import cgroup_pids, gateway_client
-from tests.lib.procs import Repeater, vm_rss_kib
-from tests.lib.security import assert_works_again, assert_works, py, sh
+from tests.lib.procs import vm_rss_kib
+from tests.lib.security import Bystander, assert_works_again, assert_works, py, sh
 
 PIDS_MAX = 64
 MEMORY_MB = 128
@@ -38,31 +37,6 @@ def victim(limited):
     sid = limited.launch().sandbox_id
     yield sid
     limited.delete(sid)
-
-
-class Bystander(Repeater):
-    """Runs a normal exec in the bystander sandbox every 0.5 s while an
-    attack runs; records failures."""
-
-    def __init__(self, client: SandboxClient, sid: str):
-        super().__init__(0.5, join_timeout=60)
-        self.client, self.sid = client, sid
-        self.failures: list[str] = []
-        self.runs = 0
-
-    def step(self) -> None:
-        try:
-            res = self.client.exec(self.sid, ["sh", "-c", "echo ok"], timeout_seconds=20, rpc_timeout=30)
-            if res.out != "ok\n":
-                self.failures.append(res.describe())
-        except grpc.RpcError as e:
-            self.failures.append(f"{e.code()}: {e.details()}")
-        self.runs += 1
-
-    def __exit__(self, *exc):
-        super().__exit__(*exc)
-        assert not self.failures, self.failures[:3]
-        assert self.runs > 0
 
 
 def test_fork_bomb(limited, victim, bystander):
