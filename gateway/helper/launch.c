@@ -120,8 +120,8 @@ make_disk (const helper_opts_t *o, err_t *err)
 /* The control socket: a listening socket at <state>/ctl, where the gateway
  * connects once per request (it holds no descriptor of it meanwhile). Bound
  * through /proc/self/fd: the state path may be longer than a socket
- * address allows. */
-/* Made before the holder is forked (see make_layer), which inherits it. */
+ * address allows. Made by make_layer, before the holder is forked, which
+ * inherits it. */
 static int helper_ctl_fd = -1;
 
 static int
