@@ -545,12 +545,6 @@ sum_keyed_at (const char *dir, const char *file, const char *key, int depth, int
   return total;
 }
 
-static long
-sum_keyed (const char *dir, const char *file, const char *key, int depth)
-{
-  return sum_keyed_at (dir, file, key, depth, -1, NULL, -1);
-}
-
 /* The counter files, in the order of sbx_cg_counters_t's fds. */
 static const char *
 counter_file (const sbx_cg_layout_t *l, int k)
@@ -559,23 +553,6 @@ counter_file (const sbx_cg_layout_t *l, int k)
 }
 
 static const char *const counter_keys[2] = {"max", "oom_kill"};
-
-void
-sbx_cg_events (const sbx_cg_layout_t *l, const char *id, const char *sub, sbx_cg_events_t *out)
-{
-  long sums[2] = {0, 0};
-  char dir[300];
-  for (int k = 0; k < 2; k++)
-    {
-      int h = k == 0 ? 0 : l->memory;
-      if (h < 0)
-        continue;
-      path_of (dir, sizeof dir, l->roots[h], id, sub, NULL);
-      sums[k] = sum_keyed (dir, counter_file (l, k), counter_keys[k], 0);
-    }
-  out->pids_max_hits = sums[0];
-  out->oom_kills = sums[1];
-}
 
 void
 sbx_cg_counters_open (const sbx_cg_layout_t *l, const char *id, const char *sub, sbx_cg_counters_t *c)

@@ -113,15 +113,10 @@ typedef struct sbx_cg_events_s
   long oom_kills;
 } sbx_cg_events_t;
 
-/* The counters of the sandbox (`sub` NULL) or of its group <id>/<sub>,
- * each summed over the group and its sub-groups. */
-void sbx_cg_events (const sbx_cg_layout_t *l, const char *id, const char *sub, sbx_cg_events_t *out);
-
-/* The files sbx_cg_events reads for a sandbox and for one of its
- * sub-groups (an exec's), opened ahead: an exec opens them while its
- * command starts and reads them again (pread) once it has ended, instead
- * of looking the paths up then. Other sub-groups are read as
- * sbx_cg_events reads them. */
+/* The counter files of a sandbox and of one of its sub-groups (an
+ * exec's), opened ahead: an exec opens them while its command starts and
+ * reads them again (pread) once it has ended, instead of looking the paths
+ * up then. Other sub-groups are read by path. */
 typedef struct sbx_cg_counters_s
 {
   char sub[32];
@@ -130,8 +125,8 @@ typedef struct sbx_cg_counters_s
 
 void sbx_cg_counters_open (const sbx_cg_layout_t *l, const char *id, const char *sub, sbx_cg_counters_t *c);
 
-/* What sbx_cg_events (l, id, NULL, out), or with `of_sub` sbx_cg_events (l,
- * id, c->sub, out), gives. */
+/* The counters of the sandbox, or with `of_sub` of its group
+ * <id>/<c->sub>, each summed over the group and its sub-groups. */
 void sbx_cg_counters_read (const sbx_cg_layout_t *l, const char *id, const sbx_cg_counters_t *c, bool of_sub,
                            sbx_cg_events_t *out);
 

@@ -68,28 +68,49 @@ echo_unary (rpc_call_t *call, void *user, err_t *err)
   return rc;
 }
 
+/* An Expand request, and a buffer for its replies' payload. 1, or 0/-1
+ * as the handler returns. */
 static int
-echo_expand (rpc_call_t *call, void *user, err_t *err)
+expand_request (rpc_call_t *call, Echo__V1__ExpandRequest **req, uint8_t **payload, err_t *err)
 {
   ProtobufCMessage *m = NULL;
   int rc = rpc_call_recv (call, &echo__v1__expand_request__descriptor, &m, err);
   if (rc <= 0)
     return rc < 0 ? -1 : err_make (err, EINVAL, "no request");
-  Echo__V1__ExpandRequest *req = (Echo__V1__ExpandRequest *) m;
-  uint8_t *buf = malloc (req->size ? req->size : 1);
+  *req = (Echo__V1__ExpandRequest *) m;
+  *payload = malloc ((*req)->size ? (*req)->size : 1);
+  return 1;
+}
+
+/* Reply number i of an Expand: `size` bytes of i's low byte. */
+static Echo__V1__EchoReply
+expand_reply (const Echo__V1__ExpandRequest *req, uint8_t *payload, uint32_t i)
+{
+  memset (payload, (int) (i & 0xff), req->size);
+  Echo__V1__EchoReply reply = ECHO__V1__ECHO_REPLY__INIT;
+  reply.payload.data = payload;
+  reply.payload.len = req->size;
+  reply.seq = i;
+  return reply;
+}
+
+static int
+echo_expand (rpc_call_t *call, void *user, err_t *err)
+{
+  Echo__V1__ExpandRequest *req = NULL;
+  uint8_t *buf = NULL;
+  int rc = expand_request (call, &req, &buf, err);
+  if (rc <= 0)
+    return rc;
   for (uint32_t i = 0; i < req->count && rc >= 0; i++)
     {
-      memset (buf, (int) (i & 0xff), req->size);
-      Echo__V1__EchoReply reply = ECHO__V1__ECHO_REPLY__INIT;
-      reply.payload.data = buf;
-      reply.payload.len = req->size;
-      reply.seq = i;
+      Echo__V1__EchoReply reply = expand_reply (req, buf, i);
       rc = rpc_call_send (call, &reply.base, err);
     }
   if (rc < 0)
     atomic_fetch_add (&send_failures, 1);
   free (buf);
-  protobuf_c_message_free_unpacked (m, NULL);
+  protobuf_c_message_free_unpacked (&req->base, NULL);
   return rc < 0 ? -1 : 0;
 }
 
@@ -109,19 +130,14 @@ give_back (void *p)
 static int
 echo_expand_started (rpc_call_t *call, void *user, err_t *err)
 {
-  ProtobufCMessage *m = NULL;
-  int rc = rpc_call_recv (call, &echo__v1__expand_request__descriptor, &m, err);
+  Echo__V1__ExpandRequest *req = NULL;
+  uint8_t *payload = NULL;
+  int rc = expand_request (call, &req, &payload, err);
   if (rc <= 0)
-    return rc < 0 ? -1 : err_make (err, EINVAL, "no request");
-  Echo__V1__ExpandRequest *req = (Echo__V1__ExpandRequest *) m;
-  uint8_t *payload = malloc (req->size ? req->size : 1);
+    return rc;
   for (uint32_t i = 0; i < req->count && rc >= 0; i++)
     {
-      memset (payload, (int) (i & 0xff), req->size);
-      Echo__V1__EchoReply reply = ECHO__V1__ECHO_REPLY__INIT;
-      reply.payload.data = payload;
-      reply.payload.len = req->size;
-      reply.seq = i;
+      Echo__V1__EchoReply reply = expand_reply (req, payload, i);
       size_t len = protobuf_c_message_get_packed_size (&reply.base);
       uint8_t *buf = malloc (len);
       protobuf_c_message_pack (&reply.base, buf);
@@ -132,7 +148,7 @@ echo_expand_started (rpc_call_t *call, void *user, err_t *err)
   if (rc >= 0)
     rc = rpc_call_send_wait (call, err);
   free (payload);
-  protobuf_c_message_free_unpacked (m, NULL);
+  protobuf_c_message_free_unpacked (&req->base, NULL);
   return rc < 0 ? -1 : 0;
 }
 
