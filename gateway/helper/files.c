@@ -1,7 +1,7 @@
 /* helper/files: a file operation of the file API, performed by a child of
  * the sandbox's pid 1 from inside the sandbox (see wire.h, "File
  * requests"). The child is a process of the sandbox like any command: in
- * its mount, pid and user namespaces after pivot_root, with its root's
+ * its mount, pid and user namespaces and its root, with its root's
  * credentials, capabilities and seccomp filter, in a cgroup of its own. So
  * a path means here exactly what it means to the sandbox's own processes —
  * symlinks, `..` and /proc/self/root all resolve within the sandbox's root —

@@ -79,6 +79,10 @@ void helper_split_volume (const char *in, char *spec, size_t cap, char **host, c
  * data in the upper layer, as a snapshot needs. */
 #define HELPER_USERNS_OVERLAY_OPTS(lower)                                                                            \
   "lowerdir=" lower ",upperdir=upper,workdir=work,userxattr,redirect_dir=nofollow,metacopy=off,index=off"
+/* `sandbox-helper base --state DIR`: makes the base mount namespace every
+ * sandbox's starts as a copy of, and reports READY with a descriptor of
+ * it. Exit status. */
+int helper_base (const char *at);
 /* Runs as pid 1 of the new pid namespace, still in the helper's mount
  * namespace until it unshares its own; ends in the sandbox's root. */
 int helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err);

@@ -156,17 +156,11 @@ make_layer (const helper_opts_t *o, sbx_cg_layout_t *cg, err_t *err)
    * charged to the sandbox's memory cgroup would keep it alive in the
    * kernel after its removal ("dying", with its statistics and shrinker
    * slots: thousands of them and gigabytes of slab after a few thousand
-   * launches) until memory pressure reclaims that page. Mount points (in
-   * the holder's mount namespace only: the host's mount table never holds
-   * a sandbox's mounts), then the control socket. */
-  char path[PATH_MAX * 2];
-  static const char *const dirs[] = {"disk", "root", "lower"};
-  for (size_t i = 0; i < (o->uid_range > 0 ? 3 : 2); i++)
-    {
-      snprintf (path, sizeof path, "%s/%s", o->state, dirs[i]);
-      if (helper_mkdir_p (path, 0700, err) < 0)
-        return -1;
-    }
+   * launches) until memory pressure reclaims that page. The directory
+   * and its control socket; the sandbox's mounts have their mount points
+   * in the base mount namespace's tmpfs (rootfs.c). */
+  if (helper_mkdir_p (o->state, 0700, err) < 0)
+    return -1;
   if (listen_ctl (o, &helper_ctl_fd, err) < 0)
     return -1;
   /* From here on, what the helper does is the sandbox's: the unpacker it

@@ -106,9 +106,14 @@ main (int argc, char **argv)
     return private_mounts (argc, argv);
   helper_args_start = argv[0];
   helper_args_len = (size_t) (argv[argc - 1] + strlen (argv[argc - 1]) - argv[0]);
-  /* Only the report socket crosses over; nothing else leaks in. */
-  syscall (SYS_close_range, SBX_REPORT_FD + 1, ~0U, 0);
+  /* Only the report socket and, for a launch, the base mount namespace
+   * cross over; nothing else leaks in. */
+  syscall (SYS_close_range, SBX_BASE_NS_FD + 1, ~0U, 0);
   fcntl (helper_report_fd, F_SETFD, FD_CLOEXEC);
+  if (strcmp (argv[1], "launch") != 0)
+    close (SBX_BASE_NS_FD);
+  else
+    fcntl (SBX_BASE_NS_FD, F_SETFD, FD_CLOEXEC);
 
   helper_opts_t o;
   memset (&o, 0, sizeof o);
@@ -188,6 +193,8 @@ main (int argc, char **argv)
       helper_report (helper_report_fd, SBX_REPORT_ERROR, EINVAL, 0, 0, "sandbox-helper: --id is required");
       return 2;
     }
+  if (strcmp (argv[1], "base") == 0 && o.state != NULL)
+    return helper_base (o.state);
   if (strcmp (argv[1], "launch") == 0 && o.state != NULL)
     return helper_launch (&o);
   if (strcmp (argv[1], "probe") == 0 && o.state != NULL && o.uid_range > 0)

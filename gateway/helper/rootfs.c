@@ -1,8 +1,9 @@
 /* helper/rootfs: the sandbox's root, made by its pid 1 before anything of
  * the sandbox runs — new mount, network, ipc, uts and cgroup namespaces, the
  * overlay of the image under the sandbox's upper layer, a fresh /proc, a
- * minimal /dev, masked host paths, volumes, resolv.conf for egress, then
- * pivot_root. Single-threaded (the helper, then the holder). */
+ * minimal /dev, masked host paths, volumes, resolv.conf for egress, all
+ * made in a copy of the base mount namespace (helper_base), which holds
+ * nothing of the host's. Single-threaded (the helper, then the holder). */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -28,10 +29,18 @@
 static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
 #define N_DEV_NODES (sizeof dev_nodes / sizeof dev_nodes[0])
 
+/* Where the base mount namespace's empty root has the sandbox's disk, its
+ * image and its overlay attached while the root is made (helper_base). */
+#define BASE_DISK "/disk"
+#define BASE_LOWER "/lower"
+#define BASE_ROOT "/root"
+
 /* What the sandbox's root takes from the host, as detached mounts (open_tree
- * clones) captured before pivot_root. */
+ * clones) captured before entering the base's copy, where the host's tree
+ * is not. */
 typedef struct host_refs_s
 {
+  int lower; /* the image (idmapped with a user namespace) */
   int dev_nodes[N_DEV_NODES];
   int *volumes; /* per volume; -1: its host path is gone */
   /* Directories of the sandbox's disk bound at /dev and /dev/shm, and an
@@ -49,7 +58,7 @@ host_refs_release (host_refs_t *refs, size_t n_volumes)
   for (size_t i = 0; i < N_DEV_NODES; i++)
     if (refs->dev_nodes[i] > 0)
       close (refs->dev_nodes[i]);
-  int own[] = {refs->dev_dir, refs->shm_dir, refs->empty};
+  int own[] = {refs->lower, refs->dev_dir, refs->shm_dir, refs->empty};
   for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
     if (own[i] > 0)
       close (own[i]);
@@ -217,7 +226,7 @@ helper_split_volume (const char *in, char *spec, size_t cap, char **host, char *
     }
 }
 
-/* Before pivot_root: a detached copy of each volume's host tree, nosuid,
+/* On the host: a detached copy of each volume's host tree, nosuid,
  * nodev and, for `:ro`, read-only all the way down (a read-only remount of
  * the top would leave nested mounts writable). -1 for a host path gone
  * since the gateway started (skipped, as the gateway warned). */
@@ -247,7 +256,7 @@ capture_volumes (const helper_opts_t *o, host_refs_t *refs, err_t *err)
   return 0;
 }
 
-/* After pivot_root: each volume's mount point, made in the sandbox's own
+/* In the sandbox's root: each volume's mount point, made in its own
  * view (its symlinks resolve inside it), and the captured tree moved there. */
 static int
 attach_volumes (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
@@ -299,7 +308,7 @@ mask_paths (const helper_opts_t *o, const char *root, const host_refs_t *refs, e
 }
 
 /* Egress sandboxes resolve names through slirp4netns's DNS forwarder. */
-/* After pivot_root: the egress resolver in /etc/resolv.conf. Best effort:
+/* In the sandbox's root: the egress resolver in /etc/resolv.conf. Best effort:
  * a sandbox that broke its own /etc (a symlink loop, a file) only loses
  * name resolution. */
 static void
@@ -320,10 +329,10 @@ write_resolv_conf (void)
 
 /* A clone of the disk's directory `name` with the given attributes. */
 static int
-clone_disk_dir (const helper_opts_t *o, const char *name, unsigned long attr_set, int *out, err_t *err)
+clone_disk_dir (const char *name, unsigned long attr_set, int *out, err_t *err)
 {
-  char path[PATH_MAX * 2];
-  snprintf (path, sizeof path, "%s/disk/%s", o->state, name);
+  char path[PATH_MAX];
+  snprintf (path, sizeof path, BASE_DISK "/%s", name);
   *out = open_tree (AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
   struct mount_attr attr = {.attr_set = attr_set};
   if (*out < 0 || mount_setattr (*out, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0)
@@ -331,23 +340,31 @@ clone_disk_dir (const helper_opts_t *o, const char *name, unsigned long attr_set
   return 0;
 }
 
-/* Before pivot_root: the sandbox's own /dev and /dev/shm and the empty
+/* With the disk attached: the sandbox's own /dev and /dev/shm and the empty
  * directory for masks, all directories of its disk. */
 static int
-capture_own (const helper_opts_t *o, host_refs_t *refs, err_t *err)
+capture_own (host_refs_t *refs, err_t *err)
 {
-  if (clone_disk_dir (o, "dev", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, &refs->dev_dir, err) < 0
-      || clone_disk_dir (o, "shm", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, &refs->shm_dir, err) < 0)
+  if (clone_disk_dir ("dev", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, &refs->dev_dir, err) < 0
+      || clone_disk_dir ("shm", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, &refs->shm_dir, err) < 0)
     return -1;
-  return clone_disk_dir (o, "empty", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+  return clone_disk_dir ("empty", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
                          &refs->empty, err);
 }
 
-/* Before pivot_root: what the sandbox's root needs from the host, as
- * detached mounts (the host's tree is gone after pivot_root). */
+/* On the host: what the sandbox's root needs from it, as detached mounts
+ * (the base's copy has none of the host's tree). The image is cloned
+ * alone, not its sub-mounts: an overlay's layer never showed them. */
 static int
 capture_host (const helper_opts_t *o, host_refs_t *refs, err_t *err)
 {
+  if (o->uid_range > 0)
+    {
+      if (helper_idmapped_clone (o->lower, false, 0, &refs->lower, err) < 0)
+        return -1;
+    }
+  else if ((refs->lower = open_tree (AT_FDCWD, o->lower, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)) < 0)
+    return err_make_sys (err, errno, "clone the image at `%s`", o->lower);
   for (size_t i = 0; i < N_DEV_NODES; i++)
     {
       char src[64];
@@ -356,8 +373,6 @@ capture_host (const helper_opts_t *o, host_refs_t *refs, err_t *err)
       if (refs->dev_nodes[i] < 0)
         return err_make_sys (err, errno, "clone `%s`", src);
     }
-  if (capture_own (o, refs, err) < 0)
-    return -1;
   refs->volumes = calloc (o->n_volumes + 1, sizeof *refs->volumes);
   if (refs->volumes == NULL)
     return err_make (err, ENOMEM, "out of memory");
@@ -366,58 +381,66 @@ capture_host (const helper_opts_t *o, host_refs_t *refs, err_t *err)
   return capture_volumes (o, refs, err);
 }
 
-/* Makes the overlay at `root` the root of this mount namespace. */
+/* Makes the overlay at `root` the root of this mount namespace: moved over
+ * the base's empty root and entered by chroot. No pivot_root per sandbox:
+ * it walks every thread on the host (to move any that sits in the old
+ * root), so a launch would cost more with every live sandbox. What lies
+ * beneath is only the base's empty read-only tmpfs (the layers' mount
+ * points were detached before): `..` at the root crosses back into the
+ * overlay mounted there, and a setns into this namespace lands on it too. */
 static int
-pivot_into (const char *root, err_t *err)
+enter_root (const char *root, err_t *err)
 {
   if (chdir (root) < 0)
     return err_make_sys (err, errno, "chdir `%s`", root);
-  if (syscall (SYS_pivot_root, ".", ".") < 0)
-    return err_make_sys (err, errno, "pivot_root");
-  if (umount2 (".", MNT_DETACH) < 0)
-    return err_make_sys (err, errno, "detach the old root");
+  if (mount (".", "/", NULL, MS_MOVE, NULL) < 0)
+    return err_make_sys (err, errno, "move the sandbox's root over the base's");
+  if (chroot (".") < 0)
+    return err_make_sys (err, errno, "chroot into the sandbox's root");
   if (chdir ("/") < 0)
     return err_make_sys (err, errno, "chdir /");
   return 0;
 }
 
-/* Mounts the overlay of the image under the sandbox's upper layer. */
+/* Mounts the overlay of the image under the sandbox's upper layer at
+ * BASE_ROOT, with the disk and the image attached at BASE_DISK and
+ * BASE_LOWER of the base's copy. */
 static int
-mount_overlay (const helper_opts_t *o, const char *root, err_t *err)
+mount_overlay (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
 {
-  char disk[PATH_MAX], opts[PATH_MAX + 64];
-  snprintf (disk, sizeof disk, "%s/disk", o->state);
-  /* Upper and work are named relative to the disk, so the mount options
-   * (visible in the sandbox's mountinfo) do not show where it lives. Device
-   * files of the image are dead inside (nodev); /dev is a tmpfs of its own. */
-  /* Options pinned, whatever the kernel's defaults: a renamed image
-   * directory, a chmod-ed or chown-ed image file is real data in the upper
-   * layer, never an overlay redirect or metadata-only copy that a snapshot
-   * (which carries no trusted.overlay.* xattrs) would lose. */
-  snprintf (opts, sizeof opts, "lowerdir=%s,upperdir=upper,workdir=work,redirect_dir=off,metacopy=off,index=off",
-            o->lower);
-  if (o->uid_range > 0)
-    {
-      /* The image through the sandbox's user namespace, attached at
-       * <state>/lower in this (private) mount namespace only. */
-      char lower[PATH_MAX];
-      snprintf (lower, sizeof lower, "%s/lower", o->state);
-      cleanup_close int fd = -1;
-      if (helper_idmapped_clone (o->lower, false, 0, &fd, err) < 0)
-        return -1;
-      if (move_mount (fd, "", AT_FDCWD, lower, MOVE_MOUNT_F_EMPTY_PATH) < 0)
-        return err_make_sys (err, errno, "attach the idmapped image on `%s`", lower);
-      snprintf (opts, sizeof opts, "%s", HELPER_USERNS_OVERLAY_OPTS ("../lower"));
-    }
-  if (chdir (disk) < 0)
-    return err_make_sys (err, errno, "chdir `%s`", disk);
-  if (mount ("overlay", root, "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
-    return err_make_sys (err, errno, "mount the overlay on `%s` (lower `%s`)", root, o->lower);
+  if (move_mount (helper_disk_fd, "", AT_FDCWD, BASE_DISK, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+    return err_make_sys (err, errno, "attach the disk");
+  if (move_mount (refs->lower, "", AT_FDCWD, BASE_LOWER, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+    return err_make_sys (err, errno, "attach the image");
+  /* Upper and work are named relative to the disk. Device files of the
+   * image are dead inside (nodev). Options pinned, whatever the kernel's
+   * defaults: a renamed image directory, a chmod-ed or chown-ed image file
+   * is real data in the upper layer, never an overlay redirect or
+   * metadata-only copy that a snapshot (which carries no trusted.overlay.*
+   * xattrs) would lose. */
+  const char *opts = o->uid_range > 0
+                         ? HELPER_USERNS_OVERLAY_OPTS (BASE_LOWER)
+                         : "lowerdir=" BASE_LOWER ",upperdir=upper,workdir=work,redirect_dir=off,metacopy=off,index=off";
+  if (chdir (BASE_DISK) < 0)
+    return err_make_sys (err, errno, "enter the disk");
+  if (mount ("overlay", BASE_ROOT, "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
+    return err_make_sys (err, errno, "mount the overlay (image `%s`)", o->lower);
+  return 0;
+}
+
+/* The overlay keeps its own references to its layers: their mount points
+ * go, so that nothing of the disk but the overlay (and /dev, /dev/shm,
+ * bound later) is left in the sandbox's mount namespace. */
+static int
+detach_layers (err_t *err)
+{
+  if (umount2 (BASE_LOWER, MNT_DETACH) < 0 || umount2 (BASE_DISK, MNT_DETACH) < 0)
+    return err_make_sys (err, errno, "detach the layers' mount points");
   return 0;
 }
 
 /* The sandbox's root, from the inside: every path below is resolved in the
- * sandbox's own view after pivot_root, so a symlink it planted in its
+ * sandbox's own view after enter_root, so a symlink it planted in its
  * layer (/etc -> /etc, /dev -> /host/path) can only point into itself —
  * nothing here creates or writes a file on the host. */
 static int
@@ -451,22 +474,22 @@ helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *e
    * cgroup namespace: its commands can move to their exec-N groups below. */
   if (sbx_cg_join (cg, o->id, NULL, err) < 0)
     return -1;
+  /* The host's tree is captured first: what follows happens in a copy of
+   * the base mount namespace, whose only mount is an empty read-only
+   * tmpfs. */
+  host_refs_t refs = {0};
+  if (capture_host (o, &refs, err) < 0)
+    return -1; /* the holder exits: its descriptors go with it */
+  if (setns (SBX_BASE_NS_FD, CLONE_NEWNS) < 0)
+    return err_make_sys (err, errno, "enter the base mount namespace");
+  close (SBX_BASE_NS_FD);
   if (unshare (CLONE_NEWCGROUP | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
     return err_make_sys (err, errno, "unshare namespaces");
   if (mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     return err_make_sys (err, errno, "make mounts private");
-  /* The disk, attached here only: the host's mount table does not grow
-   * with sandboxes. */
-  char disk[PATH_MAX];
-  snprintf (disk, sizeof disk, "%s/disk", o->state);
-  if (move_mount (helper_disk_fd, "", AT_FDCWD, disk, MOVE_MOUNT_F_EMPTY_PATH) < 0)
-    return err_make_sys (err, errno, "attach the disk on `%s`", disk);
-  char root[PATH_MAX];
-  snprintf (root, sizeof root, "%s/root", o->state);
-  host_refs_t refs = {0};
-  if (mount_overlay (o, root, err) < 0 || capture_host (o, &refs, err) < 0 || pivot_into (root, err) < 0
-      || populate_root (o, &refs, err) < 0)
-    return -1; /* the holder exits: its descriptors go with it */
+  if (mount_overlay (o, &refs, err) < 0 || capture_own (&refs, err) < 0 || detach_layers (err) < 0
+      || enter_root (BASE_ROOT, err) < 0 || populate_root (o, &refs, err) < 0)
+    return -1;
   host_refs_release (&refs, o->n_volumes);
   const char *hn = o->hostname != NULL ? o->hostname : "sandbox";
   if (sethostname (hn, strlen (hn)) < 0)
@@ -480,4 +503,50 @@ helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *e
     return -1;
   populate_files (o);
   return 0;
+}
+
+/* The base mount namespace, made once when the gateway starts: its only
+ * mount is an empty read-only tmpfs with the mount points BASE_DISK,
+ * BASE_LOWER and BASE_ROOT. pivot_root happens here, once, instead of in
+ * every sandbox (its cost grows with the threads on the host). The
+ * gateway keeps the namespace by the descriptor this reports, and hands it
+ * to every launch as fd SBX_BASE_NS_FD; it ends with the gateway, mounts
+ * and all. `at` is a directory of the gateway's, where the tmpfs is
+ * attached (in this process's private namespace only) to pivot into. */
+int
+helper_base (const char *at)
+{
+  err_t err = ERR_INIT;
+  cleanup_close int ns = -1, fs = -1, mnt = -1;
+  struct mount_attr ro = {.attr_set = MOUNT_ATTR_RDONLY};
+  static const char *const points[] = {BASE_DISK + 1, BASE_LOWER + 1, BASE_ROOT + 1};
+  if (unshare (CLONE_NEWNS) < 0 || mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+    err_make_sys (&err, errno, "a private mount namespace");
+  else if ((ns = open ("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC)) < 0)
+    err_make_sys (&err, errno, "open /proc/self/ns/mnt");
+  else if ((fs = fsopen ("tmpfs", FSOPEN_CLOEXEC)) < 0 || fsconfig (fs, FSCONFIG_SET_STRING, "source", "sandbox-base", 0) < 0
+           || fsconfig (fs, FSCONFIG_SET_STRING, "size", "4k", 0) < 0
+           || fsconfig (fs, FSCONFIG_SET_STRING, "nr_inodes", "8", 0) < 0
+           || fsconfig (fs, FSCONFIG_SET_STRING, "mode", "0755", 0) < 0
+           || fsconfig (fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0
+           || (mnt = fsmount (fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)) < 0)
+    err_make_sys (&err, errno, "make the base tmpfs");
+  for (size_t i = 0; err.status == 0 && i < sizeof points / sizeof points[0]; i++)
+    if (mkdirat (mnt, points[i], 0700) < 0)
+      err_make_sys (&err, errno, "make the base's /%s", points[i]);
+  if (err.status == 0
+      && (mount_setattr (mnt, "", AT_EMPTY_PATH, &ro, sizeof ro) < 0
+          || move_mount (mnt, "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH) < 0 || chdir (at) < 0
+          || syscall (SYS_pivot_root, ".", ".") < 0 || umount2 (".", MNT_DETACH) < 0 || chdir ("/") < 0))
+    err_make_sys (&err, errno, "make the base tmpfs the root");
+  if (err.status != 0)
+    {
+      helper_report_err (helper_report_fd, &err);
+      err_release (&err);
+      return 1;
+    }
+  sbx_report_t ready;
+  memset (&ready, 0, sizeof ready);
+  ready.type = SBX_REPORT_READY;
+  return sbx_send_fds (helper_report_fd, &ready, sizeof ready, &ns, 1) < 0 ? 1 : 0;
 }

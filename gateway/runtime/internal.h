@@ -98,6 +98,9 @@ struct sbx_runtime_s
   char **host_addrs;
   sbx_cg_layout_t cg;
   char sandboxes_dir[PATH_MAX];
+  /* The base mount namespace (helper_base): every launch's helper gets it
+   * as SBX_BASE_NS_FD. -1 until made. */
+  int base_ns_fd;
   pthread_mutex_t mu;
   pthread_cond_t cv;
   sbx_t *list;

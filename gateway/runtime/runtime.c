@@ -1,12 +1,14 @@
 /* runtime/runtime: creating, stopping and destroying the runtime (see
  * runtime.h). The rest of the runtime is in the files internal.h lists. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/cleanup.h"
 #include "common/log.h"
 #include "gateway/runtime/internal.h"
 
@@ -18,6 +20,8 @@ runtime_free (sbx_runtime_t *rt)
   free (rt->host_addrs);
   free (rt->uid_used);
   free (rt->index);
+  if (rt->base_ns_fd >= 0)
+    close (rt->base_ns_fd);
   for (int i = 0; i < 2; i++)
     if (rt->egress_progs[i] >= 0)
       close (rt->egress_progs[i]);
@@ -26,6 +30,37 @@ runtime_free (sbx_runtime_t *rt)
   pthread_mutex_destroy (&rt->proc_mu);
   pthread_cond_destroy (&rt->proc_cv);
   free (rt);
+}
+
+/* How long the helper that makes the base mount namespace may take. */
+#define BASE_TIMEOUT_MS 30000
+
+/* The base mount namespace, made by `sandbox-helper base` (helper/rootfs.c)
+ * and kept by descriptor in rt->base_ns_fd. */
+static int
+make_base_ns (sbx_runtime_t *rt, err_t *err)
+{
+  const char *argv[] = {"sandbox-helper", "base", "--id", "base", "--state", rt->sandboxes_dir, NULL};
+  cleanup_close int null = open ("/dev/null", O_RDWR | O_CLOEXEC);
+  cleanup_close int report_fd = -1;
+  pid_t pid = -1;
+  if (sbx_spawn_helper (rt, (char *const *) argv, null, null, STDERR_FILENO, &pid, &report_fd, err) < 0)
+    return -1;
+  sbx_report_t r;
+  int fd = -1;
+  int got = sbx_read_report (report_fd, &r, BASE_TIMEOUT_MS, &fd, 1);
+  if (got != 1)
+    kill (pid, SIGKILL);
+  sbx_reap (pid);
+  if (got == 1 && r.type == SBX_REPORT_READY && fd >= 0)
+    {
+      rt->base_ns_fd = fd;
+      return 0;
+    }
+  if (fd >= 0)
+    close (fd);
+  return err_make (err, got == 1 && r.status != 0 ? r.status : EIO, "make the sandboxes' base mount namespace: %s",
+                   got == 1 && r.type == SBX_REPORT_ERROR ? r.text : "the helper did not answer");
 }
 
 static int
@@ -40,6 +75,8 @@ runtime_init (sbx_runtime_t *rt, const sbx_config_t *cfg, err_t *err)
       || (mkdir (rt->sandboxes_dir, 0700) < 0 && errno != EEXIST))
     return err_make_sys (err, errno, "create the state directory `%s`", rt->sandboxes_dir);
   sbx_clean_leftovers (rt);
+  if (make_base_ns (rt, err) < 0)
+    return -1;
   if (sbx_index_init (rt, err) < 0 || sbx_uid_pool_init (rt, err) < 0 || sbx_userns_probe (rt, err) < 0)
     return -1;
   if (!cfg->userns)
@@ -62,6 +99,7 @@ sbx_runtime_new (const sbx_config_t *cfg, sbx_runtime_t **out, err_t *err)
     return err_make (err, ENOMEM, "runtime: out of memory");
   rt->cfg = *cfg;
   rt->egress_progs[0] = rt->egress_progs[1] = -1;
+  rt->base_ns_fd = -1;
   pthread_mutex_init (&rt->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init (&ca);

@@ -67,6 +67,8 @@ sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int err
   posix_spawn_file_actions_adddup2 (&fa, out, 1);
   posix_spawn_file_actions_adddup2 (&fa, errfd, 2);
   posix_spawn_file_actions_adddup2 (&fa, theirs, SBX_REPORT_FD);
+  if (rt->base_ns_fd >= 0)
+    posix_spawn_file_actions_adddup2 (&fa, rt->base_ns_fd, SBX_BASE_NS_FD);
   posix_spawnattr_t attr;
   sbx_spawn_attr_init (&attr);
   int rc = posix_spawn (pid, rt->cfg.helper, &fa, &attr, argv, sbx_helper_env);

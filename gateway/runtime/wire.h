@@ -23,6 +23,9 @@
 #include <sys/types.h>
 
 #define SBX_REPORT_FD 3
+/* A launching helper's fd 4: the base mount namespace, whose copy every
+ * sandbox's mount namespace starts as (helper/rootfs.c). */
+#define SBX_BASE_NS_FD 4
 
 typedef enum sbx_report_type_e
 {
