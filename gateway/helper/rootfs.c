@@ -418,9 +418,9 @@ mount_overlay (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
    * is real data in the upper layer, never an overlay redirect or
    * metadata-only copy that a snapshot (which carries no trusted.overlay.*
    * xattrs) would lose. */
-  const char *opts = o->uid_range > 0
-                         ? HELPER_USERNS_OVERLAY_OPTS (BASE_LOWER)
-                         : "lowerdir=" BASE_LOWER ",upperdir=upper,workdir=work,redirect_dir=off,metacopy=off,index=off";
+  const char *opts = o->uid_range > 0 ? HELPER_USERNS_OVERLAY_OPTS (BASE_LOWER)
+                                      : "lowerdir=" BASE_LOWER
+                                        ",upperdir=upper,workdir=work,redirect_dir=off,metacopy=off,index=off";
   if (chdir (BASE_DISK) < 0)
     return err_make_sys (err, errno, "enter the disk");
   if (mount ("overlay", BASE_ROOT, "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
@@ -524,7 +524,8 @@ helper_base (const char *at)
     err_make_sys (&err, errno, "a private mount namespace");
   else if ((ns = open ("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC)) < 0)
     err_make_sys (&err, errno, "open /proc/self/ns/mnt");
-  else if ((fs = fsopen ("tmpfs", FSOPEN_CLOEXEC)) < 0 || fsconfig (fs, FSCONFIG_SET_STRING, "source", "sandbox-base", 0) < 0
+  else if ((fs = fsopen ("tmpfs", FSOPEN_CLOEXEC)) < 0
+           || fsconfig (fs, FSCONFIG_SET_STRING, "source", "sandbox-base", 0) < 0
            || fsconfig (fs, FSCONFIG_SET_STRING, "size", "4k", 0) < 0
            || fsconfig (fs, FSCONFIG_SET_STRING, "nr_inodes", "8", 0) < 0
            || fsconfig (fs, FSCONFIG_SET_STRING, "mode", "0755", 0) < 0

@@ -266,11 +266,13 @@ def test_chroot_and_dotdot_stay_inside_the_sandbox(sbx, box, host_canary):
     # Technique: the classic chroot escape (CAP_SYS_CHROOT is kept): chroot
     # into a subdirectory while holding a descriptor of the old root, fchdir
     # out, climb with "..", chroot("."). It must land on the sandbox's own
-    # root (pivot_root'ed overlay), not the host's.
+    # root (its overlay, moved over the base mount namespace's empty tmpfs),
+    # neither the host's nor the base's.
     path, token = host_canary
     res = py(sbx, box, r"""
 import os
 target = %r
+open("/escape-marker", "w").close()
 os.makedirs("/tmp/jail/a/b", exist_ok=True)
 fd = os.open("/", os.O_RDONLY)
 os.chroot("/tmp/jail")
@@ -279,6 +281,8 @@ for _ in range(64):
     os.chdir("..")
 os.chroot(".")
 print("root:", open("/proc/self/mountinfo").readline().split()[4])
+print("MARKER", os.path.exists("/escape-marker"), "LISTING", sorted(os.listdir("/")))
+print("MOUNTS", open("/proc/self/mountinfo").read())
 try:
     print("READ", open(target).read())
 except OSError as e:
@@ -294,4 +298,8 @@ except OSError as e:
     assert res.code == 0, res.describe()
     assert_not_leaked(res, token)
     assert "pids: [1," in res.out, res.describe()  # still the sandbox's pid namespace
+    # On its own root, with its own files: not the base's empty tmpfs.
+    assert "MARKER True" in res.out and "'proc'" in res.out, res.describe()
+    mounts = res.out.split("MOUNTS", 1)[1]
+    assert " / / " in mounts and "sandbox-base" not in mounts and " /lower " not in mounts, res.describe()
     assert_works(sbx, box)
