@@ -31,6 +31,7 @@ typedef struct helper_opts_s
   const char *cgroup_mount;
   const char *cgroup_group;
   const char *hostname;
+  const char *memcg_spare; /* a spare memory group to take, or NULL (runtime/cgroup.h) */
   long disk_mb;
   long disk_inodes;
   sbx_cg_limits_t limits;

@@ -135,27 +135,17 @@ main (int argc, char **argv)
       return 2;
     }
   static const struct option longopts[] = {
-      {"id", required_argument, NULL, 'i'},
-      {"state", required_argument, NULL, 's'},
-      {"lower", required_argument, NULL, 'l'},
-      {"cgroup-mount", required_argument, NULL, 'c'},
-      {"disk-mb", required_argument, NULL, 'd'},
-      {"disk-inodes", required_argument, NULL, 'n'},
-      {"pids", required_argument, NULL, 'p'},
-      {"memory-mb", required_argument, NULL, 'm'},
-      {"cpu-millis", required_argument, NULL, 'u'},
-      {"volume", required_argument, NULL, 'v'},
-      {"hostname", required_argument, NULL, 'h'},
-      {"egress", no_argument, NULL, 'e'},
-      {"cgroup-group", required_argument, NULL, 'G'},
-      {"restore", no_argument, NULL, 'R'},
-      {"max-entries", required_argument, NULL, 'E'},
-      {"unpacker", required_argument, NULL, 'U'},
-      {"mask", required_argument, NULL, 'M'},
-      {"block", required_argument, NULL, 'B'},
-      {"uid-base", required_argument, NULL, 'b'},
-      {"uid-range", required_argument, NULL, 'r'},
-      {NULL, 0, NULL, 0},
+      {"id", required_argument, NULL, 'i'},           {"state", required_argument, NULL, 's'},
+      {"lower", required_argument, NULL, 'l'},        {"cgroup-mount", required_argument, NULL, 'c'},
+      {"disk-mb", required_argument, NULL, 'd'},      {"disk-inodes", required_argument, NULL, 'n'},
+      {"pids", required_argument, NULL, 'p'},         {"memory-mb", required_argument, NULL, 'm'},
+      {"cpu-millis", required_argument, NULL, 'u'},   {"volume", required_argument, NULL, 'v'},
+      {"hostname", required_argument, NULL, 'h'},     {"egress", no_argument, NULL, 'e'},
+      {"cgroup-group", required_argument, NULL, 'G'}, {"restore", no_argument, NULL, 'R'},
+      {"max-entries", required_argument, NULL, 'E'},  {"unpacker", required_argument, NULL, 'U'},
+      {"mask", required_argument, NULL, 'M'},         {"block", required_argument, NULL, 'B'},
+      {"uid-base", required_argument, NULL, 'b'},     {"uid-range", required_argument, NULL, 'r'},
+      {"memcg-spare", required_argument, NULL, 'S'},  {NULL, 0, NULL, 0},
   };
   optind = 2;
   int c;
@@ -182,8 +172,13 @@ main (int argc, char **argv)
       case 'v': o.volumes[o.n_volumes++] = optarg; break;
       case 'b': o.uid_base = strtoul (optarg, NULL, 10); break;
       case 'r': o.uid_range = strtoul (optarg, NULL, 10); break;
+      case 'S': o.memcg_spare = optarg; break;
       default: return 2;
       }
+  if (o.memcg_spare != NULL
+      && (strncmp (o.memcg_spare, SBX_CG_SPARE_PREFIX, strlen (SBX_CG_SPARE_PREFIX)) != 0
+          || strchr (o.memcg_spare, '/') != NULL))
+    o.memcg_spare = NULL; /* not one of the gateway's spares: make a group */
   if (o.max_entries <= 0)
     o.max_entries = 1000000;
   if (o.disk_inodes <= 0)

@@ -192,12 +192,19 @@ write_knob (const char *root, const char *id, const char *knob, const char *val,
 }
 
 int
-sbx_cg_create (const sbx_cg_layout_t *l, const char *id, const sbx_cg_limits_t *lim, err_t *err)
+sbx_cg_create (const sbx_cg_layout_t *l, const char *id, const char *spare, const sbx_cg_limits_t *lim, err_t *err)
 {
   char path[300], val[64];
   for (size_t i = 0; i < l->n; i++)
     {
       path_of (path, sizeof path, l->roots[i], id, NULL, NULL);
+      if (spare != NULL && (int) i == l->memory && sbx_cg_spares_possible (l))
+        {
+          char from[300];
+          path_of (from, sizeof from, l->roots[i], spare, NULL, NULL);
+          if (rename (from, path) == 0)
+            continue;
+        }
       if (mkdir (path, 0755) < 0)
         return err_make_sys (err, errno, "mkdir `%s`", path);
     }
@@ -602,6 +609,76 @@ sbx_cg_counters_close (sbx_cg_counters_t *c)
           close (c->fds[k][g]);
           c->fds[k][g] = -1;
         }
+}
+
+bool
+sbx_cg_spares_possible (const sbx_cg_layout_t *l)
+{
+  return !l->v2 && l->memory >= 0;
+}
+
+static void
+spare_path (const sbx_cg_layout_t *l, unsigned n, char *path, size_t cap)
+{
+  char name[32];
+  snprintf (name, sizeof name, SBX_CG_SPARE_PREFIX "%u", n);
+  path_of (path, cap, l->roots[l->memory], name, NULL, NULL);
+}
+
+int
+sbx_cg_spare_make (const sbx_cg_layout_t *l, unsigned n, err_t *err)
+{
+  char path[300];
+  spare_path (l, n, path, sizeof path);
+  if (mkdir (path, 0755) < 0)
+    return err_make_sys (err, errno, "mkdir `%s`", path);
+  return 0;
+}
+
+void
+sbx_cg_spare_remove (const sbx_cg_layout_t *l, unsigned n)
+{
+  char path[300];
+  spare_path (l, n, path, sizeof path);
+  rmdir (path);
+}
+
+int
+sbx_cg_remove_to_spare (const sbx_cg_layout_t *l, const char *id, unsigned n, err_t *err)
+{
+  if (!sbx_cg_spares_possible (l))
+    return sbx_cg_remove (l, id, NULL, err);
+  char dir[300];
+  int rc = 0;
+  for (size_t i = 0; i < l->n; i++)
+    {
+      path_of (dir, sizeof dir, l->roots[i], id, NULL, NULL);
+      if ((int) i != l->memory && rmdir_tree (dir) < 0)
+        rc = err_make_sys (err, errno, "remove cgroup `%s`", dir);
+    }
+  char spare[300];
+  spare_path (l, n, spare, sizeof spare);
+  path_of (dir, sizeof dir, l->roots[l->memory], id, NULL, NULL);
+  if (rc == 0 && rename (dir, spare) == 0)
+    return 1;
+  if (rmdir_tree (dir) < 0)
+    rc = err_make_sys (err, errno, "remove cgroup `%s`", dir);
+  return rc;
+}
+
+void
+sbx_cg_spares_remove (const sbx_cg_layout_t *l)
+{
+  if (!sbx_cg_spares_possible (l))
+    return;
+  DIR *d = opendir (l->roots[l->memory]);
+  if (d == NULL)
+    return;
+  struct dirent *e;
+  while ((e = readdir (d)) != NULL)
+    if (strncmp (e->d_name, SBX_CG_SPARE_PREFIX, strlen (SBX_CG_SPARE_PREFIX)) == 0)
+      unlinkat (dirfd (d), e->d_name, AT_REMOVEDIR);
+  closedir (d);
 }
 
 char **

@@ -61,8 +61,32 @@ int sbx_cg_detect (const char *mount, const char *group, bool cpu, sbx_cg_layout
 /* Creates <root>/<group> (and on v2 enables the controllers). */
 int sbx_cg_prepare (const sbx_cg_layout_t *l, err_t *err);
 
-/* Creates the sandbox's group with its limits. */
-int sbx_cg_create (const sbx_cg_layout_t *l, const char *id, const sbx_cg_limits_t *lim, err_t *err);
+/* Creates the sandbox's group with its limits. `spare` (or NULL): the name
+ * of a spare memory group (below) to take as the sandbox's, by renaming it;
+ * when that fails, one is made as in the other hierarchies. */
+int sbx_cg_create (const sbx_cg_layout_t *l, const char *id, const char *spare, const sbx_cg_limits_t *lim,
+                   err_t *err);
+
+/* Spare memory groups, <memory root>/<group>/.spare-<n>, made ahead of
+ * launches by the gateway (cgroup v1 only: v2 cannot rename a group).
+ * Bringing a memory cgroup online costs the kernel an allocation for every
+ * shrinker the machine has had (each superblock registers one, so it grows
+ * with live sandboxes); made ahead, that is not in a launch's time. Names
+ * start with a dot: never a sandbox id. */
+#define SBX_CG_SPARE_PREFIX ".spare-"
+bool sbx_cg_spares_possible (const sbx_cg_layout_t *l);
+int sbx_cg_spare_make (const sbx_cg_layout_t *l, unsigned n, err_t *err);
+/* Removes spare group n. */
+void sbx_cg_spare_remove (const sbx_cg_layout_t *l, unsigned n);
+/* Removes every spare group (at start-up and shutdown). */
+void sbx_cg_spares_remove (const sbx_cg_layout_t *l);
+/* As sbx_cg_remove (sub NULL), but the sandbox's memory group becomes
+ * spare n instead of going: taking a memory cgroup offline costs the
+ * kernel a walk over every memory-aware list on the machine (two per
+ * superblock, so it grows with live sandboxes), and a new one an
+ * allocation per shrinker. Only once every other group is gone, which
+ * says no process is left in it. 1 kept as spare n, 0 removed, -1 *err. */
+int sbx_cg_remove_to_spare (const sbx_cg_layout_t *l, const char *id, unsigned n, err_t *err);
 
 /* Creates <id>/<sub> in every hierarchy. */
 int sbx_cg_create_sub (const sbx_cg_layout_t *l, const char *id, const char *sub, err_t *err);

@@ -32,6 +32,8 @@
 /* Buffers a reader lends to sinks (sbx_exec_hold, sbx_exec_release): a few
  * per reader, each reused once no sink holds it. */
 #define SBX_OUTBUFS 4
+/* Spare memory groups kept made ahead of launches (launch.c). */
+#define SBX_SPARES 16
 typedef struct sbx_outbuf_s sbx_outbuf_t;
 typedef struct sbx_outbufs_s
 {
@@ -114,6 +116,13 @@ struct sbx_runtime_s
   bool stopping;
   pthread_t reaper;
   bool reaper_running;
+  /* Spare memory groups made ahead of launches (cgroup v1; launch.c),
+   * under mu: their numbers, and the next number to make. */
+  unsigned spares[SBX_SPARES];
+  size_t n_spares;
+  unsigned spare_seq;
+  pthread_t spare_maker;
+  bool spare_maker_running;
   /* The uid pool (userns.c): one byte per range, under mu. */
   uint8_t *uid_used;
   size_t uid_slots, uid_cursor;
@@ -208,6 +217,14 @@ int sbx_egress_init (sbx_runtime_t *rt, err_t *err);
 int sbx_egress_confine (sbx_runtime_t *rt, const char *id, pid_t pid, err_t *err);
 /* Removes that group (slirp4netns gone). */
 void sbx_egress_release (sbx_runtime_t *rt, const char *id);
+
+/* launch.c: keeps spare memory groups (runtime/cgroup.h) for launches to
+ * take, between SBX_SPARES / 2 and SBX_SPARES of them, until the runtime
+ * stops. */
+void *sbx_spare_maker_main (void *arg);
+/* Removes the cgroups of sandbox `id`, whose processes are gone; its memory
+ * group becomes a spare when there is room for one. */
+int sbx_remove_groups (sbx_runtime_t *rt, const char *id, err_t *err);
 
 /* reaper.c */
 /* Kills, unmounts and removes what a previous run left behind. */

@@ -105,8 +105,94 @@ argv_add_each (argv_t *a, const char *flag, const char *const *list)
 /* Numbers the helper's command line shows, as text. */
 typedef struct launch_numbers_s
 {
-  char disk_mb[24], pids[24], mem[24], cpu[24], max_entries[24], uid_base[24], uid_range[24];
+  char disk_mb[24], pids[24], mem[24], cpu[24], max_entries[24], uid_base[24], uid_range[24], spare[32];
 } launch_numbers_t;
+
+void *
+sbx_spare_maker_main (void *arg)
+{
+  sbx_runtime_t *rt = arg;
+  err_t err = ERR_INIT;
+  /* The group the spares live in, made here if no launch has made it yet. */
+  sbx_cg_prepare (&rt->cg, &err);
+  err_release (&err);
+  bool warned = false, refilling = false;
+  pthread_mutex_lock (&rt->mu);
+  while (!rt->stopping)
+    {
+      /* Filled up from half: a deleted sandbox's group, kept as a spare,
+       * is cheaper than a new one (see sbx_remove_groups). */
+      if (rt->n_spares >= SBX_SPARES || (rt->n_spares >= SBX_SPARES / 2 && !refilling))
+        {
+          refilling = false;
+          pthread_cond_wait (&rt->cv, &rt->mu); /* launches signal it */
+          continue;
+        }
+      refilling = true;
+      unsigned n = rt->spare_seq++;
+      pthread_mutex_unlock (&rt->mu);
+      int rc = sbx_cg_spare_make (&rt->cg, n, &err);
+      pthread_mutex_lock (&rt->mu);
+      if (rc == 0 && rt->n_spares < SBX_SPARES)
+        {
+          rt->spares[rt->n_spares++] = n;
+          continue;
+        }
+      if (rc == 0)
+        {
+          sbx_cg_spare_remove (&rt->cg, n); /* deletes filled it meanwhile */
+          continue;
+        }
+      /* Launches make their own groups meanwhile. */
+      if (!warned)
+        err_warn_release (&err, "make a spare memory cgroup (retried every second)");
+      err_release (&err);
+      warned = true;
+      struct timespec until;
+      clock_gettime (CLOCK_MONOTONIC, &until);
+      until.tv_sec += 1;
+      pthread_cond_timedwait (&rt->cv, &rt->mu, &until);
+    }
+  pthread_mutex_unlock (&rt->mu);
+  return NULL;
+}
+
+int
+sbx_remove_groups (sbx_runtime_t *rt, const char *id, err_t *err)
+{
+  pthread_mutex_lock (&rt->mu);
+  bool room = rt->spare_maker_running && !rt->stopping && rt->n_spares < SBX_SPARES;
+  unsigned n = room ? rt->spare_seq++ : 0;
+  pthread_mutex_unlock (&rt->mu);
+  if (!room)
+    return sbx_cg_remove (&rt->cg, id, NULL, err);
+  int rc = sbx_cg_remove_to_spare (&rt->cg, id, n, err);
+  if (rc <= 0)
+    return rc;
+  pthread_mutex_lock (&rt->mu);
+  bool keep = !rt->stopping && rt->n_spares < SBX_SPARES;
+  if (keep)
+    rt->spares[rt->n_spares++] = n;
+  pthread_mutex_unlock (&rt->mu);
+  if (!keep)
+    sbx_cg_spare_remove (&rt->cg, n);
+  return 0;
+}
+
+/* The name of a spare memory group for the launch of `s` to take, into
+ * nums->spare ("" none). */
+static void
+take_spare (sbx_runtime_t *rt, launch_numbers_t *nums)
+{
+  nums->spare[0] = '\0';
+  pthread_mutex_lock (&rt->mu);
+  if (rt->n_spares > 0)
+    {
+      snprintf (nums->spare, sizeof nums->spare, SBX_CG_SPARE_PREFIX "%u", rt->spares[--rt->n_spares]);
+      pthread_cond_broadcast (&rt->cv); /* the maker makes another */
+    }
+  pthread_mutex_unlock (&rt->mu);
+}
 
 /* The helper's command line for `s` (strings borrowed from rt, s and nums). */
 static int
@@ -127,6 +213,12 @@ helper_argv (sbx_runtime_t *rt, const sbx_t *s, bool restore, launch_numbers_t *
     argv_add (a, fixed[i]);
   argv_add_each (a, "--volume", c->volumes);
   argv_add_each (a, "--mask", c->masks);
+  take_spare (rt, nums);
+  if (nums->spare[0] != '\0')
+    {
+      argv_add (a, "--memcg-spare");
+      argv_add (a, nums->spare);
+    }
   if (s->uid_slot >= 0)
     {
       snprintf (nums->uid_base, sizeof nums->uid_base, "%lu", (unsigned long) sbx_uid_base (rt, s->uid_slot));
@@ -317,7 +409,16 @@ sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn
       abandon (rt, s, src != NULL, err);
       return -1;
     }
+  /* A spare memory group may be a deleted sandbox's, whose out-of-memory
+   * kills it still counts: what the first exec compares with. */
+  sbx_cg_events_t seen = {0};
+  if (nums.spare[0] != '\0')
+    {
+      sbx_cg_counters_t none = {.fds = {{-1, -1}, {-1, -1}}};
+      sbx_cg_counters_read (&rt->cg, s->id, &none, false, &seen);
+    }
   pthread_mutex_lock (&rt->mu);
+  s->cg_seen = seen;
   s->ready = true;
   if (out != NULL)
     sbx_fill_info_locked (rt, s, out);

@@ -80,6 +80,7 @@ sbx_clean_leftovers (sbx_runtime_t *rt)
       sbx_cg_kill (&rt->cg, ids[i], NULL, &err);
       err_warn_release (&err, "clean up `%s`", ids[i]);
     }
+  sbx_cg_spares_remove (&rt->cg);
   unmount_below (rt->sandboxes_dir);
   n += remove_state_dirs (rt->sandboxes_dir);
   for (size_t i = 0; ids != NULL && ids[i] != NULL; i++)

@@ -226,7 +226,7 @@ sbx_teardown (sbx_runtime_t *rt, const char *id, const char *state, pid_t holder
   /* The sandbox's mounts were in its own mount namespace, gone with its
    * processes; the disk goes when the last descriptor of it closes. */
   sbx_remove_tree (state);
-  if (sbx_cg_remove (&rt->cg, id, NULL, &err) < 0)
+  if (sbx_remove_groups (rt, id, &err) < 0)
     err_warn_release (&err, "delete `%s`", id);
 }
 

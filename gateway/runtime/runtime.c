@@ -88,6 +88,11 @@ runtime_init (sbx_runtime_t *rt, const sbx_config_t *cfg, err_t *err)
   if (rc != 0)
     return err_make_sys (err, rc, "start the reaper");
   rt->reaper_running = true;
+  if (sbx_cg_spares_possible (&rt->cg))
+    {
+      /* Without it, launches make their own groups. */
+      rt->spare_maker_running = pthread_create (&rt->spare_maker, NULL, sbx_spare_maker_main, rt) == 0;
+    }
   return 0;
 }
 
@@ -154,6 +159,8 @@ sbx_runtime_destroy (sbx_runtime_t *rt)
   sbx_runtime_stop (rt);
   if (rt->reaper_running)
     pthread_join (rt->reaper, NULL);
+  if (rt->spare_maker_running)
+    pthread_join (rt->spare_maker, NULL);
   wait_launches (rt);
   for (;;)
     {
@@ -172,5 +179,7 @@ sbx_runtime_destroy (sbx_runtime_t *rt)
       err_warn_release (&err, "delete `%s` at shutdown", id);
     }
   sbx_proc_wait_threads (rt);
+  /* Spares, and any a launch killed at shutdown was given. */
+  sbx_cg_spares_remove (&rt->cg);
   runtime_free (rt);
 }

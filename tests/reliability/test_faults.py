@@ -27,7 +27,8 @@ import grpc
 import pytest
 
 from tests.lib.client import SandboxClient, collect, pb
-from tests.lib.gateway import Gateway, cgroup_pids, commands_in, gateway_leftovers, processes_in_group
+from tests.lib.gateway import (SPARE_MEMCGS, SPARE_PREFIX, Gateway, cgroup_pids, commands_in, gateway_leftovers,
+                               processes_in_group)
 from tests.lib.peers import running_fake_gcs
 from tests.lib.procs import START_TIMEOUT_S, vm_rss_kib, wait_until
 from tests.lib.shim import health_ok
@@ -70,6 +71,26 @@ def in_thread(fn):
 
 
 # --- the gateway killed mid-call ----------------------------------------------------------
+
+def test_spare_memory_cgroups_a_crash_left_are_removed_by_the_restart(procs):
+    memory = Path("/sys/fs/cgroup/memory")
+    if not (memory / "memory.limit_in_bytes").exists():
+        pytest.skip("spare memory cgroups need a cgroup v1 memory hierarchy")
+    gw = procs.gateway()
+    group = memory / gw.cgroup_group
+
+    def spares() -> set[int]:
+        return {p.stat().st_ino for p in group.iterdir() if p.name.startswith(SPARE_PREFIX)}
+
+    assert wait_until(lambda: len(spares()) >= SPARE_MEMCGS // 2, 15.0), spares()
+    old = spares()
+    sigkill(gw)
+    assert spares() == old  # nothing removed them: the crash left them
+    gw2 = restart(procs, gw)
+    assert wait_until(lambda: len(spares()) >= SPARE_MEMCGS // 2, 15.0), spares()
+    assert not spares() & old, "the restarted gateway kept the crashed one's spares"
+    assert gateway_leftovers(gw2) == []
+
 
 def test_gateway_killed_during_an_exec_makes_the_shim_answer_502(procs):
     gw = procs.gateway()
