@@ -167,6 +167,15 @@ void sbx_teardown (sbx_runtime_t *rt, const char *id, const char *state, pid_t h
 
 /* spawn.c */
 void sbx_spawn_attr_init (posix_spawnattr_t *attr);
+/* Descriptors the gateway keeps for a sandbox's life (its disk; with
+ * egress, slirp4netns' exit pipe) sit at or above SBX_FD_HIGH, the
+ * short-lived ones of calls and launches below it (the gateway keeps
+ * GW_FDS_RESERVED of its open-file limit for those): a helper starts with
+ * a copy of the table below it only (sbx_spawn_helper). */
+#define SBX_FD_HIGH 2048
+/* `fd` moved to SBX_FD_HIGH or above (close-on-exec); as it was when the
+ * open-file limit leaves no room there. */
+int sbx_fd_keep (int fd);
 /* Spawns sandbox-helper with stdio on in/out/errfd and the report socket
  * as fd 3. *report_fd is the gateway's end. */
 int sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int errfd, pid_t *pid, int *report_fd,

@@ -310,7 +310,7 @@ take_ready (sbx_runtime_t *rt, sbx_t *s, int got, const sbx_report_t *r, const i
     return err_make (err, EIO, "launch `%s`: the helper ended without a report", s->id);
   if (disk_fd < 0)
     return err_make (err, EIO, "launch `%s`: the helper sent no disk", s->id);
-  s->disk_fd = take_fd (&disk_fd);
+  s->disk_fd = sbx_fd_keep (take_fd (&disk_fd));
   s->holder = r->a;
   return s->allow_egress ? sbx_net_start (rt, s, err) : 0;
 }

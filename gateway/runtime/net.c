@@ -108,7 +108,7 @@ sbx_net_start (sbx_runtime_t *rt, sbx_t *s, err_t *err)
       return err_make_sys (err, rc, "start `%s` for egress", rt->cfg.slirp4netns);
     }
   close (take_fd (&ready_w));
-  s->slirp_exit_fd = take_fd (&ex_w);
+  s->slirp_exit_fd = sbx_fd_keep (take_fd (&ex_w));
   /* What the sandbox makes slirp4netns hold (connections, buffers) is the
    * sandbox's: it runs in the sandbox's cgroups, with a bounded number of
    * open files. */

@@ -4,11 +4,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <linux/close_range.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,6 +58,98 @@ sbx_spawn_attr_init (posix_spawnattr_t *attr)
 }
 
 int
+sbx_fd_keep (int fd)
+{
+  int high = fcntl (fd, F_DUPFD_CLOEXEC, SBX_FD_HIGH);
+  if (high < 0)
+    return fd; /* a low open-file limit: it stays where it is */
+  close (fd);
+  return high;
+}
+
+/* What the child of spawn_low needs, in the memory it shares with the
+ * gateway until it execs. */
+typedef struct spawn_child_s
+{
+  const char *path;
+  char *const *argv, *const *envp;
+  const int *from; /* from[i] becomes descriptor i */
+  size_t n;
+  int err;         /* set by the child when it fails */
+  bool no_unshare; /* close_range could not give it a table of its own */
+} spawn_child_t;
+
+static int
+spawn_child (void *arg)
+{
+  spawn_child_t *c = arg;
+  /* Until this returns, the descriptor table is the gateway's (CLONE_FILES):
+   * nothing here touches it before. */
+  if (syscall (SYS_close_range, SBX_FD_HIGH, ~0U, CLOSE_RANGE_UNSHARE) < 0)
+    {
+      c->err = errno;
+      c->no_unshare = true;
+      _exit (127);
+    }
+  for (size_t i = 0; i < c->n; i++)
+    if (c->from[i] == (int) i ? fcntl ((int) i, F_SETFD, 0) < 0 : dup2 (c->from[i], (int) i) < 0)
+      {
+        c->err = errno;
+        _exit (127);
+      }
+  /* As sbx_spawn_attr_init's attributes: a process group of its own,
+   * every signal at its default, none blocked (blocked since the clone,
+   * so no handler of the gateway's ever runs here). */
+  setpgid (0, 0);
+  struct sigaction dfl = {.sa_handler = SIG_DFL};
+  for (int sig = 1; sig < _NSIG; sig++)
+    sigaction (sig, &dfl, NULL);
+  sigset_t none;
+  sigemptyset (&none);
+  sigprocmask (SIG_SETMASK, &none, NULL);
+  execve (c->path, c->argv, c->envp);
+  c->err = errno;
+  _exit (127);
+}
+
+/* Starts `path` with descriptors from[0..n) as 0..n-1, as posix_spawn
+ * would, but without copying the gateway's whole descriptor table: the
+ * child shares it (CLONE_FILES) until close_range(CLOSE_RANGE_UNSHARE)
+ * gives it a copy of what is below SBX_FD_HIGH only, where the sandboxes'
+ * descriptors are not (sbx_fd_keep). posix_spawn's copy, and its closing
+ * again at exec, cost a launch more with every live sandbox. 0, or an
+ * errno; ENOTSUP: use posix_spawn. */
+static int
+spawn_low (const char *path, char *const *argv, char *const *envp, const int *from, size_t n, pid_t *pid)
+{
+  for (size_t i = 0; i < n; i++)
+    if (from[i] < 0 || from[i] >= SBX_FD_HIGH)
+      return ENOTSUP;
+  spawn_child_t c = {.path = path, .argv = argv, .envp = envp, .from = from, .n = n};
+  const size_t stack_size = 64 * 1024;
+  void *stack = mmap (NULL, stack_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED)
+    return errno;
+  sigset_t all, old;
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &old);
+  /* CLONE_VFORK: this returns once the child has exec-ed or exited. */
+  pid_t p = clone (spawn_child, (char *) stack + stack_size, CLONE_VM | CLONE_VFORK | CLONE_FILES | SIGCHLD, &c);
+  int e = p < 0 ? errno : 0;
+  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  munmap (stack, stack_size);
+  if (p < 0)
+    return e;
+  if (c.err != 0)
+    {
+      sbx_reap (p);
+      return c.no_unshare ? ENOTSUP : c.err;
+    }
+  *pid = p;
+  return 0;
+}
+
+int
 sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int errfd, pid_t *pid, int *report_fd,
                   err_t *err)
 {
@@ -61,6 +157,15 @@ sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int err
   if (socketpair (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
     return err_make_sys (err, errno, "socketpair");
   cleanup_close int mine = sv[0], theirs = sv[1];
+  const int from[] = {in, out, errfd, theirs, rt->base_ns_fd};
+  int rc = spawn_low (rt->cfg.helper, argv, sbx_helper_env, from, rt->base_ns_fd >= 0 ? 5 : 4, pid);
+  if (rc == 0)
+    {
+      *report_fd = take_fd (&mine);
+      return 0;
+    }
+  if (rc != ENOTSUP)
+    return err_make_sys (err, rc, "spawn `%s`", rt->cfg.helper);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init (&fa);
   posix_spawn_file_actions_adddup2 (&fa, in, 0);
@@ -71,7 +176,7 @@ sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int err
     posix_spawn_file_actions_adddup2 (&fa, rt->base_ns_fd, SBX_BASE_NS_FD);
   posix_spawnattr_t attr;
   sbx_spawn_attr_init (&attr);
-  int rc = posix_spawn (pid, rt->cfg.helper, &fa, &attr, argv, sbx_helper_env);
+  rc = posix_spawn (pid, rt->cfg.helper, &fa, &attr, argv, sbx_helper_env);
   posix_spawn_file_actions_destroy (&fa);
   posix_spawnattr_destroy (&attr);
   if (rc != 0)

@@ -8,10 +8,14 @@ to bench/runtime; this checks the behaviour."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from tests.lib.gateway import gateway_client
+from tests.lib.client import SandboxClient
+from tests.lib.gateway import Gateway, gateway_client, gateway_env
+from tests.lib.procs import require_gateway_binary, stop_checked
 
 N = 2000
 
@@ -70,3 +74,50 @@ def test_two_thousand_live_sandboxes_leave_the_host_mount_table_alone(gateway_se
             time.sleep(2)
         left = memory_cgroups() - memcgs_before
         assert left <= N // 20, f"{left} memory cgroups of deleted sandboxes are still held by the kernel"
+
+
+def gateway_fds(pid: int) -> list[int]:
+    return sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_sandbox_descriptors_sit_above_those_a_helper_is_started_with(gateway_secret):
+    # A helper starts with a copy of the gateway's descriptor table below
+    # 2048 only (gateway/runtime/spawn.c): the descriptors the gateway keeps
+    # for each sandbox (its disk) sit above, so that copy does not grow with
+    # live sandboxes.
+    with gateway_client(secret=gateway_secret, check_leftovers=True) as sbx:
+        before = [fd for fd in gateway_fds(sbx.gw.pid) if fd >= 2048]
+        ids = [f"fds-{i}" for i in range(5)]
+        for sid in ids:
+            sbx.launch(sid)
+        high = [fd for fd in gateway_fds(sbx.gw.pid) if fd >= 2048]
+        assert len(high) - len(before) == len(ids), (before, high)
+        for sid in ids:
+            assert sbx.sh_out(sid, "echo ok") == "ok\n"
+        for sid in ids:
+            sbx.delete(sid)
+        assert [fd for fd in gateway_fds(sbx.gw.pid) if fd >= 2048] == before
+
+
+def test_a_gateway_under_a_low_open_file_limit_still_serves(gateway_secret):
+    # Below 2048 open files the sandboxes' descriptors stay where they are
+    # opened, and helpers are still started with what they need only.
+    prlimit = shutil.which("prlimit")
+    assert prlimit is not None, "prlimit (util-linux) is missing"
+    gw = Gateway(gateway_env({"SANDBOX_MAX": "64"}, gateway_secret),
+                 args=["--nofile=1024:1024", str(require_gateway_binary())], binary=Path(prlimit))
+    try:
+        gw.wait_listening()
+        limits = Path(f"/proc/{gw.pid}/limits").read_text()
+        assert any(line.startswith("Max open files") and line.split()[3:5] == ["1024", "1024"]
+                   for line in limits.splitlines()), limits
+        sbx = SandboxClient(gw)
+        for sid in ("low-a", "low-b", "low-c"):
+            sbx.launch(sid)
+            res = sbx.sh(sid, "echo hi > /tmp/f && cat /tmp/f")
+            assert res.code == 0 and res.out == "hi\n", res.describe()
+        assert sbx.export("low-a").received_bytes > 0
+        for sid in ("low-a", "low-b", "low-c"):
+            sbx.delete(sid)
+    finally:
+        stop_checked(gw, check_leftovers=True)
