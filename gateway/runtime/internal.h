@@ -180,6 +180,13 @@ int sbx_fd_keep (int fd);
  * as fd 3. *report_fd is the gateway's end. */
 int sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int errfd, pid_t *pid, int *report_fd,
                       err_t *err);
+/* Runs a helper that answers with one report and exits (probe, base):
+ * stdio on /dev/null, its report (and at most one descriptor, into *fd
+ * when fd is not NULL) awaited for timeout_ms, then it is killed if
+ * silent and reaped. *got as sbx_read_report's return. -1 with *err when
+ * it could not be started. */
+int sbx_run_helper_once (sbx_runtime_t *rt, const char *const *argv, int timeout_ms, sbx_report_t *r, int *fd,
+                         int *got, err_t *err);
 /* Most descriptors a report carries (READY: the sandbox's disk; STARTED: a pidfd and a terminal). */
 #define SBX_REPORT_MAX_FDS 2
 /* Waits up to timeout_ms for one report, and the descriptors it carries

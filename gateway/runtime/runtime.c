@@ -1,14 +1,12 @@
 /* runtime/runtime: creating, stopping and destroying the runtime (see
  * runtime.h). The rest of the runtime is in the files internal.h lists. */
 #include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/cleanup.h"
 #include "common/log.h"
 #include "gateway/runtime/internal.h"
 
@@ -41,17 +39,10 @@ static int
 make_base_ns (sbx_runtime_t *rt, err_t *err)
 {
   const char *argv[] = {"sandbox-helper", "base", "--id", "base", "--state", rt->sandboxes_dir, NULL};
-  cleanup_close int null = open ("/dev/null", O_RDWR | O_CLOEXEC);
-  cleanup_close int report_fd = -1;
-  pid_t pid = -1;
-  if (sbx_spawn_helper (rt, (char *const *) argv, null, null, STDERR_FILENO, &pid, &report_fd, err) < 0)
-    return -1;
   sbx_report_t r;
-  int fd = -1;
-  int got = sbx_read_report (report_fd, &r, BASE_TIMEOUT_MS, &fd, 1);
-  if (got != 1)
-    kill (pid, SIGKILL);
-  sbx_reap (pid);
+  int fd = -1, got = 0;
+  if (sbx_run_helper_once (rt, argv, BASE_TIMEOUT_MS, &r, &fd, &got, err) < 0)
+    return -1;
   if (got == 1 && r.type == SBX_REPORT_READY && fd >= 0)
     {
       rt->base_ns_fd = fd;

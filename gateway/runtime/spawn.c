@@ -186,6 +186,22 @@ sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int err
 }
 
 int
+sbx_run_helper_once (sbx_runtime_t *rt, const char *const *argv, int timeout_ms, sbx_report_t *r, int *fd, int *got,
+                     err_t *err)
+{
+  cleanup_close int null = open ("/dev/null", O_RDWR | O_CLOEXEC);
+  cleanup_close int report_fd = -1;
+  pid_t pid = -1;
+  if (sbx_spawn_helper (rt, (char *const *) argv, null, null, STDERR_FILENO, &pid, &report_fd, err) < 0)
+    return -1;
+  *got = sbx_read_report (report_fd, r, timeout_ms, fd, fd != NULL ? 1 : 0);
+  if (*got != 1)
+    kill (pid, SIGKILL);
+  sbx_reap (pid);
+  return 0;
+}
+
+int
 sbx_read_report (int sock, sbx_report_t *r, int timeout_ms, int *fds, size_t max_fds)
 {
   for (size_t i = 0; i < max_fds; i++)

@@ -79,16 +79,10 @@ sbx_userns_probe (sbx_runtime_t *rt, err_t *err)
       argv[n++] = rt->cfg.volumes[i];
     }
   argv[n] = NULL;
-  cleanup_close int null = open ("/dev/null", O_RDWR | O_CLOEXEC);
-  cleanup_close int report_fd = -1;
-  pid_t pid = -1;
-  if (sbx_spawn_helper (rt, (char *const *) argv, null, null, STDERR_FILENO, &pid, &report_fd, err) < 0)
-    return -1;
   sbx_report_t r;
-  int got = sbx_read_report (report_fd, &r, PROBE_TIMEOUT_MS, NULL, 0);
-  if (got != 1)
-    kill (pid, SIGKILL);
-  sbx_reap (pid);
+  int got = 0;
+  if (sbx_run_helper_once (rt, argv, PROBE_TIMEOUT_MS, &r, NULL, &got, err) < 0)
+    return -1;
   if (got == 1 && r.type == SBX_REPORT_READY)
     return 0;
   return err_make (err, got == 1 && r.status != 0 ? r.status : EIO,
