@@ -140,7 +140,9 @@ sbx_spare_maker_main (void *arg)
         }
       if (rc == 0)
         {
-          sbx_cg_spare_remove (&rt->cg, n); /* deletes filled it meanwhile */
+          pthread_mutex_unlock (&rt->mu);
+          sbx_cg_spare_remove (&rt->cg, n); /* deletes filled the pool meanwhile */
+          pthread_mutex_lock (&rt->mu);
           continue;
         }
       /* Launches make their own groups meanwhile. */
@@ -179,8 +181,8 @@ sbx_remove_groups (sbx_runtime_t *rt, const char *id, err_t *err)
   return 0;
 }
 
-/* The name of a spare memory group for the launch of `s` to take, into
- * nums->spare ("" none). */
+/* The name of a spare memory group for a launch to take, into nums->spare
+ * ("" none). */
 static void
 take_spare (sbx_runtime_t *rt, launch_numbers_t *nums)
 {
