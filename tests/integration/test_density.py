@@ -101,7 +101,8 @@ def test_sandbox_descriptors_sit_above_those_a_helper_is_started_with(gateway_se
 
 def test_a_gateway_under_a_low_open_file_limit_still_serves(gateway_secret):
     # Below 2048 open files the sandboxes' descriptors stay where they are
-    # opened, and helpers are still started with what they need only.
+    # opened (nothing can sit above 2048): launches, execs and exports
+    # still work.
     prlimit = shutil.which("prlimit")
     assert prlimit is not None, "prlimit (util-linux) is missing"
     gw = Gateway(gateway_env({"SANDBOX_MAX": "64"}, gateway_secret),
