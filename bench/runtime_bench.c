@@ -13,7 +13,8 @@
  *   3. stdout throughput: `head -c <bytes> /dev/zero` through the Exec stream,
  *      against `dd if=/dev/zero bs=1M count=<MiB> | cat >/dev/null`;
  *   4. memory per idle sandbox: Pss and private memory of every sandbox's
- *      processes and the growth of the kernel's slab over N idle sandboxes.
+ *      processes and the growth of the kernel's slab, kernel stacks, page
+ *      tables and per-CPU allocations over N idle sandboxes.
  *
  * Ours and the baselines run interleaved, iteration by iteration, so that a
  * noisy neighbour hurts both sides alike; the ratio is the figure to read.
@@ -34,6 +35,7 @@
 #include <string.h>
 #include <sched.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -706,6 +708,16 @@ bench_run (void)
   pool_drain ();
 }
 
+/* The kernel's memory outside the slab that sandboxes grow, in KiB: their
+ * processes' kernel stacks and page tables, and per-CPU allocations (a
+ * memory cgroup's and a network namespace's statistics, one copy per CPU). */
+static long
+kernel_other_kb (void)
+{
+  return proc_kb ("/proc/meminfo", "KernelStack") + proc_kb ("/proc/meminfo", "PageTables")
+         + proc_kb ("/proc/meminfo", "Percpu");
+}
+
 static void
 bench_memory (void)
 {
@@ -718,8 +730,7 @@ bench_memory (void)
   fprintf (stderr, PROG ": memory: %d idle sandboxes\n", O.mem_n);
   sync ();
   long slab0 = proc_kb ("/proc/meminfo", "Slab");
-  long kstack0 = proc_kb ("/proc/meminfo", "KernelStack");
-  long ptab0 = proc_kb ("/proc/meminfo", "PageTables");
+  long kother0 = kernel_other_kb ();
   char gwstatus[64];
   snprintf (gwstatus, sizeof gwstatus, "/proc/%d/status", (int) O.gateway_pid);
   long gw0 = O.gateway_pid > 0 ? proc_kb (gwstatus, "VmRSS") : -1;
@@ -740,8 +751,7 @@ bench_memory (void)
   /* Let deferred frees (RCU) and the holders settle. */
   usleep (500 * 1000);
   long slab1 = proc_kb ("/proc/meminfo", "Slab");
-  long kstack1 = proc_kb ("/proc/meminfo", "KernelStack");
-  long ptab1 = proc_kb ("/proc/meminfo", "PageTables");
+  long kother1 = kernel_other_kb ();
   long gw1 = O.gateway_pid > 0 ? proc_kb (gwstatus, "VmRSS") : -1;
 
   bc_series_t pss = {0}, priv = {0}, nproc = {0};
@@ -779,14 +789,14 @@ bench_memory (void)
   if (launched > 0)
     {
       bc_series_add (&slab, (double) (slab1 - slab0) / launched);
-      bc_series_add (&kother, (double) ((kstack1 - kstack0) + (ptab1 - ptab0)) / launched);
+      bc_series_add (&kother, (double) (kother1 - kother0) / launched);
       if (gw0 >= 0 && gw1 >= 0)
         bc_series_add (&gw, (double) (gw1 - gw0) / launched);
     }
   bc_row_add ("idle sandbox: user memory, Pss", "KiB", &pss, 99, NULL, NULL);
   bc_row_add ("idle sandbox: user memory, private", "KiB", &priv, 99, NULL, NULL);
   bc_row_add ("idle sandbox: kernel slab growth/n", "KiB", &slab, 99, NULL, NULL);
-  bc_row_add ("idle sandbox: kstack+pagetables/n", "KiB", &kother, 99, NULL, NULL);
+  bc_row_add ("idle sandbox: kstack+pagetables+percpu/n", "KiB", &kother, 99, NULL, NULL);
   if (gw.n > 0)
     bc_row_add ("idle sandbox: gateway RSS growth/n", "KiB", &gw, 99, NULL, NULL);
 
@@ -801,6 +811,76 @@ bench_memory (void)
 
 /* ---- density: launch as sandboxes accumulate; memory when many live ------- */
 
+/* Active objects of a slab cache, from /proc/slabinfo; -1 if absent. */
+static long
+slab_objects (const char *cache)
+{
+  FILE *f = fopen ("/proc/slabinfo", "re");
+  if (f == NULL)
+    return -1;
+  char line[512];
+  size_t kl = strlen (cache);
+  long v = -1;
+  while (fgets (line, sizeof line, f) != NULL)
+    if (strncmp (line, cache, kl) == 0 && line[kl] == ' ')
+      {
+        v = strtol (line + kl, NULL, 10);
+        break;
+      }
+  fclose (f);
+  return v;
+}
+
+#define SLOT_PROBES 32
+
+/* What a memory cgroup costs the kernel in shrinker slots when it comes
+ * online, in KiB: 16 bytes, in 1 KiB pieces (kmalloc-1k), for every
+ * shrinker id the machine has used, and every superblock takes one; so
+ * every sandbox's group pays for every other sandbox's superblocks, and
+ * for the highest count the machine ever had since it started. Measured
+ * over SLOT_PROBES empty groups made and removed here; -1 when not
+ * measurable (no memory hierarchy, no slabinfo). */
+static double
+memcg_slot_kib (void)
+{
+  char root[512];
+  size_t len = strlen (O.cgroup_root);
+  if (len > 5 && strcmp (O.cgroup_root + len - 5, "/pids") == 0)
+    snprintf (root, sizeof root, "%.*s/memory/%s-slots-%d", (int) (len - 5), O.cgroup_root, O.prefix,
+              (int) getpid ());
+  else
+    snprintf (root, sizeof root, "%s/%s-slots-%d", O.cgroup_root, O.prefix, (int) getpid ());
+  if (mkdir (root, 0755) < 0)
+    return -1;
+  char stat[600];
+  snprintf (stat, sizeof stat, "%s/memory.stat", root);
+  if (access (stat, F_OK) < 0)
+    {
+      rmdir (root);
+      return -1; /* the memory controller is not on here */
+    }
+  long before = slab_objects ("kmalloc-1k");
+  int made = 0;
+  for (; made < SLOT_PROBES; made++)
+    {
+      char dir[600];
+      snprintf (dir, sizeof dir, "%s/p%d", root, made);
+      if (mkdir (dir, 0755) < 0)
+        break;
+    }
+  long after = slab_objects ("kmalloc-1k");
+  for (int i = 0; i < made; i++)
+    {
+      char dir[600];
+      snprintf (dir, sizeof dir, "%s/p%d", root, i);
+      rmdir (dir);
+    }
+  rmdir (root);
+  if (before < 0 || after < 0 || made < SLOT_PROBES)
+    return -1;
+  return (double) (after - before) / made;
+}
+
 /* Kernel and user memory per sandbox of `n` live ones named
  * "<prefix>-<tag>-%05d", against the meminfo figures taken before. */
 static void
@@ -808,7 +888,7 @@ density_memory (const char *tag, int n, long slab0, long kother0, const char *la
 {
   usleep (500 * 1000); /* deferred frees (RCU) settle */
   long slab = proc_kb ("/proc/meminfo", "Slab") - slab0;
-  long kother = proc_kb ("/proc/meminfo", "KernelStack") + proc_kb ("/proc/meminfo", "PageTables") - kother0;
+  long kother = kernel_other_kb () - kother0;
   bc_series_t pss = {0};
   int sample = n < 200 ? n : 200;
   for (int i = 0; i < sample && O.cgroup_group != NULL; i++)
@@ -836,12 +916,20 @@ density_memory (const char *tag, int n, long slab0, long kother0, const char *la
   bc_series_add (&total, (double) (slab + kother) / n + (pss.n > 0 ? bc_pct (&pss, 50) : 0));
   snprintf (what, sizeof what, "%s: kernel slab/n", label);
   bc_row_add (what, "KiB", &ks, 99, NULL, NULL);
-  snprintf (what, sizeof what, "%s: kstack+pagetables/n", label);
+  snprintf (what, sizeof what, "%s: kstack+pagetables+percpu/n", label);
   bc_row_add (what, "KiB", &ko, 99, NULL, NULL);
   snprintf (what, sizeof what, "%s: user Pss", label);
   bc_row_add (what, "KiB", &pss, 99, NULL, NULL);
   snprintf (what, sizeof what, "%s: all of it", label);
   bc_row_add (what, "KiB", &total, 99, NULL, NULL);
+  double slots = memcg_slot_kib ();
+  if (slots >= 0)
+    {
+      bc_series_t sl = {0};
+      bc_series_add (&sl, slots);
+      snprintf (what, sizeof what, "%s: of it, a memory cgroup's shrinker slots", label);
+      bc_row_add (what, "KiB", &sl, 99, NULL, NULL);
+    }
 }
 
 /* Launches live sandboxes "<prefix>-<tag>-%05d" from `from` up to `to`.
@@ -888,7 +976,7 @@ bench_density (void)
     return;
   sync ();
   long slab0 = proc_kb ("/proc/meminfo", "Slab");
-  long kother0 = proc_kb ("/proc/meminfo", "KernelStack") + proc_kb ("/proc/meminfo", "PageTables");
+  long kother0 = kernel_other_kb ();
   bc_series_t at[8];
   memset (at, 0, sizeof at);
   int live = 0;
@@ -976,7 +1064,7 @@ bench_scale (void)
   long mounts0 = host_mounts ();
   sync ();
   long slab0 = proc_kb ("/proc/meminfo", "Slab");
-  long kother0 = proc_kb ("/proc/meminfo", "KernelStack") + proc_kb ("/proc/meminfo", "PageTables");
+  long kother0 = kernel_other_kb ();
   double t0 = bc_now_ms ();
   int live = fill ("scale", 0, O.scale_n);
   double launch_s = (bc_now_ms () - t0) / 1e3;

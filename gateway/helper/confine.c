@@ -3,6 +3,7 @@
 #include "gateway/helper/confine.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/capability.h>
 #include <sched.h>
 #include <sys/socket.h>
@@ -14,8 +15,11 @@
 #include <linux/seccomp.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "common/cleanup.h"
 
 /* Capabilities a sandbox's root keeps: Docker's default set without
  * CAP_MKNOD (no device nodes), CAP_AUDIT_WRITE and CAP_NET_RAW (hand-built
@@ -131,13 +135,22 @@ add_unpacker_rules (scmp_filter_ctx ctx)
   return rc;
 }
 
-static int
-prepare (sbx_confine_t *out, bool unpacker, err_t *err)
+/* The capabilities and flags of a confinement; the filter is set apart. */
+static void
+set_kind (sbx_confine_t *out, bool unpacker)
 {
+  memset (out, 0, sizeof *out);
   out->only_held = unpacker;
   out->inherited = false;
   out->keep_caps = unpacker ? cap_mask (unpacker_caps, sizeof unpacker_caps / sizeof unpacker_caps[0])
                             : cap_mask (kept_caps, sizeof kept_caps / sizeof kept_caps[0]);
+}
+
+/* Compiles the filter into a new sealed memory file: its descriptor, or -1
+ * with *err. */
+static int
+compile (bool unpacker, err_t *err)
+{
   scmp_filter_ctx ctx = seccomp_init (SCMP_ACT_ALLOW);
   if (ctx == NULL)
     return err_make (err, ENOMEM, "seccomp_init");
@@ -181,31 +194,52 @@ prepare (sbx_confine_t *out, bool unpacker, err_t *err)
   if (rc == 0)
     rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), SCMP_SYS (ioctl), 1,
                            SCMP_A1 (SCMP_CMP_MASKED_EQ, 0xFFFFFFFFu, 0x5412u /* TIOCSTI */));
-  /* Export the compiled BPF once; children load it with one syscall. */
-  int mfd = rc == 0 ? memfd_create ("seccomp", MFD_CLOEXEC) : -1;
+  /* Exported once into a memory file sealed against every change. */
+  int mfd = rc == 0 ? memfd_create ("seccomp", MFD_CLOEXEC | MFD_ALLOW_SEALING) : -1;
   if (rc == 0 && mfd < 0)
     rc = -errno;
   if (rc == 0)
     rc = seccomp_export_bpf (ctx, mfd);
   seccomp_release (ctx);
+  if (rc == 0 && fcntl (mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
+    rc = -errno;
   if (rc < 0)
     {
       if (mfd >= 0)
         close (mfd);
-      return err_make_sys (err, -rc, "compile the seccomp filter");
+      err_make_sys (err, -rc, "compile the seccomp filter");
+      return -1;
     }
-  off_t size = lseek (mfd, 0, SEEK_END);
-  struct sock_filter *insns = size > 0 ? malloc ((size_t) size) : NULL;
-  if (insns == NULL || pread (mfd, insns, (size_t) size, 0) != size)
+  return mfd;
+}
+
+/* Reads a compiled filter from `fd` into out->prog. */
+static int
+read_filter (sbx_confine_t *out, int fd, err_t *err)
+{
+  struct stat st;
+  if (fstat (fd, &st) < 0)
+    return err_make_sys (err, errno, "the compiled seccomp filter");
+  size_t size = (size_t) st.st_size;
+  if (size == 0 || size % sizeof (struct sock_filter) != 0 || size / sizeof (struct sock_filter) > BPF_MAXINSNS)
+    return err_make (err, EINVAL, "the compiled seccomp filter has %zu bytes", size);
+  struct sock_filter *insns = malloc (size);
+  if (insns == NULL || pread (fd, insns, size, 0) != (ssize_t) size)
     {
       free (insns);
-      close (mfd);
-      return err_make (err, EIO, "read back the compiled seccomp filter");
+      return err_make (err, EIO, "read the compiled seccomp filter");
     }
-  close (mfd);
-  out->prog.len = (unsigned short) ((size_t) size / sizeof *insns);
+  out->prog.len = (unsigned short) (size / sizeof *insns);
   out->prog.filter = insns;
   return 0;
+}
+
+static int
+prepare (sbx_confine_t *out, bool unpacker, err_t *err)
+{
+  set_kind (out, unpacker);
+  cleanup_close int fd = compile (unpacker, err);
+  return fd < 0 ? -1 : read_filter (out, fd, err);
 }
 
 int
@@ -218,6 +252,19 @@ int
 sbx_confine_prepare_unpacker (sbx_confine_t *out, err_t *err)
 {
   return prepare (out, true, err);
+}
+
+int
+sbx_confine_export (err_t *err)
+{
+  return compile (false, err);
+}
+
+int
+sbx_confine_load (sbx_confine_t *out, int fd, err_t *err)
+{
+  set_kind (out, false);
+  return read_filter (out, fd, err);
 }
 
 int

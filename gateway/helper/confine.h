@@ -20,8 +20,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* The seccomp filter, compiled once (by the sandbox's pid 1) and loaded by
- * every command it starts without compiling again. */
+/* The seccomp filter, compiled once (by the gateway at start-up:
+ * sbx_confine_export) and loaded by every command a sandbox's pid 1 starts
+ * without compiling again. */
 typedef struct sbx_confine_s
 {
   struct sock_fprog prog; /* owned */
@@ -32,6 +33,16 @@ typedef struct sbx_confine_s
 
 /* Compiles the filter of sandboxed commands. */
 int sbx_confine_prepare (sbx_confine_t *out, err_t *err);
+
+/* Compiles the filter of sandboxed commands once, into a memory file
+ * sealed against every change: its descriptor (the gateway keeps it and
+ * hands it to every launch as SBX_FILTER_FD), or -1 with *err. */
+int sbx_confine_export (err_t *err);
+
+/* As sbx_confine_prepare, with the filter sbx_confine_export compiled read
+ * from `fd`: a launch pays one read instead of a compilation, and its
+ * sandbox's pid 1 keeps none of the compiler's memory. */
+int sbx_confine_load (sbx_confine_t *out, int fd, err_t *err);
 
 /* Compiles sandbox-unpack's: the sandbox's denials, plus no new sockets and
  * no exec; it keeps only what making files of any owner needs. */

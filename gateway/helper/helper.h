@@ -84,6 +84,10 @@ void helper_split_volume (const char *in, char *spec, size_t cap, char **host, c
  * sandbox's starts as a copy of, and reports READY with a descriptor of
  * it. Exit status. */
 int helper_base (const char *at);
+/* `sandbox-helper filter`: compiles the sandboxes' seccomp filter once
+ * (sbx_confine_export) and reports READY with the sealed memory file that
+ * holds it. Exit status. */
+int helper_filter (void);
 /* Runs as pid 1 of the new pid namespace, still in the helper's mount
  * namespace until it unshares its own; ends in the sandbox's root. */
 int helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err);

@@ -2,7 +2,7 @@
  * on the gateway's request: each is started from inside the sandbox into
  * its exec cgroup (so a timeout kills all it started), confined and
  * reported when it ends. The parts of the confinement a child inherits (the
- * bounding set, no_new_privs, the seccomp filter compiled once at launch)
+ * bounding set, no_new_privs, the seccomp filter the gateway compiled once)
  * the holder takes on itself once, before it serves anything; each command
  * then cuts its own capability sets. Single-threaded; runs until the
  * sandbox is deleted. */
@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -348,26 +349,40 @@ reap_children (void)
         }
 }
 
-/* Gives back the stack pages the set-up dirtied below this frame (paths,
- * messages): an idle pid 1 needs a few of them, and every sandbox has one.
- * Nothing runs below this frame meanwhile (single-threaded, no signal
- * handlers), and pages given back read as zeros when touched again. */
+/* Gives back what the set-up dirtied and an idle pid 1 does not use (every
+ * sandbox has one): the stack pages below this frame (paths, messages) and
+ * the heap's free pages (paths, error messages of the set-up). Nothing
+ * runs below this frame meanwhile (single-threaded, no signal handlers),
+ * and pages given back read as zeros when touched again. `scratch` (`size`
+ * bytes, the request buffer) holds /proc/self/maps, read without stdio so
+ * that no buffer of its own is left on the heap, and is given back too. */
 static void
-trim_stack (void)
+trim_memory (char *scratch, size_t size)
 {
   char here;
   uintptr_t keep = ((uintptr_t) &here & ~(uintptr_t) 4095) - 2 * 4096; /* a margin for the calls below */
-  FILE *f = fopen ("/proc/self/maps", "re");
-  if (f == NULL)
-    return;
-  char line[512];
   uintptr_t lo = 0;
-  while (lo == 0 && fgets (line, sizeof line, f) != NULL)
-    if (strstr (line, "[stack]") != NULL)
-      lo = (uintptr_t) strtoull (line, NULL, 16);
-  fclose (f);
+  int fd = open ("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0)
+    {
+      size_t got = 0;
+      ssize_t r;
+      while (got < size - 1 && (r = read (fd, scratch + got, size - 1 - got)) > 0)
+        got += (size_t) r;
+      close (fd);
+      scratch[got] = '\0';
+      char *stack = strstr (scratch, "[stack]");
+      if (stack != NULL)
+        {
+          while (stack > scratch && stack[-1] != '\n')
+            stack--;
+          lo = (uintptr_t) strtoull (stack, NULL, 16);
+        }
+    }
   if (lo != 0 && keep > lo)
     madvise ((void *) lo, keep - lo, MADV_DONTNEED);
+  madvise (scratch, size, MADV_DONTNEED);
+  malloc_trim (0);
 }
 
 /* pid 1 of the sandbox: starts commands on request and reaps orphans until
@@ -396,7 +411,7 @@ helper_holder_loop (int ctl, int lifeline, const sbx_confine_t *confine_in)
   char *buf = malloc (SBX_EXEC_MAX);
   if (sfd < 0 || buf == NULL)
     _exit (1);
-  trim_stack ();
+  trim_memory (buf, SBX_EXEC_MAX);
   for (;;)
     {
       struct pollfd p[3]

@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <malloc.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -240,10 +239,6 @@ holder_main (const helper_opts_t *o, const sbx_cg_layout_t *cg, const sbx_confin
   if (c < 0 || l < 0 || dup3 (c, 3, O_CLOEXEC) < 0 || dup3 (l, 4, O_CLOEXEC) < 0)
     _exit (1);
   syscall (SYS_close_range, 5, ~0U, 0);
-  /* What the set-up allocated and freed (the filter's compilation, the
-   * options) goes back: pid 1 of every idle sandbox keeps only what it
-   * uses. */
-  malloc_trim (0);
   helper_holder_loop (3, 4, confine);
 }
 
@@ -276,6 +271,23 @@ hand_over (pid_t *pid, int sync, err_t *err)
   return 0;
 }
 
+int
+helper_filter (void)
+{
+  err_t err = ERR_INIT;
+  cleanup_close int fd = sbx_confine_export (&err);
+  if (fd < 0)
+    {
+      helper_report_err (helper_report_fd, &err);
+      err_release (&err);
+      return 1;
+    }
+  sbx_report_t ready;
+  memset (&ready, 0, sizeof ready);
+  ready.type = SBX_REPORT_READY;
+  return sbx_send_fds (helper_report_fd, &ready, sizeof ready, &fd, 1) < 0 ? 1 : 0;
+}
+
 /* Forks the holder as pid 1 of a new pid namespace. Same returns as
  * hand_over. */
 static int
@@ -288,8 +300,11 @@ start_holder (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
   cleanup_close int lifeline = (int) syscall (SYS_pidfd_open, getppid (), 0);
   if (lifeline < 0)
     return err_make_sys (err, errno, "pidfd_open the gateway");
+  /* The filter the gateway compiled once, when it started. */
   sbx_confine_t confine;
-  if (sbx_confine_prepare (&confine, err) < 0)
+  int loaded = sbx_confine_load (&confine, SBX_FILTER_FD, err);
+  close (SBX_FILTER_FD);
+  if (loaded < 0)
     return -1;
   if (unshare (CLONE_NEWPID) < 0)
     return err_make_sys (err, errno, "unshare the pid namespace");

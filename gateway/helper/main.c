@@ -106,14 +106,17 @@ main (int argc, char **argv)
     return private_mounts (argc, argv);
   helper_args_start = argv[0];
   helper_args_len = (size_t) (argv[argc - 1] + strlen (argv[argc - 1]) - argv[0]);
-  /* Only the report socket and, for a launch, the base mount namespace
-   * cross over; nothing else leaks in. */
-  syscall (SYS_close_range, SBX_BASE_NS_FD + 1, ~0U, 0);
+  /* Only the report socket and, for a launch, the base mount namespace and
+   * the compiled filter cross over; nothing else leaks in. */
+  syscall (SYS_close_range, SBX_FILTER_FD + 1, ~0U, 0);
   fcntl (helper_report_fd, F_SETFD, FD_CLOEXEC);
-  if (strcmp (argv[1], "launch") != 0)
-    close (SBX_BASE_NS_FD);
-  else
-    fcntl (SBX_BASE_NS_FD, F_SETFD, FD_CLOEXEC);
+  for (int fd = SBX_BASE_NS_FD; fd <= SBX_FILTER_FD; fd++)
+    if (strcmp (argv[1], "launch") != 0)
+      close (fd);
+    else
+      fcntl (fd, F_SETFD, FD_CLOEXEC);
+  if (strcmp (argv[1], "filter") == 0)
+    return helper_filter ();
 
   helper_opts_t o;
   memset (&o, 0, sizeof o);

@@ -103,6 +103,9 @@ struct sbx_runtime_s
   /* The base mount namespace (helper_base): every launch's helper gets it
    * as SBX_BASE_NS_FD. -1 until made. */
   int base_ns_fd;
+  /* The sandboxes' seccomp filter, compiled once (helper_filter): every
+   * launch's helper gets it as SBX_FILTER_FD. -1 until made. */
+  int filter_fd;
   pthread_mutex_t mu;
   pthread_cond_t cv;
   sbx_t *list;

@@ -20,6 +20,8 @@ runtime_free (sbx_runtime_t *rt)
   free (rt->index);
   if (rt->base_ns_fd >= 0)
     close (rt->base_ns_fd);
+  if (rt->filter_fd >= 0)
+    close (rt->filter_fd);
   for (int i = 0; i < 2; i++)
     if (rt->egress_progs[i] >= 0)
       close (rt->egress_progs[i]);
@@ -30,28 +32,42 @@ runtime_free (sbx_runtime_t *rt)
   free (rt);
 }
 
-/* How long the helper that makes the base mount namespace may take. */
-#define BASE_TIMEOUT_MS 30000
+/* How long a start-up helper that makes something for every launch may
+ * take. */
+#define MAKE_TIMEOUT_MS 30000
 
-/* The base mount namespace, made by `sandbox-helper base` (helper/rootfs.c)
- * and kept by descriptor in rt->base_ns_fd. */
+/* Runs a start-up helper that answers READY with one descriptor, which
+ * goes to *out; `what` names it in the error. */
 static int
-make_base_ns (sbx_runtime_t *rt, err_t *err)
+make_by_helper (sbx_runtime_t *rt, const char *const *argv, const char *what, int *out, err_t *err)
 {
-  const char *argv[] = {"sandbox-helper", "base", "--id", "base", "--state", rt->sandboxes_dir, NULL};
   sbx_report_t r;
   int fd = -1, got = 0;
-  if (sbx_run_helper_once (rt, argv, BASE_TIMEOUT_MS, &r, &fd, &got, err) < 0)
+  if (sbx_run_helper_once (rt, argv, MAKE_TIMEOUT_MS, &r, &fd, &got, err) < 0)
     return -1;
   if (got == 1 && r.type == SBX_REPORT_READY && fd >= 0)
     {
-      rt->base_ns_fd = fd;
+      *out = fd;
       return 0;
     }
   if (fd >= 0)
     close (fd);
-  return err_make (err, got == 1 && r.status != 0 ? r.status : EIO, "make the sandboxes' base mount namespace: %s",
+  return err_make (err, got == 1 && r.status != 0 ? r.status : EIO, "make %s: %s", what,
                    got == 1 && r.type == SBX_REPORT_ERROR ? r.text : "the helper did not answer");
+}
+
+/* The base mount namespace, made by `sandbox-helper base` (helper/rootfs.c)
+ * and kept by descriptor in rt->base_ns_fd; then the sandboxes' seccomp
+ * filter, compiled once by `sandbox-helper filter` (helper/confine.c) and
+ * kept in rt->filter_fd. Every launch's helper gets both. */
+static int
+make_launch_fds (sbx_runtime_t *rt, err_t *err)
+{
+  const char *base[] = {"sandbox-helper", "base", "--id", "base", "--state", rt->sandboxes_dir, NULL};
+  const char *filter[] = {"sandbox-helper", "filter", NULL};
+  if (make_by_helper (rt, base, "the sandboxes' base mount namespace", &rt->base_ns_fd, err) < 0)
+    return -1;
+  return make_by_helper (rt, filter, "the sandboxes' seccomp filter", &rt->filter_fd, err);
 }
 
 static int
@@ -66,7 +82,7 @@ runtime_init (sbx_runtime_t *rt, const sbx_config_t *cfg, err_t *err)
       || (mkdir (rt->sandboxes_dir, 0700) < 0 && errno != EEXIST))
     return err_make_sys (err, errno, "create the state directory `%s`", rt->sandboxes_dir);
   sbx_clean_leftovers (rt);
-  if (make_base_ns (rt, err) < 0)
+  if (make_launch_fds (rt, err) < 0)
     return -1;
   if (sbx_index_init (rt, err) < 0 || sbx_uid_pool_init (rt, err) < 0 || sbx_userns_probe (rt, err) < 0)
     return -1;
@@ -96,6 +112,7 @@ sbx_runtime_new (const sbx_config_t *cfg, sbx_runtime_t **out, err_t *err)
   rt->cfg = *cfg;
   rt->egress_progs[0] = rt->egress_progs[1] = -1;
   rt->base_ns_fd = -1;
+  rt->filter_fd = -1;
   pthread_mutex_init (&rt->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init (&ca);

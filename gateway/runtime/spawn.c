@@ -157,8 +157,9 @@ sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int err
   if (socketpair (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
     return err_make_sys (err, errno, "socketpair");
   cleanup_close int mine = sv[0], theirs = sv[1];
-  const int from[] = {in, out, errfd, theirs, rt->base_ns_fd};
-  int rc = spawn_low (rt->cfg.helper, argv, sbx_helper_env, from, rt->base_ns_fd >= 0 ? 5 : 4, pid);
+  const int from[] = {in, out, errfd, theirs, rt->base_ns_fd, rt->filter_fd};
+  size_t n = rt->filter_fd >= 0 ? 6 : rt->base_ns_fd >= 0 ? 5 : 4;
+  int rc = spawn_low (rt->cfg.helper, argv, sbx_helper_env, from, n, pid);
   if (rc == 0)
     {
       *report_fd = take_fd (&mine);
@@ -174,6 +175,8 @@ sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int err
   posix_spawn_file_actions_adddup2 (&fa, theirs, SBX_REPORT_FD);
   if (rt->base_ns_fd >= 0)
     posix_spawn_file_actions_adddup2 (&fa, rt->base_ns_fd, SBX_BASE_NS_FD);
+  if (rt->filter_fd >= 0)
+    posix_spawn_file_actions_adddup2 (&fa, rt->filter_fd, SBX_FILTER_FD);
   posix_spawnattr_t attr;
   sbx_spawn_attr_init (&attr);
   rc = posix_spawn (pid, rt->cfg.helper, &fa, &attr, argv, sbx_helper_env);

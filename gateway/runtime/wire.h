@@ -26,6 +26,9 @@
 /* A launching helper's fd 4: the base mount namespace, whose copy every
  * sandbox's mount namespace starts as (helper/rootfs.c). */
 #define SBX_BASE_NS_FD 4
+/* Its fd 5: the sandboxes' seccomp filter, compiled once by `sandbox-helper
+ * filter` when the gateway starts (a sealed memory file). */
+#define SBX_FILTER_FD 5
 
 typedef enum sbx_report_type_e
 {

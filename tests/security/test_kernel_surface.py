@@ -213,3 +213,52 @@ def test_capabilities_are_cut(sbx, box):
         assert not bnd & (1 << cap), (cap, fields)
     assert int(fields["CapAmb"], 16) == 0
     assert fields["NoNewPrivs"].strip() == "1" and fields["Seccomp"].strip() == "2", fields
+
+
+def memfds(pid: int, name: str) -> list[str]:
+    """The descriptors of `pid` that are memory files called `name`."""
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(f"/memfd:{name} "):
+                found.append(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            pass
+    return found
+
+
+def test_the_shared_filter_is_sealed_and_out_of_the_sandboxes_reach(sbx, gateway, box):
+    # The filter every sandbox runs under is compiled once, by the gateway's
+    # start-up, into one memory file that every launch reads. Anyone who
+    # could write it would unconfine every later sandbox: it is sealed (no
+    # write, no resize, no new seal, even through a writable descriptor),
+    # and no process of a sandbox, its pid 1 included, holds a descriptor
+    # of it.
+    shared = memfds(gateway.pid, "seccomp")
+    assert len(shared) == 1, shared
+    before = open(shared[0], "rb").read()
+    assert before and len(before) % 8 == 0
+    with open(shared[0], "r+b", buffering=0) as f:
+        for attempt in (lambda: f.write(b"\0" * 8), lambda: os.ftruncate(f.fileno(), 8),
+                        lambda: os.ftruncate(f.fileno(), len(before) + 8)):
+            with pytest.raises(PermissionError):
+                attempt()
+    assert open(shared[0], "rb").read() == before
+    holder = holder_pids(gateway, box)[box]
+    res = sh(sbx, box, "sleep 30 >/dev/null 2>&1 & echo $!")
+    assert res.code == 0, res.describe()
+    in_sandbox = [int(p) for p in os.listdir("/proc") if p.isdigit() and _in_sandbox(int(p), holder)]
+    assert holder in in_sandbox and len(in_sandbox) >= 2, in_sandbox
+    for pid in in_sandbox:
+        assert memfds(pid, "seccomp") == [], f"pid {pid} of the sandbox holds the shared filter"
+    # And the filter is what every process of the sandbox runs under.
+    assert sh(sbx, box, "grep Seccomp: /proc/self/status").out.split() == ["Seccomp:", "2"]
+
+
+def _in_sandbox(pid: int, holder: int) -> bool:
+    """Whether host pid `pid` is in the pid namespace of the sandbox whose
+    pid 1 is `holder`."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid") == os.readlink(f"/proc/{holder}/ns/pid")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
