@@ -977,8 +977,9 @@ bench_density (void)
   sync ();
   long slab0 = proc_kb ("/proc/meminfo", "Slab");
   long kother0 = kernel_other_kb ();
-  bc_series_t at[8];
+  bc_series_t at[8], del[8];
   memset (at, 0, sizeof at);
+  memset (del, 0, sizeof del);
   int live = 0;
   err_t err = ERR_INIT;
   const int warm = 3;
@@ -1006,15 +1007,20 @@ bench_density (void)
           if (bc_launch (CH, id, &err) < 0)
             bc_die (PROG, "launch", &err);
           double ms = bc_now_ms () - s0;
-          /* Deleted before the next launch, and the kernel's deferred part
-           * of it (the memory cgroup's offlining, the network namespace's
-           * clean-up, run by its workers) given time: what is timed is the
-           * launch alone. */
-          pool_delete (id);
-          pool_drain ();
+          /* Deleted (timed too) before the next launch, and the kernel's
+           * deferred part of it (the memory cgroup's offlining, the
+           * network namespace's clean-up, run by its workers) given time:
+           * what is timed is the launch alone, then the delete alone. */
+          double d0 = bc_now_ms ();
+          if (bc_delete (CH, id, &err) < 0)
+            bc_die (PROG, "delete", &err);
+          double dms = bc_now_ms () - d0;
           usleep (50 * 1000);
           if (i >= warm)
-            bc_series_add (&at[l], ms);
+            {
+              bc_series_add (&at[l], ms);
+              bc_series_add (&del[l], dms);
+            }
         }
       pool_drain ();
     }
@@ -1024,6 +1030,13 @@ bench_density (void)
       snprintf (what, sizeof what, "launch with %d live", levels[l]);
       snprintf (base, sizeof base, "with %d live", levels[0]);
       bc_row_add (what, "ms", &at[l], 99, l > 0 ? base : NULL, l > 0 ? &at[0] : NULL);
+    }
+  for (int l = 0; l < n_levels; l++)
+    {
+      char what[64], base[32];
+      snprintf (what, sizeof what, "delete with %d live", levels[l]);
+      snprintf (base, sizeof base, "with %d live", levels[0]);
+      bc_row_add (what, "ms", &del[l], 99, l > 0 ? base : NULL, l > 0 ? &del[0] : NULL);
     }
   double t0 = bc_now_ms ();
   delete_all ("live", live);
