@@ -331,24 +331,32 @@ pool_stop (void)
 
 /* ---- reading /proc and cgroups ------------------------------------------- */
 
-/* A "Key: value kB" field of a /proc file, in KiB; -1 when absent. */
+/* The number after `key` and `sep` at the start of a line of `path`; -1
+ * when absent. */
 static long
-proc_kb (const char *path, const char *key)
+line_value (const char *path, const char *key, char sep)
 {
   FILE *f = fopen (path, "re");
   if (f == NULL)
     return -1;
-  char line[256];
+  char line[512];
   size_t kl = strlen (key);
   long v = -1;
   while (fgets (line, sizeof line, f) != NULL)
-    if (strncmp (line, key, kl) == 0 && line[kl] == ':')
+    if (strncmp (line, key, kl) == 0 && line[kl] == sep)
       {
         v = strtol (line + kl + 1, NULL, 10);
         break;
       }
   fclose (f);
   return v;
+}
+
+/* A "Key: value kB" field of a /proc file, in KiB; -1 when absent. */
+static long
+proc_kb (const char *path, const char *key)
+{
+  return line_value (path, key, ':');
 }
 
 /* The pids in a cgroup.procs file, up to `max`. */
@@ -815,20 +823,7 @@ bench_memory (void)
 static long
 slab_objects (const char *cache)
 {
-  FILE *f = fopen ("/proc/slabinfo", "re");
-  if (f == NULL)
-    return -1;
-  char line[512];
-  size_t kl = strlen (cache);
-  long v = -1;
-  while (fgets (line, sizeof line, f) != NULL)
-    if (strncmp (line, cache, kl) == 0 && line[kl] == ' ')
-      {
-        v = strtol (line + kl, NULL, 10);
-        break;
-      }
-  fclose (f);
-  return v;
+  return line_value ("/proc/slabinfo", cache, ' ');
 }
 
 #define SLOT_PROBES 32

@@ -61,6 +61,10 @@ extern size_t helper_args_len;
 /* main.c: one typed report on `fd`. */
 void helper_report (int fd, int type, int status, int a, int b, const char *text);
 void helper_report_err (int fd, const err_t *err);
+/* Ends a helper that makes one thing for the gateway (base, filter): ERROR
+ * with *err (then released) when it is set, else READY with descriptor
+ * `fd`. Exit status. */
+int helper_answer (err_t *err, int fd);
 
 /* launch.c: makes the sandbox and reports READY or ERROR. Exit status. */
 int helper_launch (const helper_opts_t *o);

@@ -276,16 +276,7 @@ helper_filter (void)
 {
   err_t err = ERR_INIT;
   cleanup_close int fd = sbx_confine_export (&err);
-  if (fd < 0)
-    {
-      helper_report_err (helper_report_fd, &err);
-      err_release (&err);
-      return 1;
-    }
-  sbx_report_t ready;
-  memset (&ready, 0, sizeof ready);
-  ready.type = SBX_REPORT_READY;
-  return sbx_send_fds (helper_report_fd, &ready, sizeof ready, &fd, 1) < 0 ? 1 : 0;
+  return helper_answer (&err, fd);
 }
 
 /* Forks the holder as pid 1 of a new pid namespace. Same returns as

@@ -67,6 +67,21 @@ helper_report_err (int fd, const err_t *err)
   helper_report (fd, SBX_REPORT_ERROR, err->status, 0, 0, err_msg (err));
 }
 
+int
+helper_answer (err_t *err, int fd)
+{
+  if (err->status != 0)
+    {
+      helper_report_err (helper_report_fd, err);
+      err_release (err);
+      return 1;
+    }
+  sbx_report_t ready;
+  memset (&ready, 0, sizeof ready);
+  ready.type = SBX_REPORT_READY;
+  return sbx_send_fds (helper_report_fd, &ready, sizeof ready, &fd, 1) < 0 ? 1 : 0;
+}
+
 static long
 num (const char *s)
 {

@@ -540,14 +540,5 @@ helper_base (const char *at)
           || move_mount (mnt, "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH) < 0 || chdir (at) < 0
           || syscall (SYS_pivot_root, ".", ".") < 0 || umount2 (".", MNT_DETACH) < 0 || chdir ("/") < 0))
     err_make_sys (&err, errno, "make the base tmpfs the root");
-  if (err.status != 0)
-    {
-      helper_report_err (helper_report_fd, &err);
-      err_release (&err);
-      return 1;
-    }
-  sbx_report_t ready;
-  memset (&ready, 0, sizeof ready);
-  ready.type = SBX_REPORT_READY;
-  return sbx_send_fds (helper_report_fd, &ready, sizeof ready, &ns, 1) < 0 ? 1 : 0;
+  return helper_answer (&err, ns);
 }
