@@ -234,24 +234,12 @@ read_filter (sbx_confine_t *out, int fd, err_t *err)
   return 0;
 }
 
-static int
-prepare (sbx_confine_t *out, bool unpacker, err_t *err)
-{
-  set_kind (out, unpacker);
-  cleanup_close int fd = compile (unpacker, err);
-  return fd < 0 ? -1 : read_filter (out, fd, err);
-}
-
-int
-sbx_confine_prepare (sbx_confine_t *out, err_t *err)
-{
-  return prepare (out, false, err);
-}
-
 int
 sbx_confine_prepare_unpacker (sbx_confine_t *out, err_t *err)
 {
-  return prepare (out, true, err);
+  set_kind (out, true);
+  cleanup_close int fd = compile (true, err);
+  return fd < 0 ? -1 : read_filter (out, fd, err);
 }
 
 int

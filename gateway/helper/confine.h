@@ -31,17 +31,14 @@ typedef struct sbx_confine_s
   bool inherited;         /* the bounding set, no_new_privs and the filter are the caller's already */
 } sbx_confine_t;
 
-/* Compiles the filter of sandboxed commands. */
-int sbx_confine_prepare (sbx_confine_t *out, err_t *err);
-
 /* Compiles the filter of sandboxed commands once, into a memory file
  * sealed against every change: its descriptor (the gateway keeps it and
  * hands it to every launch as SBX_FILTER_FD), or -1 with *err. */
 int sbx_confine_export (err_t *err);
 
-/* As sbx_confine_prepare, with the filter sbx_confine_export compiled read
- * from `fd`: a launch pays one read instead of a compilation, and its
- * sandbox's pid 1 keeps none of the compiler's memory. */
+/* The confinement of sandboxed commands, with the filter sbx_confine_export
+ * compiled read from `fd`: a launch pays one read instead of a compilation,
+ * and its sandbox's pid 1 keeps none of the compiler's memory. */
 int sbx_confine_load (sbx_confine_t *out, int fd, err_t *err);
 
 /* Compiles sandbox-unpack's: the sandbox's denials, plus no new sockets and
