@@ -3,6 +3,7 @@
 #include "gateway/config.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -149,6 +150,163 @@ gw_config_print_help (FILE *out)
   cfg_print_help (out, usage, vars, N_VARS);
 }
 
+/* The options after a volume's sandbox path: `ro` or `rw`, then
+ * `uid=N` and `gid=N` (the host owner that sandbox root's writes land as;
+ * gid defaults to uid). Into *ro, *uid and *gid (-1: none). */
+static int
+parse_volume_options (char *opts, bool *ro, long *uid, long *gid, err_t *err)
+{
+  *ro = false;
+  *uid = *gid = -1;
+  char *save = NULL;
+  for (char *o = opts != NULL ? strtok_r (opts, ":", &save) : NULL; o != NULL; o = strtok_r (NULL, ":", &save))
+    {
+      long *id = strncmp (o, "uid=", 4) == 0 ? uid : strncmp (o, "gid=", 4) == 0 ? gid : NULL;
+      if (id == NULL && (strcmp (o, "ro") == 0 || strcmp (o, "rw") == 0))
+        {
+          *ro = strcmp (o, "ro") == 0;
+          continue;
+        }
+      char *end = NULL;
+      errno = 0;
+      long v = id != NULL ? strtol (o + 4, &end, 10) : -1;
+      if (id == NULL || end == o + 4 || *end != '\0' || errno != 0)
+        return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: option `%s` is not ro, rw, uid=N or gid=N", o);
+      /* Host root would give sandbox root host root's powers over the files. */
+      if (v <= 0 || v >= 4294967295L)
+        return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: `%s`: the owner must be a host id above 0", o);
+      *id = v;
+    }
+  if (*gid >= 0 && *uid < 0)
+    return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: gid= needs uid=");
+  if (*uid >= 0 && *gid < 0)
+    *gid = *uid;
+  return 0;
+}
+
+/* The host path of a volume, ~ expanded, into *out (caller frees). */
+static int
+expand_home (const char *host, char **out, err_t *err)
+{
+  if (host[0] == '~' && host[1] != '\0' && host[1] != '/')
+    return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: `%s`: only ~ and ~/ are expanded", host);
+  const char *home = getenv ("HOME");
+  int n
+      = host[0] == '~' ? asprintf (out, "%s%s", home != NULL ? home : "/root", host + 1) : asprintf (out, "%s", host);
+  return n < 0 ? err_make (err, ENOMEM, "out of memory") : 0;
+}
+
+/* One SANDBOX_VOLUME_MOUNTS entry into its checked form
+ * "realhost:sandbox[:ro][:uid=N:gid=M]" (*spec NULL: its host path is
+ * missing, skipped with a warning). The host path is resolved once, here:
+ * the runtime opens exactly that path, with no symlink in it. */
+static int
+parse_volume (char *tok, char **spec, err_t *err)
+{
+  *spec = NULL;
+  char *host = tok, *dst = strchr (tok, ':');
+  if (dst == NULL)
+    return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: `%s` is not host:sandbox[:ro][:uid=N[:gid=N]]", tok);
+  *dst++ = '\0';
+  char *opts = strchr (dst, ':');
+  if (opts != NULL)
+    {
+      *opts++ = '\0';
+      if (*opts == '\0' || opts[strlen (opts) - 1] == ':' || strstr (opts, "::") != NULL)
+        return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: `%s`: an empty option", dst);
+    }
+  bool ro;
+  long uid, gid;
+  if (parse_volume_options (opts, &ro, &uid, &gid, err) < 0)
+    return -1;
+  if (dst[0] != '/' || strstr (dst, "..") != NULL || strcmp (dst, "/") == 0)
+    return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: `%s` is not an absolute sandbox path", dst);
+  cleanup_free char *expanded = NULL;
+  if (expand_home (host, &expanded, err) < 0)
+    return -1;
+  cleanup_free char *real = realpath (expanded, NULL);
+  if (real == NULL)
+    {
+      log_fields (SEV_WARNING, json_pack ("{s:s}", "host_path", expanded),
+                  "SANDBOX_VOLUME_MOUNTS: host path missing, skipped");
+      return 0;
+    }
+  char owner[64] = "";
+  if (uid >= 0)
+    snprintf (owner, sizeof owner, ":uid=%ld:gid=%ld", uid, gid);
+  if (asprintf (spec, "%s:%s%s%s", real, dst, ro ? ":ro" : "", owner) < 0)
+    return err_make (err, ENOMEM, "out of memory");
+  return 0;
+}
+
+/* Whether `path` is `dir` or lies below it. */
+static bool
+path_within (const char *path, const char *dir)
+{
+  size_t n = strlen (dir);
+  if (n == 1 && dir[0] == '/')
+    return true;
+  return strncmp (path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+/* The host path of a checked volume spec, into buf. */
+static const char *
+volume_host (const char *spec, char *buf, size_t cap)
+{
+  snprintf (buf, cap, "%s", spec);
+  char *colon = strchr (buf, ':');
+  if (colon != NULL)
+    *colon = '\0';
+  return buf;
+}
+
+/* The owner id a checked volume spec names (`:uid=` or `:gid=`), or -1. */
+static long
+volume_owner (const char *spec, const char *key)
+{
+  const char *u = strstr (spec, key);
+  return u != NULL ? strtol (u + strlen (key), NULL, 10) : -1;
+}
+
+/* Refuses volumes whose host paths nest (a sandbox could replace the inner
+ * one's path with a symlink through the outer, for every later launch),
+ * and a volume that holds, or lies in, a path hidden from sandboxes (it
+ * would show it). Equal host paths bound twice are fine. */
+static int
+check_volume_overlaps (const gw_config_t *c, err_t *err)
+{
+  char a[PATH_MAX + 1], b[PATH_MAX + 1];
+  for (size_t i = 0; c->volumes[i] != NULL; i++)
+    {
+      volume_host (c->volumes[i], a, sizeof a);
+      long block_end = c->uid_base + c->max_sandboxes * c->uid_range;
+      for (int k = 0; k < 2; k++)
+        {
+          long owner = volume_owner (c->volumes[i], k == 0 ? ":uid=" : ":gid=");
+          if (c->userns && owner >= c->uid_base && owner < block_end)
+            return err_make (err, EINVAL,
+                             "SANDBOX_VOLUME_MOUNTS: the owner %s%ld of `%s` lies in the sandboxes' id block "
+                             "(SANDBOX_UID_BASE %ld .. %ld)",
+                             k == 0 ? "uid=" : "gid=", owner, a, c->uid_base, block_end - 1);
+        }
+      for (size_t j = 0; c->volumes[j] != NULL; j++)
+        if (j != i && strcmp (volume_host (c->volumes[j], b, sizeof b), a) != 0 && path_within (b, a))
+          return err_make (err, EINVAL,
+                           "SANDBOX_VOLUME_MOUNTS: `%s` lies inside the volume `%s`; nested volumes are refused "
+                           "(mount the outer one only, or two separate directories)",
+                           b, a);
+      for (size_t m = 0; m < GW_MAX_MASKS && c->masks[m] != NULL; m++)
+        {
+          cleanup_free char *real = realpath (c->masks[m], NULL);
+          const char *hidden = real != NULL ? real : c->masks[m];
+          if (path_within (hidden, a) || path_within (a, hidden))
+            return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: the volume `%s` overlaps %s `%s`", a,
+                             c->mask_names[m], hidden);
+        }
+    }
+  return 0;
+}
+
 /* Parses SANDBOX_VOLUME_MOUNTS into `volumes`, expanding ~ and skipping
  * (with a warning) host paths that do not exist. */
 static int
@@ -160,45 +318,20 @@ parse_volumes (gw_config_t *c, err_t *err)
   char *save = NULL;
   for (char *tok = strtok_r (c->volume_mounts, ",", &save); tok != NULL; tok = strtok_r (NULL, ",", &save))
     {
-      char *host = tok, *dst = strchr (tok, ':');
-      if (dst == NULL)
-        return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: `%s` is not host:sandbox[:ro]", tok);
-      *dst++ = '\0';
-      char *mode = strchr (dst, ':');
-      if (mode != NULL)
-        {
-          *mode++ = '\0';
-          if (strcmp (mode, "ro") != 0 && strcmp (mode, "rw") != 0)
-            return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: mode `%s` is not ro or rw", mode);
-        }
-      if (dst[0] != '/' || strstr (dst, "..") != NULL || strcmp (dst, "/") == 0)
-        return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: `%s` is not an absolute sandbox path", dst);
-      cleanup_free char *expanded = NULL;
-      if (host[0] == '~' && host[1] != '\0' && host[1] != '/')
-        return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: `%s`: only ~ and ~/ are expanded", host);
-      if (host[0] == '~')
-        {
-          const char *home = getenv ("HOME");
-          if (asprintf (&expanded, "%s%s", home != NULL ? home : "/root", host + 1) < 0)
-            return err_make (err, ENOMEM, "out of memory");
-        }
-      else if (asprintf (&expanded, "%s", host) < 0)
-        return err_make (err, ENOMEM, "out of memory");
-      if (access (expanded, F_OK) != 0)
-        {
-          log_fields (SEV_WARNING, json_pack ("{s:s}", "host_path", expanded),
-                      "SANDBOX_VOLUME_MOUNTS: host path missing, skipped");
-          continue;
-        }
-      if (n == GW_MAX_VOLUMES)
-        return err_make (err, E2BIG, "SANDBOX_VOLUME_MOUNTS: more than %d mounts", GW_MAX_VOLUMES);
       char *spec = NULL;
-      if (asprintf (&spec, "%s:%s%s", expanded, dst, mode != NULL && strcmp (mode, "ro") == 0 ? ":ro" : "") < 0)
-        return err_make (err, ENOMEM, "out of memory");
+      if (parse_volume (tok, &spec, err) < 0)
+        return -1;
+      if (spec == NULL)
+        continue;
+      if (n == GW_MAX_VOLUMES)
+        {
+          free (spec);
+          return err_make (err, E2BIG, "SANDBOX_VOLUME_MOUNTS: more than %d mounts", GW_MAX_VOLUMES);
+        }
       c->volumes[n++] = spec;
     }
   c->volumes[n] = NULL;
-  return 0;
+  return check_volume_overlaps (c, err);
 }
 
 /* SANDBOX_PERSIST_ON_SHUTDOWN: a boolean, or unset: on when the operator
@@ -337,9 +470,14 @@ gw_config_load (gw_config_t *c, err_t *err)
    * (the lower layer) contain them: state, snapshots, keys, credentials. */
   size_t m = 0;
   const char *secret_paths[] = {c->state_dir, c->snapshot_dir, c->tls_key, c->gcs_credentials};
+  static const char *const secret_names[]
+      = {"SANDBOX_STATE_DIR", "SANDBOX_SNAPSHOT_DIR", "SANDBOX_TLS_KEY", "GOOGLE_APPLICATION_CREDENTIALS"};
   for (size_t i = 0; i < sizeof secret_paths / sizeof secret_paths[0]; i++)
     if (secret_paths[i] != NULL && secret_paths[i][0] == '/')
-      c->masks[m++] = secret_paths[i];
+      {
+        c->mask_names[m] = secret_names[i];
+        c->masks[m++] = secret_paths[i];
+      }
   c->masks[m] = NULL;
 
   /* sandbox-unpack lives beside sandbox-helper. */

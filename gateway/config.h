@@ -20,7 +20,7 @@
 #include "gateway/runtime/runtime.h"
 
 /* Most SANDBOX_VOLUME_MOUNTS entries. */
-#define GW_MAX_VOLUMES 32
+#define GW_MAX_VOLUMES SBX_MAX_VOLUMES
 /* Host paths hidden inside sandboxes: state, snapshots, TLS key, credentials. */
 #define GW_MAX_MASKS 4
 /* Longest SANDBOX_GATEWAY_NAME: a DNS name's length. */
@@ -74,11 +74,14 @@ typedef struct gw_config_s
   bool idle_counts_processes;
 
   /* Derived by gw_config_load. */
-  bool persist_on_shutdown;            /* SANDBOX_PERSIST_ON_SHUTDOWN, or whether a store was chosen */
-  long cpu_millis;                     /* 0: unlimited */
-  char *volumes[GW_MAX_VOLUMES + 1];   /* "host:sandbox[:ro]", NULL-terminated */
-  const char *masks[GW_MAX_MASKS + 1]; /* NULL-terminated, borrowed from fields above */
-  char *unpacker;                      /* sandbox-unpack, beside sandbox-helper */
+  bool persist_on_shutdown; /* SANDBOX_PERSIST_ON_SHUTDOWN, or whether a store was chosen */
+  long cpu_millis;          /* 0: unlimited */
+  /* "realhost:sandbox[:ro][:uid=N:gid=M]", NULL-terminated; no two nest,
+   * none overlaps a mask */
+  char *volumes[GW_MAX_VOLUMES + 1];
+  const char *masks[GW_MAX_MASKS + 1];      /* NULL-terminated, borrowed from fields above */
+  const char *mask_names[GW_MAX_MASKS + 1]; /* the variable each mask comes from */
+  char *unpacker;                           /* sandbox-unpack, beside sandbox-helper */
 } gw_config_t;
 
 /* Reads and checks the environment into *cfg (zeroed first). The message

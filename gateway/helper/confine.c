@@ -135,6 +135,44 @@ add_unpacker_rules (scmp_filter_ctx ctx)
   return rc;
 }
 
+#ifndef __NR_fchmodat2
+#define __NR_fchmodat2 452 /* Linux 6.6, the same number on every architecture; newer than libseccomp 2.5 */
+#endif
+
+/* No setuid or setgid bit, made by any call that sets a mode: a file a
+ * sandbox writes into a volume is a host file, where `nosuid` (which holds
+ * inside) does not, and a set-id bit would hand its owner's ids (the
+ * sandbox's, or a volume's owner) to any host user who ran it. Inside, set-id
+ * bits are dead anyway (no_new_privs, nosuid). openat2 carries its mode in
+ * memory seccomp cannot read: it answers ENOSYS, and callers fall back to
+ * openat, which is checked. Snapshots restore the bits (the unpacker has
+ * its own filter, and writes only the sandbox's private layer). */
+static int
+add_setid_rules (scmp_filter_ctx ctx)
+{
+  static const struct
+  {
+    int nr;
+    unsigned int mode_arg;
+  } calls[] = {
+      {SCMP_SYS (chmod), 1}, {SCMP_SYS (fchmod), 1}, {SCMP_SYS (fchmodat), 2},
+      {__NR_fchmodat2, 2},   {SCMP_SYS (open), 2},   {SCMP_SYS (openat), 3},
+      {SCMP_SYS (creat), 1}, {SCMP_SYS (mknod), 1},  {SCMP_SYS (mknodat), 2},
+  };
+  static const scmp_datum_t bits[] = {S_ISUID, S_ISGID};
+  int rc = 0;
+  for (size_t i = 0; i < sizeof calls / sizeof calls[0] && rc == 0; i++)
+    for (size_t b = 0; b < 2 && rc == 0; b++)
+      {
+        struct scmp_arg_cmp cmp
+            = {.arg = calls[i].mode_arg, .op = SCMP_CMP_MASKED_EQ, .datum_a = bits[b], .datum_b = bits[b]};
+        rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), calls[i].nr, 1, cmp);
+      }
+  if (rc == 0)
+    rc = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (ENOSYS), SCMP_SYS (openat2), 0);
+  return rc;
+}
+
 /* The capabilities and flags of a confinement; the filter is set apart. */
 static void
 set_kind (sbx_confine_t *out, bool unpacker)
@@ -154,7 +192,7 @@ compile (bool unpacker, err_t *err)
   scmp_filter_ctx ctx = seccomp_init (SCMP_ACT_ALLOW);
   if (ctx == NULL)
     return err_make (err, ENOMEM, "seccomp_init");
-  int rc = unpacker ? add_unpacker_rules (ctx) : 0;
+  int rc = unpacker ? add_unpacker_rules (ctx) : add_setid_rules (ctx);
   for (size_t i = 0; i < sizeof denied_syscalls / sizeof denied_syscalls[0] && rc == 0; i++)
     {
       int nr = seccomp_syscall_resolve_name (denied_syscalls[i]);

@@ -14,6 +14,7 @@
 #ifndef SBX_GATEWAY_HELPER_H
 #define SBX_GATEWAY_HELPER_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
@@ -73,9 +74,22 @@ extern int helper_disk_fd;
 
 /* rootfs.c */
 int helper_mkdir_p (const char *path, mode_t mode, err_t *err);
-/* Splits "host:sandbox[:ro]" (validated by the gateway), copied into
- * spec[cap]. */
-void helper_split_volume (const char *in, char *spec, size_t cap, char **host, char **dst, bool *ro);
+/* A volume, as the gateway checked it: "host:sandbox[:ro][:uid=N:gid=M]". */
+typedef struct helper_volume_s
+{
+  char spec[PATH_MAX * 2];
+  char *host, *dst; /* into spec */
+  bool ro;
+  /* The host ids sandbox root's writes land as (an idmapped mount): -1,
+   * none — the sandbox's own ids, as they are on the host. */
+  long uid, gid;
+} helper_volume_t;
+void helper_parse_volume (const char *in, helper_volume_t *v);
+/* A detached copy of volume `v`'s tree, cloned from `fd` (the gateway's
+ * descriptor of its host path): nosuid, nodev, read-only all the way down
+ * for `:ro`, and with an owner, idmapped so that sandbox root (host id
+ * `root_id`) is that owner. Into *out. */
+int helper_volume_clone (const helper_volume_t *v, int fd, unsigned long root_id, int *out, err_t *err);
 /* The overlay of a sandbox with a user namespace, from its disk (upper and
  * work there) over the idmapped image at `lower`. `userxattr`: overlay's
  * marks are user.overlay.* xattrs, which root inside a user namespace can

@@ -121,12 +121,14 @@ main (int argc, char **argv)
     return private_mounts (argc, argv);
   helper_args_start = argv[0];
   helper_args_len = (size_t) (argv[argc - 1] + strlen (argv[argc - 1]) - argv[0]);
-  /* Only the report socket and, for a launch, the base mount namespace and
-   * the compiled filter cross over; nothing else leaks in. */
-  syscall (SYS_close_range, SBX_FILTER_FD + 1, ~0U, 0);
+  /* Only the report socket and, for a launch, the base mount namespace,
+   * the compiled filter and (with the probe) the volumes cross over;
+   * nothing else leaks in, and nothing crosses an exec (the unpacker). */
+  bool launch = strcmp (argv[1], "launch") == 0, probe = strcmp (argv[1], "probe") == 0;
+  syscall (SYS_close_range, launch || probe ? SBX_VOLUME_FD0 + SBX_MAX_VOLUMES : SBX_VOLUME_FD0, ~0U, 0);
   fcntl (helper_report_fd, F_SETFD, FD_CLOEXEC);
-  for (int fd = SBX_BASE_NS_FD; fd <= SBX_FILTER_FD; fd++)
-    if (strcmp (argv[1], "launch") != 0)
+  for (int fd = SBX_BASE_NS_FD; fd < SBX_VOLUME_FD0 + SBX_MAX_VOLUMES; fd++)
+    if (!launch && !(probe && fd >= SBX_VOLUME_FD0))
       close (fd);
     else
       fcntl (fd, F_SETFD, FD_CLOEXEC);

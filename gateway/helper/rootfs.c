@@ -209,49 +209,128 @@ setup_proc (const helper_opts_t *o, const char *root, const host_refs_t *refs, e
 }
 
 void
-helper_split_volume (const char *in, char *spec, size_t cap, char **host, char **dst, bool *ro)
+helper_parse_volume (const char *in, helper_volume_t *v)
 {
-  snprintf (spec, cap, "%s", in);
-  *host = spec;
-  *dst = strchr (spec, ':');
-  *ro = false;
-  if (*dst == NULL)
-    return;
-  *(*dst)++ = '\0';
-  char *mode = strchr (*dst, ':');
-  if (mode != NULL)
+  snprintf (v->spec, sizeof v->spec, "%s", in);
+  v->host = v->spec;
+  v->dst = strchr (v->spec, ':');
+  v->ro = false;
+  v->uid = v->gid = -1;
+  if (v->dst == NULL)
     {
-      *mode++ = '\0';
-      *ro = strcmp (mode, "ro") == 0;
+      v->dst = v->spec + strlen (v->spec);
+      return;
+    }
+  *v->dst++ = '\0';
+  char *opt = strchr (v->dst, ':');
+  if (opt != NULL)
+    *opt++ = '\0';
+  for (char *next = NULL; opt != NULL; opt = next)
+    {
+      next = strchr (opt, ':');
+      if (next != NULL)
+        *next++ = '\0';
+      if (strcmp (opt, "ro") == 0)
+        v->ro = true;
+      else if (strncmp (opt, "uid=", 4) == 0)
+        v->uid = strtol (opt + 4, NULL, 10);
+      else if (strncmp (opt, "gid=", 4) == 0)
+        v->gid = strtol (opt + 4, NULL, 10);
     }
 }
 
-/* On the host: a detached copy of each volume's host tree, nosuid,
- * nodev and, for `:ro`, read-only all the way down (a read-only remount of
- * the top would leave nested mounts writable). -1 for a host path gone
- * since the gateway started (skipped, as the gateway warned). */
+/* A user namespace whose only ids are `uid`/`gid`, standing for host ids
+ * `root_id`: idmapping a mount through it makes what host id root_id (the
+ * sandbox's root) writes there land as uid/gid on the host, and shows
+ * uid/gid's files as root's. Every other id is unmapped: nobody inside,
+ * refused on writes. Into *out. */
+static int
+owner_userns (long uid, long gid, unsigned long root_id, int *out, err_t *err)
+{
+  cleanup_pipe int p[2] = {-1, -1};
+  if (pipe2 (p, O_CLOEXEC) < 0)
+    return err_make_sys (err, errno, "pipe");
+  pid_t pid = fork ();
+  if (pid < 0)
+    return err_make_sys (err, errno, "fork");
+  if (pid == 0)
+    {
+      /* Its pid as /proc (the host's) names it: this may run in a pid
+       * namespace of its own (the holder's), where fork's answer is not. */
+      char self[32] = "";
+      int host_pid
+          = unshare (CLONE_NEWUSER) == 0 && readlink ("/proc/self", self, sizeof self - 1) > 0 ? atoi (self) : -1;
+      close (p[0]);
+      (void) !write (p[1], &host_pid, sizeof host_pid);
+      (void) !read (p[1], self, 1); /* EOF once the parent is done */
+      _exit (0);
+    }
+  char path[64], map[96];
+  int rc = 0, host_pid = -1;
+  close (take_fd (&p[1]));
+  if (TEMP_FAILURE_RETRY (read (p[0], &host_pid, sizeof host_pid)) != (ssize_t) sizeof host_pid || host_pid <= 0)
+    rc = err_make (err, EPERM, "make a user namespace for a volume's owner");
+  const char *files[] = {"uid_map", "gid_map"};
+  for (int i = 0; i < 2 && rc == 0; i++)
+    {
+      snprintf (path, sizeof path, "/proc/%d/%s", host_pid, files[i]);
+      int len = snprintf (map, sizeof map, "%ld %lu 1\n", i == 0 ? uid : gid, root_id);
+      cleanup_close int fd = open (path, O_WRONLY | O_CLOEXEC);
+      if (fd < 0 || write (fd, map, (size_t) len) != len)
+        rc = err_make_sys (err, errno, "write %s `%s`", files[i], map);
+    }
+  snprintf (path, sizeof path, "/proc/%d/ns/user", host_pid);
+  if (rc == 0 && (*out = open (path, O_RDONLY | O_CLOEXEC)) < 0)
+    rc = err_make_sys (err, errno, "open `%s`", path);
+  kill (pid, SIGKILL);
+  while (waitpid (pid, NULL, 0) < 0 && errno == EINTR)
+    ;
+  return rc;
+}
+
+int
+helper_volume_clone (const helper_volume_t *v, int fd, unsigned long root_id, int *out, err_t *err)
+{
+  struct stat st;
+  if (fstat (fd, &st) < 0)
+    return err_make_sys (err, errno, "volume `%s`: the gateway's descriptor", v->host);
+  if (!S_ISDIR (st.st_mode) && !S_ISREG (st.st_mode))
+    return err_make (err, ENOTDIR, "volume `%s` is no longer a directory or a file", v->host);
+  cleanup_close int tree = open_tree (fd, "", AT_EMPTY_PATH | OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+  if (tree < 0)
+    return err_make_sys (err, errno, "volume `%s`: clone its tree", v->host);
+  cleanup_close int map = -1;
+  if (v->uid >= 0 && owner_userns (v->uid, v->gid, root_id, &map, err) < 0)
+    return err_wrap (err, "volume `%s`", v->host);
+  struct mount_attr attr = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (v->ro ? MOUNT_ATTR_RDONLY : 0)};
+  if (map >= 0)
+    {
+      attr.attr_set |= MOUNT_ATTR_IDMAP;
+      attr.userns_fd = (uint64_t) map;
+    }
+  if (mount_setattr (tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0)
+    return err_make_sys (err, errno, "volume `%s`: set nosuid, nodev%s%s", v->host, v->ro ? ", read-only" : "",
+                         map >= 0 ? ", idmapped to its owner" : "");
+  *out = take_fd (&tree);
+  return 0;
+}
+
+/* On the host: a detached copy of each volume's tree, from the gateway's
+ * descriptors (never its path, which a sandbox may have changed), each
+ * closed once cloned. Without an owner a volume is not idmapped: what a
+ * sandbox writes there is owned by its own host ids, never host root's. */
 static int
 capture_volumes (const helper_opts_t *o, host_refs_t *refs, err_t *err)
 {
+  unsigned long root_id = o->uid_range > 0 ? o->uid_base : 0;
   for (size_t i = 0; i < o->n_volumes; i++)
     {
-      char spec[PATH_MAX * 2], *host, *dst;
-      bool ro;
-      helper_split_volume (o->volumes[i], spec, sizeof spec, &host, &dst, &ro);
-      refs->volumes[i] = open_tree (AT_FDCWD, host, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
-      if (refs->volumes[i] < 0)
-        continue;
-      /* With a user namespace, idmapped too: host root's files appear owned
-       * by root inside, as in the image. */
-      struct mount_attr attr = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (ro ? MOUNT_ATTR_RDONLY : 0)};
-      if (helper_userns_fd >= 0)
-        {
-          attr.attr_set |= MOUNT_ATTR_IDMAP;
-          attr.userns_fd = (uint64_t) helper_userns_fd;
-        }
-      if (mount_setattr (refs->volumes[i], "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0)
-        return err_make_sys (err, errno, "volume `%s`: set nosuid, nodev%s%s", host, ro ? ", read-only" : "",
-                             helper_userns_fd >= 0 ? ", idmapped" : "");
+      helper_volume_t v;
+      helper_parse_volume (o->volumes[i], &v);
+      int rc = helper_volume_clone (&v, SBX_VOLUME_FD0 + (int) i, root_id, &refs->volumes[i], err);
+      close (SBX_VOLUME_FD0 + (int) i);
+      if (rc < 0)
+        return -1;
     }
   return 0;
 }
@@ -263,11 +342,9 @@ attach_volumes (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
 {
   for (size_t i = 0; i < o->n_volumes; i++)
     {
-      if (refs->volumes[i] < 0)
-        continue;
-      char spec[PATH_MAX * 2], *host, *dst;
-      bool ro;
-      helper_split_volume (o->volumes[i], spec, sizeof spec, &host, &dst, &ro);
+      helper_volume_t v;
+      helper_parse_volume (o->volumes[i], &v);
+      const char *host = v.host, *dst = v.dst;
       struct stat st;
       if (fstat (refs->volumes[i], &st) < 0)
         return err_make_sys (err, errno, "volume `%s`", host);

@@ -7,8 +7,10 @@
  * it moves into the user namespace, so root inside has its capabilities
  * over its own ids and files only, never over those namespaces (no mount,
  * no network administration, whatever a capability set says). The image
- * and the volumes are idmapped mounts through it: their host-root files
- * appear owned by root inside. Single-threaded. */
+ * is an idmapped mount through it: its host-root files appear owned by
+ * root inside. Volumes are not (helper/rootfs.c): what a sandbox writes
+ * there keeps its own host ids, or an owner the operator chose.
+ * Single-threaded. */
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -165,10 +167,20 @@ helper_idmapped_clone (const char *path, bool recursive, unsigned long attr_set,
 
 /* The probe's steps, in its own mount namespace on a scratch tmpfs at
  * o->state: the image idmapped, an overlay with `userxattr` over it, every
- * volume idmapped. */
+ * volume cloned as a launch clones it. */
 static int
 probe_steps (const helper_opts_t *o, err_t *err)
 {
+  /* Each volume as a launch takes it, from the gateway's descriptor (of a
+   * mount in this namespace: first), idmapped when it names an owner. */
+  for (size_t i = 0; i < o->n_volumes; i++)
+    {
+      helper_volume_t v;
+      helper_parse_volume (o->volumes[i], &v);
+      cleanup_close int tree = -1;
+      if (helper_volume_clone (&v, SBX_VOLUME_FD0 + (int) i, o->uid_base, &tree, err) < 0)
+        return err_wrap (err, "SANDBOX_VOLUME_MOUNTS");
+    }
   if (unshare (CLONE_NEWNS) < 0 || mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     return err_make_sys (err, errno, "a private mount namespace");
   if (helper_userns_make (o, err) < 0)
@@ -192,16 +204,6 @@ probe_steps (const helper_opts_t *o, err_t *err)
     return err_make_sys (err, errno, "attach the idmapped image");
   if (mount ("overlay", "root", "overlay", MS_NOSUID | MS_NODEV, HELPER_USERNS_OVERLAY_OPTS ("lower")) < 0)
     return err_make_sys (err, errno, "mount an overlay with userxattr over the idmapped image");
-  for (size_t i = 0; i < o->n_volumes; i++)
-    {
-      char spec[PATH_MAX * 2], *host, *dst;
-      bool ro;
-      helper_split_volume (o->volumes[i], spec, sizeof spec, &host, &dst, &ro);
-      cleanup_close int v = -1;
-      struct stat st;
-      if (stat (host, &st) == 0 && helper_idmapped_clone (host, true, MOUNT_ATTR_NOSUID, &v, err) < 0)
-        return err_wrap (err, "SANDBOX_VOLUME_MOUNTS");
-    }
   return 0;
 }
 

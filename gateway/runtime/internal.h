@@ -106,6 +106,11 @@ struct sbx_runtime_s
   /* The sandboxes' seccomp filter, compiled once (helper_filter): every
    * launch's helper gets it as SBX_FILTER_FD. -1 until made. */
   int filter_fd;
+  /* Each volume's host directory (or file), opened once at start with no
+   * symlink on the way (O_PATH): launches clone these, never the path,
+   * which a sandbox could have changed since (-1 past the last). */
+  int volume_fds[SBX_MAX_VOLUMES];
+  size_t n_volume_fds;
   pthread_mutex_t mu;
   pthread_cond_t cv;
   sbx_t *list;
@@ -176,20 +181,28 @@ void sbx_spawn_attr_init (posix_spawnattr_t *attr);
  * GW_FDS_RESERVED of its open-file limit for those): a helper starts with
  * a copy of the table below it only (sbx_spawn_helper). */
 #define SBX_FD_HIGH 2048
+/* Most descriptors a helper starts with: stdio, report, base, filter, volumes. */
+#define SBX_SPAWN_MAX_FDS (SBX_VOLUME_FD0 + SBX_MAX_VOLUMES)
+/* The volumes' descriptors sit from here (below SBX_FD_HIGH): above every
+ * number a helper's descriptors are given, so that posix_spawn's dup2s in
+ * order (the fallback) never overwrite one before it is copied. */
+#define SBX_VOLUME_FDS_AT 64
 /* `fd` moved to SBX_FD_HIGH or above (close-on-exec); as it was when the
  * open-file limit leaves no room there. */
 int sbx_fd_keep (int fd);
 /* Spawns sandbox-helper with stdio on in/out/errfd and the report socket
- * as fd 3. *report_fd is the gateway's end. */
-int sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int errfd, pid_t *pid, int *report_fd,
-                      err_t *err);
+ * as fd 3, the base mount namespace and the filter as 4 and 5 and, with
+ * `volumes` (a launch, the probe), the held volumes from
+ * SBX_VOLUME_FD0 on. *report_fd is the gateway's end. */
+int sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int errfd, bool volumes, pid_t *pid,
+                      int *report_fd, err_t *err);
 /* Runs a helper that answers with one report and exits (probe, base):
  * stdio on /dev/null, its report (and at most one descriptor, into *fd
  * when fd is not NULL) awaited for timeout_ms, then it is killed if
  * silent and reaped. *got as sbx_read_report's return. -1 with *err when
  * it could not be started. */
-int sbx_run_helper_once (sbx_runtime_t *rt, const char *const *argv, int timeout_ms, sbx_report_t *r, int *fd,
-                         int *got, err_t *err);
+int sbx_run_helper_once (sbx_runtime_t *rt, const char *const *argv, bool volumes, int timeout_ms, sbx_report_t *r,
+                         int *fd, int *got, err_t *err);
 /* Most descriptors a report carries (READY: the sandbox's disk; STARTED: a pidfd and a terminal). */
 #define SBX_REPORT_MAX_FDS 2
 /* Waits up to timeout_ms for one report, and the descriptors it carries

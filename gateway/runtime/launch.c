@@ -332,7 +332,8 @@ run_helper (sbx_runtime_t *rt, sbx_t *s, char *const *argv, sbx_source_fn src, v
     fcntl (tar_pipe[1], F_SETPIPE_SZ, RESTORE_PIPE_BYTES);
   pid_t helper = -1;
   cleanup_close int report_fd = -1;
-  if (sbx_spawn_helper (rt, argv, src != NULL ? tar_pipe[0] : null, null, STDERR_FILENO, &helper, &report_fd, err)
+  if (sbx_spawn_helper (rt, argv, src != NULL ? tar_pipe[0] : null, null, STDERR_FILENO, true, &helper, &report_fd,
+                        err)
       < 0)
     return err_wrap (err, "launch `%s`", s->id);
   pthread_mutex_lock (&rt->mu);

@@ -1,10 +1,15 @@
 /* runtime/runtime: creating, stopping and destroying the runtime (see
  * runtime.h). The rest of the runtime is in the files internal.h lists. */
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/openat2.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -22,6 +27,8 @@ runtime_free (sbx_runtime_t *rt)
     close (rt->base_ns_fd);
   if (rt->filter_fd >= 0)
     close (rt->filter_fd);
+  for (size_t i = 0; i < rt->n_volume_fds; i++)
+    close (rt->volume_fds[i]);
   for (int i = 0; i < 2; i++)
     if (rt->egress_progs[i] >= 0)
       close (rt->egress_progs[i]);
@@ -43,7 +50,7 @@ make_by_helper (sbx_runtime_t *rt, const char *const *argv, const char *what, in
 {
   sbx_report_t r;
   int fd = -1, got = 0;
-  if (sbx_run_helper_once (rt, argv, MAKE_TIMEOUT_MS, &r, &fd, &got, err) < 0)
+  if (sbx_run_helper_once (rt, argv, false, MAKE_TIMEOUT_MS, &r, &fd, &got, err) < 0)
     return -1;
   if (got == 1 && r.type == SBX_REPORT_READY && fd >= 0)
     {
@@ -70,6 +77,44 @@ make_launch_fds (sbx_runtime_t *rt, err_t *err)
   return make_by_helper (rt, filter, "the sandboxes' seccomp filter", &rt->filter_fd, err);
 }
 
+/* The host part of a volume spec ("host:sandbox[:…]"), into buf. */
+static const char *
+volume_host (const char *spec, char *buf, size_t cap)
+{
+  snprintf (buf, cap, "%s", spec);
+  char *colon = strchr (buf, ':');
+  if (colon != NULL)
+    *colon = '\0';
+  return buf;
+}
+
+/* Opens each volume's host path once, into rt->volume_fds: the path was
+ * resolved by the configuration, so no component may be a symlink now
+ * (RESOLVE_NO_SYMLINKS), and what launches clone from then on is this
+ * descriptor, whatever becomes of the path. */
+static int
+open_volumes (sbx_runtime_t *rt, err_t *err)
+{
+  for (size_t i = 0; rt->cfg.volumes != NULL && rt->cfg.volumes[i] != NULL; i++)
+    {
+      if (i == SBX_MAX_VOLUMES)
+        return err_make (err, E2BIG, "SANDBOX_VOLUME_MOUNTS: more than %d mounts", SBX_MAX_VOLUMES);
+      char host[PATH_MAX + 1];
+      volume_host (rt->cfg.volumes[i], host, sizeof host);
+      struct open_how how
+          = {.flags = O_PATH | O_CLOEXEC | O_NOFOLLOW, .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
+      int fd = (int) syscall (SYS_openat2, AT_FDCWD, host, &how, sizeof how);
+      if (fd < 0)
+        return err_make_sys (err, errno, "SANDBOX_VOLUME_MOUNTS: open `%s` (no symlink may be on its path)", host);
+      int at = fcntl (fd, F_DUPFD_CLOEXEC, SBX_VOLUME_FDS_AT);
+      close (fd);
+      if (at < 0)
+        return err_make_sys (err, errno, "SANDBOX_VOLUME_MOUNTS: keep `%s` open", host);
+      rt->volume_fds[rt->n_volume_fds++] = at;
+    }
+  return 0;
+}
+
 static int
 runtime_init (sbx_runtime_t *rt, const sbx_config_t *cfg, err_t *err)
 {
@@ -82,7 +127,7 @@ runtime_init (sbx_runtime_t *rt, const sbx_config_t *cfg, err_t *err)
       || (mkdir (rt->sandboxes_dir, 0700) < 0 && errno != EEXIST))
     return err_make_sys (err, errno, "create the state directory `%s`", rt->sandboxes_dir);
   sbx_clean_leftovers (rt);
-  if (make_launch_fds (rt, err) < 0)
+  if (make_launch_fds (rt, err) < 0 || open_volumes (rt, err) < 0)
     return -1;
   if (sbx_index_init (rt, err) < 0 || sbx_uid_pool_init (rt, err) < 0 || sbx_userns_probe (rt, err) < 0)
     return -1;

@@ -49,7 +49,7 @@ typedef struct sbx_config_s
   long freeze_max_seconds;    /* longest a layer user may keep a sandbox frozen */
   long snapshot_max_entries;  /* most entries a restored tar may have */
   bool allow_egress;          /* ALLOW_EGRESS: the gateway permits egress */
-  const char *const *volumes; /* "host:sandbox[:ro]", NULL-terminated, already checked */
+  const char *const *volumes; /* "realhost:sandbox[:ro][:uid=N:gid=M]", NULL-terminated, checked */
   const char *const *masks;   /* host paths hidden inside sandboxes, NULL-terminated */
   bool userns;                /* SANDBOX_USERNS: each sandbox in its own user namespace */
   long uid_base;              /* SANDBOX_UID_BASE: the pool's first host uid */

@@ -91,8 +91,17 @@ spawn_child (void *arg)
       c->no_unshare = true;
       _exit (127);
     }
+  /* Every source first moves above the targets, so that no dup2 below
+   * overwrites a source a later one still needs (5 -> 6 after 6 -> 5). */
+  int high[SBX_SPAWN_MAX_FDS];
   for (size_t i = 0; i < c->n; i++)
-    if (c->from[i] == (int) i ? fcntl ((int) i, F_SETFD, 0) < 0 : dup2 (c->from[i], (int) i) < 0)
+    if ((high[i] = fcntl (c->from[i], F_DUPFD_CLOEXEC, (int) c->n)) < 0)
+      {
+        c->err = errno;
+        _exit (127);
+      }
+  for (size_t i = 0; i < c->n; i++)
+    if (dup2 (high[i], (int) i) < 0)
       {
         c->err = errno;
         _exit (127);
@@ -122,6 +131,8 @@ spawn_child (void *arg)
 static int
 spawn_low (const char *path, char *const *argv, char *const *envp, const int *from, size_t n, pid_t *pid)
 {
+  if (n > SBX_SPAWN_MAX_FDS)
+    return EINVAL;
   for (size_t i = 0; i < n; i++)
     if (from[i] < 0 || from[i] >= SBX_FD_HIGH)
       return ENOTSUP;
@@ -150,15 +161,22 @@ spawn_low (const char *path, char *const *argv, char *const *envp, const int *fr
 }
 
 int
-sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int errfd, pid_t *pid, int *report_fd,
-                  err_t *err)
+sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int errfd, bool volumes, pid_t *pid,
+                  int *report_fd, err_t *err)
 {
   int sv[2];
   if (socketpair (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
     return err_make_sys (err, errno, "socketpair");
   cleanup_close int mine = sv[0], theirs = sv[1];
-  const int from[] = {in, out, errfd, theirs, rt->base_ns_fd, rt->filter_fd};
+  int from[SBX_SPAWN_MAX_FDS] = {in, out, errfd, theirs, rt->base_ns_fd, rt->filter_fd};
   size_t n = rt->filter_fd >= 0 ? 6 : rt->base_ns_fd >= 0 ? 5 : 4;
+  if (volumes && rt->n_volume_fds > 0)
+    {
+      if (n != SBX_VOLUME_FD0)
+        return err_make (err, EINVAL, "volumes are handed to a launch only once the launch descriptors exist");
+      for (size_t i = 0; i < rt->n_volume_fds; i++)
+        from[n++] = rt->volume_fds[i];
+    }
   int rc = spawn_low (rt->cfg.helper, argv, sbx_helper_env, from, n, pid);
   if (rc == 0)
     {
@@ -177,6 +195,8 @@ sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int err
     posix_spawn_file_actions_adddup2 (&fa, rt->base_ns_fd, SBX_BASE_NS_FD);
   if (rt->filter_fd >= 0)
     posix_spawn_file_actions_adddup2 (&fa, rt->filter_fd, SBX_FILTER_FD);
+  for (size_t i = SBX_VOLUME_FD0; i < n; i++)
+    posix_spawn_file_actions_adddup2 (&fa, from[i], (int) i);
   posix_spawnattr_t attr;
   sbx_spawn_attr_init (&attr);
   rc = posix_spawn (pid, rt->cfg.helper, &fa, &attr, argv, sbx_helper_env);
@@ -189,13 +209,13 @@ sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int err
 }
 
 int
-sbx_run_helper_once (sbx_runtime_t *rt, const char *const *argv, int timeout_ms, sbx_report_t *r, int *fd, int *got,
-                     err_t *err)
+sbx_run_helper_once (sbx_runtime_t *rt, const char *const *argv, bool volumes, int timeout_ms, sbx_report_t *r,
+                     int *fd, int *got, err_t *err)
 {
   cleanup_close int null = open ("/dev/null", O_RDWR | O_CLOEXEC);
   cleanup_close int report_fd = -1;
   pid_t pid = -1;
-  if (sbx_spawn_helper (rt, (char *const *) argv, null, null, STDERR_FILENO, &pid, &report_fd, err) < 0)
+  if (sbx_spawn_helper (rt, (char *const *) argv, null, null, STDERR_FILENO, volumes, &pid, &report_fd, err) < 0)
     return -1;
   *got = sbx_read_report (report_fd, r, timeout_ms, fd, fd != NULL ? 1 : 0);
   if (*got != 1)

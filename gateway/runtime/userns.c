@@ -81,7 +81,7 @@ sbx_userns_probe (sbx_runtime_t *rt, err_t *err)
   argv[n] = NULL;
   sbx_report_t r;
   int got = 0;
-  if (sbx_run_helper_once (rt, argv, PROBE_TIMEOUT_MS, &r, NULL, &got, err) < 0)
+  if (sbx_run_helper_once (rt, argv, true, PROBE_TIMEOUT_MS, &r, NULL, &got, err) < 0)
     return -1;
   if (got == 1 && r.type == SBX_REPORT_READY)
     return 0;

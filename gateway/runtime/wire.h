@@ -29,6 +29,11 @@
 /* Its fd 5: the sandboxes' seccomp filter, compiled once by `sandbox-helper
  * filter` when the gateway starts (a sealed memory file). */
 #define SBX_FILTER_FD 5
+/* A launching helper's (and the probe's) fds 6..: each volume's host path,
+ * opened once by the gateway (O_PATH), in SANDBOX_VOLUME_MOUNTS order. */
+#define SBX_VOLUME_FD0 6
+/* Most host volumes (SANDBOX_VOLUME_MOUNTS). */
+#define SBX_MAX_VOLUMES 32
 
 typedef enum sbx_report_type_e
 {

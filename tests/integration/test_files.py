@@ -367,6 +367,7 @@ def test_files_in_a_volume_and_links_planted_in_it_stay_inside(gateway_secret):
     from tests.lib.gateway import gateway_client
     src = Path(f"/tmp/sgw-files-volume-{secrets.token_hex(6)}")
     src.mkdir()
+    src.chmod(0o1777)  # a sandbox writes a volume as its own host ids
     try:
         with gateway_client({"SANDBOX_VOLUME_MOUNTS": f"{src}:/data"}, secret=gateway_secret) as c:
             outside = Path(c.gw.state_dir) / f"sgw-files-outside-{secrets.token_hex(6)}"

@@ -232,9 +232,9 @@ def test_a_pool_too_small_for_sandbox_max_is_refused_at_start():
 
 
 def test_without_support_the_gateway_refuses_to_start_and_names_the_opt_out():
-    # procfs cannot be idmapped: a volume of it cannot be given to a sandbox
-    # in a user namespace.
-    env = gateway_env({"SANDBOX_VOLUME_MOUNTS": "/proc:/hostproc:ro"}, secret="s")
+    # procfs cannot be idmapped: a volume of it with an owner (an idmapped
+    # mount) cannot be given to a sandbox in a user namespace.
+    env = gateway_env({"SANDBOX_VOLUME_MOUNTS": "/proc:/hostproc:ro:uid=4242"}, secret="s")
     try:
         result = run_to_completion([require_gateway_binary()], env, timeout=30)
         assert result.returncode != 0, result.stderr
@@ -256,17 +256,30 @@ def test_the_opt_out_runs_round1_isolation_and_says_so(gateway_secret):
         assert st.user_namespaces and not st.warnings, st
 
 
-def test_volumes_are_idmapped(tmp_path, gateway_secret):
+def test_volumes_keep_the_sandbox_s_own_ids_or_their_owner_s(tmp_path, gateway_secret):
+    """A volume is never host root's to a sandbox: without an owner it is
+    not idmapped (host root's files are nobody's inside, what the sandbox
+    writes is its own host ids'); with `uid=N` sandbox root is host id N
+    there, and only N."""
     vol = tmp_path / "vol"
     vol.mkdir()
+    vol.chmod(0o1777)
     (vol / "by-root").write_text("r")
     (vol / "by-1000").write_text("u")
     os.chown(vol / "by-1000", 1000, 1000)
     with gateway_client({"SANDBOX_VOLUME_MOUNTS": f"{vol}:/data"}, secret=gateway_secret) as sbx:
         sid = sbx.launch().sandbox_id
+        base = sandbox_base(sbx, sid)
         out = sbx.sh_out(sid, "stat -c '%u:%g' /data/by-root /data/by-1000; echo new > /data/made; id -u")
-        assert out == "0:0\n1000:1000\n0\n", out
-        assert (os.stat(vol / "made").st_uid, os.stat(vol / "made").st_gid) == (0, 0)
+        assert out == "65534:65534\n65534:65534\n0\n", out
+        assert (os.stat(vol / "made").st_uid, os.stat(vol / "made").st_gid) == (base, base)
+    os.chown(vol, 1000, 1000)  # an owned volume's directory is its owner's
+    with gateway_client({"SANDBOX_VOLUME_MOUNTS": f"{vol}:/data:uid=1000"}, secret=gateway_secret) as sbx:
+        sid = sbx.launch().sandbox_id
+        out = sbx.sh_out(sid, "stat -c '%u:%g' /data/by-root /data/by-1000; echo more >> /data/by-1000; "
+                              "echo new > /data/made2; cat /data/by-1000")
+        assert out == "65534:65534\n0:0\nu\nmore\n" or out == "65534:65534\n0:0\numore\n", out
+        assert (os.stat(vol / "made2").st_uid, os.stat(vol / "made2").st_gid) == (1000, 1000)
 
 
 INOTIFY_HOG = r"""

@@ -700,15 +700,66 @@ static void
 test_tilde_in_a_host_path_is_home (void **state)
 {
   cleanup_free char *data = scratch_dir ("data");
-  setenv ("SANDBOX_VOLUME_MOUNTS", "~/data:/data:ro,~:/home/me", 1);
+  cleanup_free char *work = scratch_dir ("work");
+  setenv ("SANDBOX_VOLUME_MOUNTS", "~/data:/data:ro,~/work:/home/me", 1);
   gw_config_t c;
   load_ok (&c);
   assert_int_equal (count (c.volumes), 2);
   cleanup_free char *want0 = fmt ("%s:/data:ro", data);
-  cleanup_free char *want1 = fmt ("%s:/home/me", scratch);
+  cleanup_free char *want1 = fmt ("%s:/home/me", work);
   assert_string_equal (c.volumes[0], want0);
   assert_string_equal (c.volumes[1], want1);
   gw_config_release (&c);
+}
+
+static void
+test_volume_owners_are_parsed_and_host_root_is_refused (void **state)
+{
+  cleanup_free char *a = scratch_dir ("a");
+  cleanup_free char *b = scratch_dir ("b");
+  cleanup_free char *spec = fmt ("%s:/a:ro:uid=4242,%s:/b:uid=4242:gid=77", a, b);
+  setenv ("SANDBOX_VOLUME_MOUNTS", spec, 1);
+  gw_config_t c;
+  load_ok (&c);
+  cleanup_free char *want0 = fmt ("%s:/a:ro:uid=4242:gid=4242", a); /* gid defaults to uid */
+  cleanup_free char *want1 = fmt ("%s:/b:uid=4242:gid=77", b);
+  assert_string_equal (c.volumes[0], want0);
+  assert_string_equal (c.volumes[1], want1);
+  gw_config_release (&c);
+  static const char *const bad[] = {":/a:uid=0",  ":/a:uid=5:gid=0", ":/a:gid=5",       ":/a:uid=",     ":/a:uid=5x",
+                                    ":/a:uid=-3", ":/a:owner=5",     ":/a:uid=1000000", ":/a:ro::uid=5"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    {
+      cleanup_free char *one = fmt ("%s%s", a, bad[i]);
+      expect_refused ("SANDBOX_VOLUME_MOUNTS", one, "SANDBOX_VOLUME_MOUNTS", EINVAL);
+    }
+}
+
+static void
+test_nested_volumes_and_volumes_over_masks_are_refused (void **state)
+{
+  cleanup_free char *a = scratch_dir ("a");
+  cleanup_free char *inner = scratch_dir ("a/inner");
+  cleanup_free char *nested = fmt ("%s:/a,%s:/inner", a, inner);
+  expect_refused ("SANDBOX_VOLUME_MOUNTS", nested, "nested", EINVAL);
+  cleanup_free char *reversed = fmt ("%s:/inner,%s:/a", inner, a);
+  expect_refused ("SANDBOX_VOLUME_MOUNTS", reversed, "nested", EINVAL);
+  /* The same directory twice is not nesting. */
+  cleanup_free char *twice = fmt ("%s:/one,%s:/two:ro", a, a);
+  setenv ("SANDBOX_VOLUME_MOUNTS", twice, 1);
+  gw_config_t c;
+  load_ok (&c);
+  assert_int_equal (count (c.volumes), 2);
+  gw_config_release (&c);
+  /* A volume holding the state directory, or inside it. */
+  cleanup_free char *state_dir = fmt ("%s/state", a);
+  setenv ("SANDBOX_STATE_DIR", state_dir, 1);
+  cleanup_free char *over = fmt ("%s:/a", a);
+  expect_refused ("SANDBOX_VOLUME_MOUNTS", over, "SANDBOX_STATE_DIR", EINVAL);
+  setenv ("SANDBOX_STATE_DIR", a, 1);
+  cleanup_free char *under = fmt ("%s:/inner", inner);
+  expect_refused ("SANDBOX_VOLUME_MOUNTS", under, "SANDBOX_STATE_DIR", EINVAL);
+  unsetenv ("SANDBOX_STATE_DIR");
 }
 
 /* ---- derived values ------------------------------------------------------- */
@@ -835,6 +886,8 @@ main (void)
       cmocka_unit_test_setup_teardown (test_bad_volume_entries_are_refused, setup, teardown),
       cmocka_unit_test_setup_teardown (test_at_most_gw_max_volumes_are_accepted, setup, teardown),
       cmocka_unit_test_setup_teardown (test_tilde_in_a_host_path_is_home, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_volume_owners_are_parsed_and_host_root_is_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_nested_volumes_and_volumes_over_masks_are_refused, setup, teardown),
       cmocka_unit_test_setup_teardown (test_masks_are_the_absolute_secret_paths, setup, teardown),
       cmocka_unit_test_setup_teardown (test_unpacker_is_beside_the_configured_helper, setup, teardown),
       cmocka_unit_test_setup_teardown (test_release_frees_everything_and_zeroes, setup, teardown),
