@@ -82,7 +82,8 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        "let sandboxes launched with allow_egress reach the network (never the host's loopback or link-local)", 0, 0,
        &c->allow_egress, NULL, false},
       {"SANDBOX_VOLUME_MOUNTS", CFG_STRING, NULL,
-       "host paths bound into every sandbox: host:sandbox[:ro],...; ~ is the gateway's home; missing hosts skipped",
+       "host paths bound into every sandbox: host:sandbox[:ro][:uid=N[:gid=M]],...; written as the sandbox's own "
+       "host ids, or as owner N; ~ is the gateway's home; missing hosts skipped; nested ones refused",
        0, 0, &c->volume_mounts, NULL, false},
       {"SANDBOX_CGROUP_GROUP", CFG_STRING, "sandbox-gateway",
        "this instance's cgroup (under each hierarchy); instances sharing a machine need different ones", 0, 0,

@@ -139,14 +139,17 @@ add_unpacker_rules (scmp_filter_ctx ctx)
 #define __NR_fchmodat2 452 /* Linux 6.6, the same number on every architecture; newer than libseccomp 2.5 */
 #endif
 
-/* No setuid or setgid bit, made by any call that sets a mode: a file a
- * sandbox writes into a volume is a host file, where `nosuid` (which holds
- * inside) does not, and a set-id bit would hand its owner's ids (the
- * sandbox's, or a volume's owner) to any host user who ran it. Inside, set-id
- * bits are dead anyway (no_new_privs, nosuid). openat2 carries its mode in
- * memory seccomp cannot read: it answers ENOSYS, and callers fall back to
- * openat, which is checked. Snapshots restore the bits (the unpacker has
- * its own filter, and writes only the sandbox's private layer). */
+/* With a writable volume: no setuid or setgid bit, made by any call that
+ * sets a mode. A file a sandbox writes into a volume is a host file, where
+ * `nosuid` (which holds inside) does not, and a set-id bit would hand its
+ * owner's ids (the sandbox's, or a volume's owner) to any host user who ran
+ * it. seccomp sees no paths, so the rule holds in the whole sandbox, where
+ * set-id bits are dead anyway (no_new_privs, nosuid); what it costs is a
+ * package whose installer sets one (dpkg then fails on it). openat2
+ * carries its mode in memory seccomp cannot read: it answers ENOSYS, and
+ * callers fall back to openat, which is checked. Snapshots still restore
+ * the bits (the unpacker has its own filter and writes only the sandbox's
+ * private layer). */
 static int
 add_setid_rules (scmp_filter_ctx ctx)
 {
@@ -187,12 +190,12 @@ set_kind (sbx_confine_t *out, bool unpacker)
 /* Compiles the filter into a new sealed memory file: its descriptor, or -1
  * with *err. */
 static int
-compile (bool unpacker, err_t *err)
+compile (bool unpacker, bool deny_setid, err_t *err)
 {
   scmp_filter_ctx ctx = seccomp_init (SCMP_ACT_ALLOW);
   if (ctx == NULL)
     return err_make (err, ENOMEM, "seccomp_init");
-  int rc = unpacker ? add_unpacker_rules (ctx) : add_setid_rules (ctx);
+  int rc = unpacker ? add_unpacker_rules (ctx) : deny_setid ? add_setid_rules (ctx) : 0;
   for (size_t i = 0; i < sizeof denied_syscalls / sizeof denied_syscalls[0] && rc == 0; i++)
     {
       int nr = seccomp_syscall_resolve_name (denied_syscalls[i]);
@@ -276,14 +279,14 @@ int
 sbx_confine_prepare_unpacker (sbx_confine_t *out, err_t *err)
 {
   set_kind (out, true);
-  cleanup_close int fd = compile (true, err);
+  cleanup_close int fd = compile (true, false, err);
   return fd < 0 ? -1 : read_filter (out, fd, err);
 }
 
 int
-sbx_confine_export (err_t *err)
+sbx_confine_export (bool deny_setid, err_t *err)
 {
-  return compile (false, err);
+  return compile (false, deny_setid, err);
 }
 
 int

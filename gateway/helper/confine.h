@@ -33,8 +33,10 @@ typedef struct sbx_confine_s
 
 /* Compiles the filter of sandboxed commands once, into a memory file
  * sealed against every change: its descriptor (the gateway keeps it and
- * hands it to every launch as SBX_FILTER_FD), or -1 with *err. */
-int sbx_confine_export (err_t *err);
+ * hands it to every launch as SBX_FILTER_FD), or -1 with *err. With
+ * `deny_setid` (the gateway has a writable volume) no call may set a
+ * setuid or setgid bit. */
+int sbx_confine_export (bool deny_setid, err_t *err);
 
 /* The confinement of sandboxed commands, with the filter sbx_confine_export
  * compiled read from `fd`: a launch pays one read instead of a compilation,

@@ -103,9 +103,10 @@ int helper_volume_clone (const helper_volume_t *v, int fd, unsigned long root_id
  * it. Exit status. */
 int helper_base (const char *at);
 /* `sandbox-helper filter`: compiles the sandboxes' seccomp filter once
- * (sbx_confine_export) and reports READY with the sealed memory file that
+ * (sbx_confine_export; `--deny-setid`: with its set-id rule) and reports
+ * READY with the sealed memory file that
  * holds it. Exit status. */
-int helper_filter (void);
+int helper_filter (bool deny_setid);
 /* Runs as pid 1 of the new pid namespace, still in the helper's mount
  * namespace until it unshares its own; ends in the sandbox's root. */
 int helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err);

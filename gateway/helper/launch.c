@@ -272,10 +272,10 @@ hand_over (pid_t *pid, int sync, err_t *err)
 }
 
 int
-helper_filter (void)
+helper_filter (bool deny_setid)
 {
   err_t err = ERR_INIT;
-  cleanup_close int fd = sbx_confine_export (&err);
+  cleanup_close int fd = sbx_confine_export (deny_setid, &err);
   return helper_answer (&err, fd);
 }
 

@@ -133,7 +133,7 @@ main (int argc, char **argv)
     else
       fcntl (fd, F_SETFD, FD_CLOEXEC);
   if (strcmp (argv[1], "filter") == 0)
-    return helper_filter ();
+    return helper_filter (argc > 2 && strcmp (argv[2], "--deny-setid") == 0);
 
   helper_opts_t o;
   memset (&o, 0, sizeof o);

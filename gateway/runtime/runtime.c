@@ -71,7 +71,14 @@ static int
 make_launch_fds (sbx_runtime_t *rt, err_t *err)
 {
   const char *base[] = {"sandbox-helper", "base", "--id", "base", "--state", rt->sandboxes_dir, NULL};
-  const char *filter[] = {"sandbox-helper", "filter", NULL};
+  /* A writable volume is a host directory: no set-id file may be made. */
+  bool rw_volume = false;
+  for (size_t i = 0; rt->cfg.volumes != NULL && rt->cfg.volumes[i] != NULL; i++)
+    {
+      const char *opts = strchr (strchr (rt->cfg.volumes[i], ':') + 1, ':');
+      rw_volume = rw_volume || opts == NULL || strncmp (opts, ":ro", 3) != 0;
+    }
+  const char *filter[] = {"sandbox-helper", "filter", rw_volume ? "--deny-setid" : NULL, NULL};
   if (make_by_helper (rt, base, "the sandboxes' base mount namespace", &rt->base_ns_fd, err) < 0)
     return -1;
   return make_by_helper (rt, filter, "the sandboxes' seccomp filter", &rt->filter_fd, err);

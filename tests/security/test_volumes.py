@@ -248,12 +248,18 @@ def test_a_volume_owner_inside_the_sandboxes_id_block_is_refused(shared):
                      "SANDBOX_UID_BASE")
 
 
-def test_setid_bits_stay_denied_outside_volumes_too(gateway_secret):
-    """The rule is the filter's, not the volume's: no call in a sandbox
-    makes a set-id file (they are dead inside anyway), and ordinary modes
-    still work."""
-    with gateway_client(secret=gateway_secret) as sbx:
-        sid = sbx.launch().sandbox_id
-        out = sbx.sh_out(sid, "cp /usr/bin/id /tmp/id; chmod 4755 /tmp/id; echo $?; chmod 755 /tmp/id; echo $?; "
-                              "mkdir /tmp/d; chmod 1777 /tmp/d; echo $?; stat -c %a /tmp/id /tmp/d")
+SETID_ELSEWHERE = ("cp /usr/bin/id /tmp/id; chmod 4755 /tmp/id; echo $?; chmod 755 /tmp/id; echo $?; "
+                   "mkdir /tmp/d; chmod 1777 /tmp/d; echo $?; stat -c %a /tmp/id /tmp/d")
+
+
+def test_with_a_writable_volume_no_call_makes_a_set_id_file_anywhere(shared, gateway_secret):
+    """seccomp sees no paths: with a writable volume the rule holds in the
+    whole sandbox (set-id bits are dead inside anyway); ordinary modes
+    still work. Without one, or with read-only volumes only, set-id files
+    in the sandbox's own layer are allowed (package installers make them)."""
+    with gateway_client({"SANDBOX_VOLUME_MOUNTS": f"{shared}:/shared"}, secret=gateway_secret) as sbx:
+        out = sbx.sh_out(sbx.launch().sandbox_id, SETID_ELSEWHERE)
         assert out == "1\n0\n0\n755\n1777\n", out
+    with gateway_client({"SANDBOX_VOLUME_MOUNTS": f"{shared}:/shared:ro"}, secret=gateway_secret) as sbx:
+        out = sbx.sh_out(sbx.launch().sandbox_id, SETID_ELSEWHERE)
+        assert out == "0\n0\n0\n755\n1777\n", out
