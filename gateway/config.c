@@ -20,7 +20,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 44
+#define N_VARS 45
 
 /* The table of variables, with targets in *c. */
 static void
@@ -62,6 +62,10 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
       {"SANDBOX_TLS_KEY", CFG_STRING, NULL, "PEM private key for SANDBOX_TLS_CERT", 0, 0, &c->tls_key, NULL, false},
       {"SANDBOX_TLS_CLIENT_CA", CFG_STRING, NULL,
        "PEM CA bundle; when set, clients must present a certificate it signed", 0, 0, &c->tls_client_ca, NULL, false},
+      {"SANDBOX_HEALTH_LISTEN", CFG_STRING, NULL,
+       "address (host:port) of a second, plaintext listener that answers grpc.health.v1.Health/Check and nothing "
+       "else, for probes that cannot speak TLS (the kubelet's); unset: none",
+       0, 0, &c->health_listen, NULL, false},
       {"SANDBOX_STATE_DIR", CFG_STRING, "/var/lib/sandbox-gateway",
        "where sandboxes keep their state (disks, mount points)", 0, 0, &c->state_dir, NULL, false},
       {"SANDBOX_ROOTFS", CFG_STRING, "/", "the image sandboxes see read-only under their writable overlay", 0, 0,
@@ -406,6 +410,18 @@ gw_default_max_sandboxes (long cap)
   return n < cap ? n : cap;
 }
 
+/* `value` of `var` is host:port with a port in 0..65535. */
+static int
+check_listen (const char *var, const char *value, err_t *err)
+{
+  const char *colon = strrchr (value, ':');
+  char *port_end = NULL;
+  long port = colon != NULL ? strtol (colon + 1, &port_end, 10) : -1;
+  if (colon == NULL || colon == value || port_end == colon + 1 || *port_end != '\0' || port < 0 || port > 65535)
+    return err_make (err, EINVAL, "%s: `%s` is not host:port with a port in 0..65535", var, value);
+  return 0;
+}
+
 int
 gw_config_load (gw_config_t *c, err_t *err)
 {
@@ -418,11 +434,9 @@ gw_config_load (gw_config_t *c, err_t *err)
   if (log_parse_level (c->log_level, &level) < 0)
     return err_make (err, EINVAL, "SANDBOX_LOG_LEVEL: `%s` is not one of debug, info, warning, error", c->log_level);
   log_set_level (level);
-  const char *colon = strrchr (c->listen, ':');
-  char *port_end = NULL;
-  long port = colon != NULL ? strtol (colon + 1, &port_end, 10) : -1;
-  if (colon == NULL || colon == c->listen || port_end == colon + 1 || *port_end != '\0' || port < 0 || port > 65535)
-    return err_make (err, EINVAL, "SANDBOX_LISTEN: `%s` is not host:port with a port in 0..65535", c->listen);
+  if (check_listen ("SANDBOX_LISTEN", c->listen, err) < 0
+      || (c->health_listen != NULL && check_listen ("SANDBOX_HEALTH_LISTEN", c->health_listen, err) < 0))
+    return -1;
   if ((c->tls_cert != NULL) != (c->tls_key != NULL))
     return err_make (err, EINVAL, "SANDBOX_TLS_CERT and SANDBOX_TLS_KEY must be set together");
   if (c->tls_client_ca != NULL && c->tls_cert == NULL)

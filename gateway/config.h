@@ -41,6 +41,7 @@ typedef struct gw_config_s
   char *tls_cert;
   char *tls_key;
   char *tls_client_ca;
+  char *health_listen; /* SANDBOX_HEALTH_LISTEN, or NULL */
   char *state_dir;
   char *rootfs;
   char *helper;

@@ -43,6 +43,14 @@ static const char *const served_services[] = {
     NULL,
 };
 
+/* The plaintext health listener (SANDBOX_HEALTH_LISTEN): Check alone, so
+ * few calls at once and small messages. A call beyond the cap is refused
+ * RESOURCE_EXHAUSTED without a thread; a call whose request has not
+ * arrived by the deadline is cancelled. */
+#define GW_HEALTH_MAX_CALLS 16
+#define GW_HEALTH_MAX_MESSAGE_BYTES (64 * 1024)
+#define GW_HEALTH_FIRST_MESSAGE_MS 2000
+
 /* Everything the running gateway holds. */
 typedef struct gateway_s
 {
@@ -52,6 +60,8 @@ typedef struct gateway_s
   rpc_server_t *server;
   api_t *api;
   int port;
+  rpc_server_t *health_server; /* SANDBOX_HEALTH_LISTEN, or NULL */
+  int health_port;
 } gateway_t;
 
 /* Process-wide settings made before any thread starts. */
@@ -94,6 +104,29 @@ set_up_process (sigset_t *sigs)
       fputs ("-5", ag);
       fclose (ag);
     }
+}
+
+/* SANDBOX_HEALTH_LISTEN: a second server, without TLS, on which only
+ * grpc.health.v1.Health/Check is registered (every other method answers
+ * UNIMPLEMENTED there), for probes that cannot speak TLS. It answers from
+ * the same status as the main listener: NOT_SERVING once shutdown begins. */
+static int
+start_health_listener (gateway_t *g, err_t *err)
+{
+  const char *addr = g->cfg.health_listen;
+  if (addr == NULL)
+    return 0;
+  rpc_opts_t opts = {
+      .max_message_bytes = GW_HEALTH_MAX_MESSAGE_BYTES,
+      .max_calls = GW_HEALTH_MAX_CALLS,
+      .max_open_calls = GW_HEALTH_MAX_CALLS,
+      .first_message_ms = GW_HEALTH_FIRST_MESSAGE_MS,
+  };
+  if (rpc_server_new (&opts, &g->health_server, err) < 0 || health_register_check (g->health_server, err) < 0)
+    return -1;
+  if (rpc_server_start (g->health_server, addr, &g->health_port, err) < 0)
+    return err->status == EADDRINUSE ? err_wrap (err, "SANDBOX_HEALTH_LISTEN") : -1;
+  return 0;
 }
 
 static int
@@ -142,13 +175,14 @@ start (gateway_t *g, err_t *err)
         return err_wrap (err, "SANDBOX_TLS_CERT, SANDBOX_TLS_KEY");
       return -1;
     }
-  return 0;
+  return start_health_listener (g, err);
 }
 
 /* Frees what start made (any part of it). */
 static void
 stop (gateway_t *g)
 {
+  rpc_server_destroy (g->health_server);
   rpc_server_destroy (g->server);
   api_free (g->api);
   sbx_runtime_destroy (g->rt);
@@ -244,6 +278,9 @@ main (int argc, char **argv)
                          g.cfg.tls_cert != NULL, "gateway_name", g.cfg.gateway_name, "persist_on_shutdown",
                          g.cfg.persist_on_shutdown),
               "listening");
+  if (g.health_server != NULL)
+    log_fields (SEV_INFO, json_pack ("{s:s, s:i}", "address", g.cfg.health_listen, "port", g.health_port),
+                "health listener (plaintext, Check only)");
 
   int sig = 0;
   sigwait (&sigs, &sig);

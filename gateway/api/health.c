@@ -137,6 +137,12 @@ health_register (rpc_server_t *server, const char *const *services, err_t *err)
   return 0;
 }
 
+int
+health_register_check (rpc_server_t *server, err_t *err)
+{
+  return rpc_server_add_method (server, "/grpc.health.v1.Health/Check", health_check, NULL, err);
+}
+
 void
 health_shutdown (void)
 {

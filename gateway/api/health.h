@@ -19,6 +19,10 @@
  * list of service names (borrowed for the program's lifetime), all SERVING. */
 int health_register (rpc_server_t *server, const char *const *services, err_t *err);
 
+/* Registers Check alone on a second `server` (the plaintext health
+ * listener), answering from the same table; health_register comes first. */
+int health_register_check (rpc_server_t *server, err_t *err);
+
 /* Marks every service NOT_SERVING and ends Watch streams (at shutdown). */
 void health_shutdown (void);
 

@@ -1,6 +1,7 @@
 """The deployment manifests probe the shim the way docs/deploy.md says:
 startup and readiness on /ready (the gateway answers, serves and accepts
-the shim's secret), liveness on the cheap /health."""
+the shim's secret); on Kubernetes, liveness on the gateway's own gRPC
+health (a hung gateway is restarted), on Cloud Run on the cheap /health."""
 
 from pathlib import Path
 
@@ -16,11 +17,18 @@ def _container(path: Path) -> dict:
     return container
 
 
-def test_kubernetes_startup_and_readiness_use_ready_and_liveness_uses_health():
+def test_kubernetes_startup_and_readiness_use_ready_and_liveness_asks_the_gateway():
     c = _container(ROOT / "deploy" / "kubernetes" / "deployment.yaml")
     assert c["startupProbe"]["httpGet"]["path"] == "/ready"
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
-    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    # /health answers 200 whenever the shim runs, hung gateway or not: the
+    # liveness probe asks the gateway's gRPC health on the pod's address.
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    host, port = env["SANDBOX_LISTEN"].rsplit(":", 1)
+    assert host not in ("127.0.0.1", "localhost", "[::1]"), "the kubelet probes the pod's address"
+    assert "SANDBOX_TLS_CERT" not in env, "the kubelet's gRPC probe speaks no TLS"
+    assert c["livenessProbe"]["grpc"]["port"] == int(port)
+    assert [p["name"] for p in c["ports"] if p["containerPort"] == int(port)] == ["grpc"]
 
 
 def test_cloud_run_startup_uses_ready_and_liveness_uses_health():

@@ -148,19 +148,34 @@ def test_gateways_share_a_snapshot_store(sts):
     assert int(env["SANDBOX_IDLE_TTL"]["value"]) > 0
 
 
-def test_gateway_probes_are_grpc_on_its_port(sts):
+def test_gateway_probes_are_grpc_on_its_plaintext_health_port(sts, headless):
+    # The kubelet's gRPC probes speak no TLS: they go to the plaintext
+    # health-only listener, never to the TLS port the shims use.
     c = _container(sts)
+    env = _env(c)
+    health_port = int(env["SANDBOX_HEALTH_LISTEN"]["value"].rsplit(":", 1)[1])
+    tls_port = int(env["SANDBOX_LISTEN"]["value"].rsplit(":", 1)[1])
+    assert health_port != tls_port
+    assert health_port in [p["containerPort"] for p in c["ports"]]
+    assert health_port not in [p["port"] for p in headless["spec"]["ports"]], "the shims need no health port"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert c[probe]["grpc"]["port"] == 50051, probe
+        assert c[probe]["grpc"]["port"] == health_port, probe
     assert "lifecycle" not in c, "no preStop: the shims keep routing to a draining gateway"
 
 
 def test_gateway_has_the_privileges_volumes_and_resources_of_the_all_in_one(sts):
     [aio] = _docs(K8S / "deployment.yaml")
     a, g = _container(aio), _container(sts)
-    for key in ("securityContext", "resources", "volumeMounts"):
+    for key in ("securityContext", "resources"):
         assert g[key] == a[key], key
-    assert sts["spec"]["template"]["spec"]["volumes"] == aio["spec"]["template"]["spec"]["volumes"]
+    # The same volumes, and the TLS Secret (read-only) on top.
+    extra_mounts = [m for m in g["volumeMounts"] if m not in a["volumeMounts"]]
+    assert len(g["volumeMounts"]) - len(extra_mounts) == len(a["volumeMounts"])
+    assert [m["readOnly"] for m in extra_mounts] == [True]
+    aio_volumes = aio["spec"]["template"]["spec"]["volumes"]
+    extra = [v for v in sts["spec"]["template"]["spec"]["volumes"] if v not in aio_volumes]
+    assert len(sts["spec"]["template"]["spec"]["volumes"]) - len(extra) == len(aio_volumes)
+    assert [v["name"] for v in extra] == [extra_mounts[0]["name"]] and "secret" in extra[0]
     assert sts["spec"]["template"]["metadata"]["annotations"] == aio["spec"]["template"]["metadata"]["annotations"]
     assert g["name"] == a["name"], "the AppArmor annotation names the container"
     assert _env(g)["CLOUD_RUN_SANDBOX_GATEWAY_SECRET"] == _env(a)["CLOUD_RUN_SANDBOX_GATEWAY_SECRET"]
