@@ -15,7 +15,9 @@
  * first, the longest waiting first, down to WATCHDOG_RELIEF_NUM/DEN of the
  * cap: a request being answered is never cut for room. Only those that
  * have waited WATCHDOG_EVICT_AFTER_MS (a client that just connected gets
- * the time to send its head). Under pressure, answers also carry
+ * the time to send its head). Each new connection under pressure closes
+ * one such connection at once (room is made as fast as clients come);
+ * the watchdog's round brings the count back to the relief mark. Under pressure, answers also carry
  * `Connection: close` (server.c), so that a cheap request (/health) does
  * not keep its connection, and its thread, afterwards.
  */
@@ -97,6 +99,10 @@ watchdog_body (struct MHD_Connection *conn, size_t n)
   pthread_mutex_unlock (&track_mu);
 }
 
+static void cut (conn_track_t *t);
+static bool under_pressure (void);
+static conn_track_t *longest_waiting (int64_t now);
+
 void
 watchdog_notify_connection (void *cls, struct MHD_Connection *conn, void **socket_context,
                             enum MHD_ConnectionNotificationCode code)
@@ -116,6 +122,12 @@ watchdog_notify_connection (void *cls, struct MHD_Connection *conn, void **socke
         tracked->prev = t;
       tracked = t;
       n_tracked++;
+      if (under_pressure ())
+        {
+          conn_track_t *victim = longest_waiting (t->since_ns);
+          if (victim != NULL)
+            cut (victim);
+        }
       pthread_mutex_unlock (&track_mu);
       *socket_context = t;
       return;
@@ -132,6 +144,7 @@ watchdog_notify_connection (void *cls, struct MHD_Connection *conn, void **socke
     t->next->prev = t->prev;
   n_tracked--;
   n_cut -= t->cut;
+  under_pressure ();
   pthread_mutex_unlock (&track_mu);
   free (t);
   *socket_context = NULL;
@@ -152,6 +165,37 @@ cut (conn_track_t *t)
   shutdown (t->fd, SHUT_RDWR);
 }
 
+/* Under track_mu: whether the open connections are near the cap (and
+ * notes it for watchdog_pressed). */
+static bool
+under_pressure (void)
+{
+  long open = n_tracked - n_cut;
+  bool p = open * WATCHDOG_PRESSURE_DEN >= shim.cfg.max_connections * WATCHDOG_PRESSURE_NUM;
+  atomic_store (&pressed, p);
+  return p;
+}
+
+/* Under track_mu: whether `t` waits for a head, and has for long enough
+ * to be closed for room. */
+static bool
+evictable (const conn_track_t *t, int64_t now)
+{
+  return !t->cut && t->fd >= 0 && t->stage == STAGE_HEAD && now - t->since_ns >= WATCHDOG_EVICT_AFTER_MS * 1000000LL;
+}
+
+/* Under track_mu: the evictable connection that has waited longest, or
+ * NULL. */
+static conn_track_t *
+longest_waiting (int64_t now)
+{
+  conn_track_t *best = NULL;
+  for (conn_track_t *t = tracked; t != NULL; t = t->next)
+    if (evictable (t, now) && (best == NULL || t->since_ns < best->since_ns))
+      best = t;
+  return best;
+}
+
 static int
 longest_waiting_first (const void *a, const void *b)
 {
@@ -164,15 +208,12 @@ longest_waiting_first (const void *a, const void *b)
 static void
 relieve (int64_t now)
 {
-  long cap = shim.cfg.max_connections;
-  long open = n_tracked - n_cut;
-  atomic_store (&pressed, open * WATCHDOG_PRESSURE_DEN >= cap * WATCHDOG_PRESSURE_NUM);
-  if (!atomic_load (&pressed))
+  if (!under_pressure ())
     return;
-  long excess = open - cap * WATCHDOG_RELIEF_NUM / WATCHDOG_RELIEF_DEN;
+  long excess = n_tracked - n_cut - shim.cfg.max_connections * WATCHDOG_RELIEF_NUM / WATCHDOG_RELIEF_DEN;
   size_t n = 0;
   for (conn_track_t *t = tracked; t != NULL && n < evict_cap; t = t->next)
-    if (!t->cut && t->fd >= 0 && t->stage == STAGE_HEAD && now - t->since_ns >= WATCHDOG_EVICT_AFTER_MS * 1000000LL)
+    if (evictable (t, now))
       evict_buf[n++] = t;
   qsort (evict_buf, n, sizeof *evict_buf, longest_waiting_first);
   for (size_t i = 0; i < n && (long) i < excess; i++)
