@@ -62,8 +62,14 @@ static const cfg_var_t shim_vars[] = {
      65536, 1099511627776L, &shim.cfg.max_buffered_output, NULL, false},
     {"SHIM_MAX_RESTORE_BYTES", CFG_INT, "4294967296", "largest restore body; above it: 413", 1024, 1099511627776L,
      &shim.cfg.max_restore_bytes, NULL, false},
-    {"SHIM_MAX_CONNECTIONS", CFG_INT, "1024", "most simultaneous HTTP connections", 4, 100000,
-     &shim.cfg.max_connections, NULL, false},
+    {"SHIM_MAX_CONNECTIONS", CFG_INT, "1024",
+     "most simultaneous HTTP connections (each has a thread); from 7/8 of it on, connections waiting for a request "
+     "(idle keep-alive first) are closed, and answers close theirs",
+     4, 100000, &shim.cfg.max_connections, NULL, false},
+    {"SHIM_MAX_CONNECTIONS_PER_CLIENT", CFG_INT, "256",
+     "most simultaneous HTTP connections from one client address (behind a proxy every client has the proxy's: "
+     "raise it, or 0 for no cap); beyond, new ones are closed at once",
+     0, 100000, &shim.cfg.max_connections_per_client, NULL, false},
     {"SHIM_MAX_TERMINALS", CFG_INT, "256",
      "most WebSocket terminals open at once (each also holds one of SHIM_MAX_CONNECTIONS); beyond: 429", 1, 100000,
      &shim.cfg.max_terminals, NULL, false},
@@ -98,13 +104,16 @@ static const cfg_var_t shim_vars[] = {
      "most forwarded connections into one sandbox at once; beyond: 429", 1, 100000,
      &shim.cfg.max_forwards_per_sandbox, NULL, false},
     {"SHIM_FORWARD_IDLE_SECONDS", CFG_INT, "300",
-     "seconds a forwarded connection may move no byte either way before it is cut (504 when the server had not "
-     "begun its answer)",
+     "seconds a forwarded connection may move no byte either way (a server that sends nothing, or a client that "
+     "reads nothing) before it is cut (504 when the server had not begun its answer)",
      1, 86400, &shim.cfg.forward_idle_seconds, NULL, false},
-    {"SHIM_PREVIEW_MAX_TTL_SECONDS", CFG_INT, "604800", "longest lifetime a preview link may be given", 1, 31536000,
-     &shim.cfg.preview_max_ttl, NULL, false},
+    {"SHIM_PREVIEW_MAX_TTL_SECONDS", CFG_INT, "604800",
+     "longest lifetime a preview link may be given (a link asked for without ttl_seconds: 3600, or this when "
+     "shorter)",
+     1, 31536000, &shim.cfg.preview_max_ttl, NULL, false},
     {"SHIM_PUBLIC_URL", CFG_STRING, NULL,
-     "the shim's public base URL for preview links (e.g. https://preview.example.com); unset: http://<Host header>",
+     "the shim's public base URL for preview links (e.g. https://preview.example.com); unset: http:// and the Host "
+     "header of the request that asks for the link",
      0, 0, &shim.cfg.public_url, NULL, false},
     {"SHIM_LOG_LEVEL", CFG_STRING, "info", "lowest log severity written: debug, info, warning or error", 0, 0,
      &shim.cfg.log_level, NULL, false},

@@ -8,7 +8,8 @@
 #include <string.h>
 
 /* Label values come from fixed sets (methods below, route templates, the
- * statuses the shim answers), so the series are few; should they ever fill
+ * statuses the shim answers; a sandbox server's statuses by class only),
+ * so the series are few; should they ever fill
  * the table, the rest is counted in the last slot ({route="overflow"})
  * rather than dropped. */
 #define MAX_SERIES 1024
@@ -17,7 +18,7 @@ typedef struct series_s
 {
   char method[8];
   char route[64]; /* the longest template is 38 characters */
-  unsigned status;
+  char status[8]; /* "404", or a class: "2xx" */
   atomic_ullong count;
   atomic_ullong micros;
   atomic_bool used;
@@ -38,12 +39,25 @@ static const char *const miss_outcomes[] = {"restored", "absent", "failed"};
 static atomic_ullong misses[N_MISS];
 
 static series_t *
-find_series (int n, const char *method, const char *route, unsigned status)
+find_series (int n, const char *method, const char *route, const char *status)
 {
   for (int i = 0; i < n; i++)
-    if (series[i].status == status && strcmp (series[i].route, route) == 0 && strcmp (series[i].method, method) == 0)
+    if (strcmp (series[i].status, status) == 0 && strcmp (series[i].route, route) == 0
+        && strcmp (series[i].method, method) == 0)
       return &series[i];
   return NULL;
+}
+
+/* The status label: the number, or for a foreign status its class. */
+static void
+status_label (unsigned status, bool foreign, char out[8])
+{
+  if (!foreign)
+    snprintf (out, 8, "%u", status % 1000);
+  else if (status >= 100 && status < 600)
+    snprintf (out, 8, "%uxx", status / 100);
+  else
+    snprintf (out, 8, "other");
 }
 
 /* A method as a label: one of the methods HTTP defines, else "other" (a
@@ -59,11 +73,13 @@ method_label (const char *method)
 }
 
 void
-metrics_request (const char *method, const char *route, unsigned status, double seconds)
+metrics_request (const char *method, const char *route, unsigned code, bool foreign, double seconds)
 {
   method = method_label (method);
   if (route == NULL || route[0] != '/')
     route = "other"; /* no route matched: one series, whatever the path */
+  char status[8];
+  status_label (code, foreign, status);
   series_t *s = find_series (atomic_load (&n_series), method, route, status);
   if (s == NULL)
     {
@@ -79,7 +95,7 @@ metrics_request (const char *method, const char *route, unsigned status, double 
             {
               snprintf (s->method, sizeof s->method, "%s", full ? "other" : method);
               snprintf (s->route, sizeof s->route, "%s", full ? "overflow" : route);
-              s->status = full ? 0 : status;
+              snprintf (s->status, sizeof s->status, "%s", full ? "0" : status);
               atomic_store (&s->used, true);
               atomic_store (&n_series, full ? MAX_SERIES : n + 1);
             }
@@ -131,14 +147,14 @@ metrics_render (FILE *f)
   int n = atomic_load (&n_series);
   for (int i = 0; i < n && i < MAX_SERIES; i++)
     if (atomic_load (&series[i].used))
-      fprintf (f, "shim_requests_total{method=\"%s\",route=\"%s\",status=\"%u\"} %llu\n", series[i].method,
+      fprintf (f, "shim_requests_total{method=\"%s\",route=\"%s\",status=\"%s\"} %llu\n", series[i].method,
                series[i].route, series[i].status, atomic_load (&series[i].count));
   fputs ("# HELP shim_request_seconds_total Time spent serving requests.\n"
          "# TYPE shim_request_seconds_total counter\n",
          f);
   for (int i = 0; i < n && i < MAX_SERIES; i++)
     if (atomic_load (&series[i].used))
-      fprintf (f, "shim_request_seconds_total{method=\"%s\",route=\"%s\",status=\"%u\"} %.6f\n", series[i].method,
+      fprintf (f, "shim_request_seconds_total{method=\"%s\",route=\"%s\",status=\"%s\"} %.6f\n", series[i].method,
                series[i].route, series[i].status, atomic_load (&series[i].micros) / 1e6);
   fputs ("# HELP shim_exec_duration_seconds Duration of execs.\n# TYPE shim_exec_duration_seconds histogram\n", f);
   unsigned long long cum = 0;

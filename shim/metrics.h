@@ -14,8 +14,11 @@
 #include "common/rpc/rpc.h"
 
 /* Counts a finished request: `route` is the route's template (e.g.
- * "/sandboxes/{id}/exec"), one of a fixed set. */
-void metrics_request (const char *method, const char *route, unsigned status, double seconds);
+ * "/sandboxes/{id}/exec"), one of a fixed set. A `foreign` status (a
+ * sandbox server's, through the port proxy) is counted by its class only
+ * ("2xx"…"5xx", "other"): a server chooses it, and must not be able to
+ * fill the series table. */
+void metrics_request (const char *method, const char *route, unsigned status, bool foreign, double seconds);
 
 void metrics_exec_duration (double seconds);
 void metrics_bytes (bool upload, uint64_t n);

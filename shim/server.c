@@ -6,7 +6,17 @@
  * Routes (routes/) only see a parsed request; answers are built by
  * response.c, slow clients cut by watchdog.c.
  *
- * MHD runs one thread per connection, so a route may block on the gateway;
+ * MHD runs one thread per connection, so a route may block on the gateway.
+ * Threads are bounded by bounding connections: SHIM_MAX_CONNECTIONS in
+ * all, SHIM_MAX_CONNECTIONS_PER_CLIENT from one peer address (MHD refuses
+ * the rest at accept), and near the cap the watchdog closes connections
+ * that wait for a head (idle keep-alive ones first) while answers carry
+ * `Connection: close` — so clients that only hold connections, however
+ * cheap their requests, cannot keep others out. (A pool of MHD threads with
+ * suspended connections would bound threads below connections, but every
+ * route that waits on the gateway — exec, files, the proxy's streams —
+ * would have to become resumable: the bound here is a cap instead.)
+ * The access handler is called several times per request:
  * the access handler is called several times per request: first with the
  * headers, then with each piece of body, then once more to answer. A route
  * may answer 101 and take the socket over (MHD_ALLOW_UPGRADE: the terminal
@@ -91,6 +101,12 @@ start_request (shim_req_t *r, const char *url, const char *method)
           return;
         }
       shim_errors_release (&e);
+    }
+  if (r->route->admit != NULL)
+    {
+      r->route->admit (r);
+      if (r->early != NULL)
+        return;
     }
   if (r->route->body != SHIM_BODY_NONE)
     {
@@ -215,6 +231,10 @@ access_handler (void *cls, struct MHD_Connection *conn, const char *url, const c
   else
     resp = handle (r, &status);
   r->status = status;
+  /* Near the connection cap, a connection does not stay open after its
+   * answer (not an upgrade's: that socket leaves HTTP). */
+  if (status != 101 && watchdog_pressed ())
+    MHD_add_response_header (resp, MHD_HTTP_HEADER_CONNECTION, "close");
   enum MHD_Result q = MHD_queue_response (conn, status, resp);
   MHD_destroy_response (resp);
   return q;
@@ -238,7 +258,7 @@ completed (void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_Requ
   double secs = (double) (shim_mono_ns () - r->start_ns) / 1e9;
   const char *route = r->route != NULL ? r->route->path : "(unmatched)";
   unsigned status = r->status != 0 ? r->status : 499; /* the client left before an answer */
-  metrics_request (r->method, route, status, secs);
+  metrics_request (r->method, route, status, r->status_foreign, secs);
   json_t *f = json_pack ("{s:s, s:s, s:i, s:f, s:b}", "method", r->method, "route", route, "status", (int) status,
                          "duration_s", secs, "completed", toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
   if (r->id[0] != '\0')
@@ -289,9 +309,10 @@ shim_server_start (const struct sockaddr *addr, err_t *err)
       0, NULL, NULL, access_handler, NULL, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, addr,
       MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_URI_LOG_CALLBACK, uri_seen, NULL,
       MHD_OPTION_NOTIFY_CONNECTION, watchdog_notify_connection, NULL, MHD_OPTION_CONNECTION_LIMIT,
-      (unsigned) shim.cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) shim.cfg.connection_timeout,
-      MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (256 * 1024), MHD_OPTION_THREAD_STACK_SIZE, (size_t) (512 * 1024),
-      MHD_OPTION_END);
+      (unsigned) shim.cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+      (unsigned) shim.cfg.max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
+      (unsigned) shim.cfg.connection_timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (256 * 1024),
+      MHD_OPTION_THREAD_STACK_SIZE, (size_t) (512 * 1024), MHD_OPTION_END);
   if (d == NULL)
     {
       err_make (err, EADDRINUSE, "cannot listen on %s:%ld (address in use or not valid)", shim.cfg.host,

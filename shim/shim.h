@@ -32,6 +32,7 @@ typedef struct shim_config_s
   long max_buffered_output; /* base64 text all buffered exec answers may hold */
   long long max_restore_bytes;
   long max_connections;
+  long max_connections_per_client; /* SHIM_MAX_CONNECTIONS_PER_CLIENT, 0: no cap */
   long max_terminals;
   long connection_timeout;
   long header_timeout;
@@ -91,6 +92,10 @@ typedef struct shim_route_s
   /* A WebSocket route: the bearer secret may also come as an offered
    * subprotocol "bearer.<secret>" (browsers cannot set headers there). */
   bool bearer_in_subprotocol;
+  /* Runs once the head is in, before any of the body is read: may refuse
+   * the request with shim_req_fail, which then answers at once (may be
+   * NULL). */
+  void (*admit) (shim_req_t *r);
 } shim_route_t;
 
 struct shim_req_s
@@ -114,6 +119,9 @@ struct shim_req_s
   const char *version; /* "HTTP/1.1" (MHD's string) */
   int64_t start_ns;
   unsigned status;
+  /* The status is not the shim's but a sandbox server's (the port proxy):
+   * counted by its class (2xx…) in the metrics, never by its value. */
+  bool status_foreign;
 };
 
 /* Responses. All return a new response (never NULL) and set *status. */

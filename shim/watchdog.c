@@ -8,11 +8,24 @@
  * end the connection. While a route answers, the client is not timed, nor
  * ever again once the connection is upgraded to a WebSocket (terminals are
  * capped by SHIM_MAX_TERMINALS instead, and pinged).
+ *
+ * Near the connection cap (WATCHDOG_PRESSURE_NUM/DEN of
+ * SHIM_MAX_CONNECTIONS open), connections waiting for a head — idle
+ * keep-alive connections, and heads that are slow to come — are closed
+ * first, the longest waiting first, down to WATCHDOG_RELIEF_NUM/DEN of the
+ * cap: a request being answered is never cut for room. Only those that
+ * have waited WATCHDOG_EVICT_AFTER_MS (a client that just connected gets
+ * the time to send its head). Each new connection under pressure closes
+ * one such connection at once (room is made as fast as clients come);
+ * the watchdog's round brings the count back to the relief mark. Under pressure, answers also carry
+ * `Connection: close` (server.c), so that a cheap request (/health) does
+ * not keep its connection, and its thread, afterwards.
  */
 #include "shim/watchdog.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -30,8 +43,22 @@ typedef struct conn_track_s
   struct conn_track_s *prev, *next;
 } conn_track_t;
 
+/* Pressure begins at 7/8 of SHIM_MAX_CONNECTIONS open; eviction brings
+ * the count back to 3/4. */
+#define WATCHDOG_PRESSURE_NUM 7
+#define WATCHDOG_PRESSURE_DEN 8
+#define WATCHDOG_RELIEF_NUM 3
+#define WATCHDOG_RELIEF_DEN 4
+/* A connection waiting this long for a head may be closed for room. */
+#define WATCHDOG_EVICT_AFTER_MS 1000
+
 static pthread_mutex_t track_mu = PTHREAD_MUTEX_INITIALIZER;
 static conn_track_t *tracked;
+static long n_tracked;           /* under track_mu */
+static long n_cut;               /* of n_tracked, cut and not yet closed (under track_mu) */
+static atomic_bool pressed;      /* near the cap: answers close their connections */
+static conn_track_t **evict_buf; /* the candidates of one round (watchdog thread) */
+static size_t evict_cap;
 
 static conn_track_t *
 track_of (struct MHD_Connection *conn)
@@ -72,6 +99,10 @@ watchdog_body (struct MHD_Connection *conn, size_t n)
   pthread_mutex_unlock (&track_mu);
 }
 
+static void cut (conn_track_t *t);
+static bool under_pressure (void);
+static conn_track_t *longest_waiting (int64_t now);
+
 void
 watchdog_notify_connection (void *cls, struct MHD_Connection *conn, void **socket_context,
                             enum MHD_ConnectionNotificationCode code)
@@ -90,6 +121,13 @@ watchdog_notify_connection (void *cls, struct MHD_Connection *conn, void **socke
       if (tracked != NULL)
         tracked->prev = t;
       tracked = t;
+      n_tracked++;
+      if (under_pressure ())
+        {
+          conn_track_t *victim = longest_waiting (t->since_ns);
+          if (victim != NULL)
+            cut (victim);
+        }
       pthread_mutex_unlock (&track_mu);
       *socket_context = t;
       return;
@@ -104,9 +142,82 @@ watchdog_notify_connection (void *cls, struct MHD_Connection *conn, void **socke
     tracked = t->next;
   if (t->next != NULL)
     t->next->prev = t->prev;
+  n_tracked--;
+  n_cut -= t->cut;
+  under_pressure ();
   pthread_mutex_unlock (&track_mu);
   free (t);
   *socket_context = NULL;
+}
+
+bool
+watchdog_pressed (void)
+{
+  return atomic_load (&pressed);
+}
+
+/* Under track_mu: shuts `t` down (its thread ends the connection). */
+static void
+cut (conn_track_t *t)
+{
+  t->cut = true;
+  n_cut++;
+  shutdown (t->fd, SHUT_RDWR);
+}
+
+/* Under track_mu: whether the open connections are near the cap (and
+ * notes it for watchdog_pressed). */
+static bool
+under_pressure (void)
+{
+  long open = n_tracked - n_cut;
+  bool p = open * WATCHDOG_PRESSURE_DEN >= shim.cfg.max_connections * WATCHDOG_PRESSURE_NUM;
+  atomic_store (&pressed, p);
+  return p;
+}
+
+/* Under track_mu: whether `t` waits for a head, and has for long enough
+ * to be closed for room. */
+static bool
+evictable (const conn_track_t *t, int64_t now)
+{
+  return !t->cut && t->fd >= 0 && t->stage == STAGE_HEAD && now - t->since_ns >= WATCHDOG_EVICT_AFTER_MS * 1000000LL;
+}
+
+/* Under track_mu: the evictable connection that has waited longest, or
+ * NULL. */
+static conn_track_t *
+longest_waiting (int64_t now)
+{
+  conn_track_t *best = NULL;
+  for (conn_track_t *t = tracked; t != NULL; t = t->next)
+    if (evictable (t, now) && (best == NULL || t->since_ns < best->since_ns))
+      best = t;
+  return best;
+}
+
+static int
+longest_waiting_first (const void *a, const void *b)
+{
+  int64_t x = (*(conn_track_t *const *) a)->since_ns, y = (*(conn_track_t *const *) b)->since_ns;
+  return x < y ? -1 : x > y;
+}
+
+/* Under track_mu: near the cap, closes connections waiting for a head,
+ * the longest waiting first, until the count is back to the relief mark. */
+static void
+relieve (int64_t now)
+{
+  if (!under_pressure ())
+    return;
+  long excess = n_tracked - n_cut - shim.cfg.max_connections * WATCHDOG_RELIEF_NUM / WATCHDOG_RELIEF_DEN;
+  size_t n = 0;
+  for (conn_track_t *t = tracked; t != NULL && n < evict_cap; t = t->next)
+    if (evictable (t, now))
+      evict_buf[n++] = t;
+  qsort (evict_buf, n, sizeof *evict_buf, longest_waiting_first);
+  for (size_t i = 0; i < n && (long) i < excess; i++)
+    cut (evict_buf[i]);
 }
 
 static void *
@@ -115,7 +226,7 @@ watchdog_main (void *arg)
   (void) arg;
   for (;;)
     {
-      struct timespec tick = {0, 500 * 1000 * 1000};
+      struct timespec tick = {0, 250 * 1000 * 1000};
       nanosleep (&tick, NULL);
       int64_t now = shim_mono_ns ();
       int64_t head = shim.cfg.header_timeout * 1000000000LL, body = shim.cfg.body_timeout * 1000000000LL;
@@ -133,11 +244,9 @@ watchdog_main (void *arg)
           else if (t->stage == STAGE_BODY)
             slow = age > body && (double) t->body_bytes < (double) shim.cfg.min_upload_rate * (double) age / 1e9;
           if (slow)
-            {
-              t->cut = true;
-              shutdown (t->fd, SHUT_RDWR);
-            }
+            cut (t);
         }
+      relieve (now);
       pthread_mutex_unlock (&track_mu);
     }
   return NULL;
@@ -146,6 +255,11 @@ watchdog_main (void *arg)
 int
 watchdog_start (err_t *err)
 {
+  /* MHD opens at most SHIM_MAX_CONNECTIONS: the candidates fit. */
+  evict_cap = (size_t) shim.cfg.max_connections + 64;
+  evict_buf = calloc (evict_cap, sizeof *evict_buf);
+  if (evict_buf == NULL)
+    return err_make (err, ENOMEM, "out of memory");
   pthread_t th;
   int rc = pthread_create (&th, NULL, watchdog_main, NULL);
   if (rc != 0)

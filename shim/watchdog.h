@@ -2,7 +2,7 @@
  * watchdog.c for the rules). server.c reports each connection's stage.
  *
  * Threading: the report functions are called from connection threads; one
- * watchdog thread checks the connections twice a second.
+ * watchdog thread checks the connections four times a second.
  */
 #ifndef SBX_SHIM_WATCHDOG_H
 #define SBX_SHIM_WATCHDOG_H
@@ -29,6 +29,9 @@ void watchdog_notify_connection (void *cls, struct MHD_Connection *conn, void **
 void watchdog_stage (struct MHD_Connection *conn, stage_t stage, bool streaming);
 /* `n` more body bytes arrived. */
 void watchdog_body (struct MHD_Connection *conn, size_t n);
+/* True while the open connections are near SHIM_MAX_CONNECTIONS: answers
+ * should then close their connection (see watchdog.c). */
+bool watchdog_pressed (void);
 /* Starts the watchdog thread. */
 int watchdog_start (err_t *err);
 

@@ -1,7 +1,14 @@
 /* ws: the WebSocket handshake helpers and the wslay-driven connection (see
  * ws.h). wslay parses and writes frames, answers pings and closes; this
  * file feeds it the socket (first the bytes MHD read ahead), polls, and
- * notices a client that has gone. */
+ * notices a client that has gone.
+ *
+ * wslay queues a pong for every ping, and a route may answer a message
+ * with one of its own: a client that sends and never reads would grow the
+ * queue without end. So no more is read while WS_MAX_QUEUED messages wait
+ * to be written; the client is then closed with 1008 (it has WS_CLOSE_WAIT
+ * to take the close before the route gives up on it). What one read may
+ * add beyond the cap is bounded by that read (wslay's 4 KiB buffer). */
 #include "shim/ws.h"
 
 #include <errno.h>
@@ -21,6 +28,9 @@
 
 #define WS_GUID "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 #define WS_MAX_REASON 123
+/* Messages (pongs and answers) queued and not yet written past which no
+ * more of the client is read and it is closed with 1008. */
+#define WS_MAX_QUEUED 64
 
 /* ---- handshake ------------------------------------------------------------- */
 
@@ -143,13 +153,20 @@ struct ws_s
   ws_message_fn on_message;
   void *user;
   bool close_queued;
-  bool gone; /* EOF, reset or a failed write: nothing more goes either way */
+  bool gone;    /* EOF, reset or a failed write: nothing more goes either way */
+  bool flooded; /* WS_MAX_QUEUED reached: nothing more is read */
 };
 
 static ssize_t
 recv_cb (wslay_event_context_ptr ctx, uint8_t *buf, size_t len, int flags, void *user_data)
 {
   ws_t *ws = user_data;
+  if (ws->flooded || wslay_event_get_queued_msg_count (ctx) >= WS_MAX_QUEUED)
+    {
+      ws->flooded = true;
+      wslay_event_set_error (ctx, WSLAY_ERR_WOULDBLOCK);
+      return -1;
+    }
   if (ws->extra_off < ws->extra_len)
     {
       size_t n = ws->extra_len - ws->extra_off < len ? ws->extra_len - ws->extra_off : len;
@@ -281,6 +298,12 @@ ws_close (ws_t *ws, uint16_t code, const char *reason)
 }
 
 bool
+ws_flooded (const ws_t *ws)
+{
+  return ws->flooded;
+}
+
+bool
 ws_closing (const ws_t *ws)
 {
   return ws->close_queued || wslay_event_get_close_sent (ws->ctx);
@@ -314,11 +337,10 @@ ws_poll (ws_t *ws, int wake_fd, int timeout_ms, bool *woken)
     ws->gone = true;
   if (ended (ws))
     return 0;
-  bool ahead = ws->extra_off < ws->extra_len;
+  bool reading = wslay_event_want_read (ws->ctx) && !ws->flooded;
+  bool ahead = reading && ws->extra_off < ws->extra_len;
   struct pollfd p[2] = {
-      {ws->sock,
-       (short) ((wslay_event_want_read (ws->ctx) ? POLLIN : 0) | (wslay_event_want_write (ws->ctx) ? POLLOUT : 0)),
-       0},
+      {ws->sock, (short) ((reading ? POLLIN : 0) | (wslay_event_want_write (ws->ctx) ? POLLOUT : 0)), 0},
       {wake_fd, POLLIN, 0},
   };
   int n = poll (p, 2, ahead ? 0 : timeout_ms);
@@ -333,10 +355,12 @@ ws_poll (ws_t *ws, int wake_fd, int timeout_ms, bool *woken)
       *woken = true;
     }
   bool readable = ahead || (n > 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR)));
-  if (readable && wslay_event_want_read (ws->ctx) && wslay_event_recv (ws->ctx) < 0)
+  if (readable && reading && wslay_event_recv (ws->ctx) < 0)
     ws->gone = true;
-  else if (readable && !wslay_event_want_read (ws->ctx) && (p[0].revents & (POLLHUP | POLLERR)))
+  else if (readable && !reading && (p[0].revents & (POLLHUP | POLLERR)))
     ws->gone = true;
+  if (ws->flooded && !ws->close_queued && !ws->gone)
+    ws_close (ws, WS_CLOSE_POLICY, "too many answers unread");
   if (!ws->gone && wslay_event_want_write (ws->ctx) && wslay_event_send (ws->ctx) < 0)
     ws->gone = true;
   return ended (ws) ? 0 : 1;

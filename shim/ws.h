@@ -21,6 +21,7 @@
 /* Close codes this server sends. */
 #define WS_CLOSE_NORMAL 1000
 #define WS_CLOSE_GOING_AWAY 1001
+#define WS_CLOSE_POLICY 1008
 #define WS_CLOSE_INTERNAL 1011
 
 /* The answer to a handshake: Sec-WebSocket-Accept for `key` (the
@@ -72,6 +73,10 @@ int ws_ping (ws_t *ws);
 int ws_close (ws_t *ws, uint16_t code, const char *reason);
 /* True once a close frame is queued or sent. */
 bool ws_closing (const ws_t *ws);
+/* True once the client left too many answers unread (its pings' pongs
+ * among them): nothing more of it is read, a close 1008 is queued, and
+ * the caller should give it a short while to take it, then let go. */
+bool ws_flooded (const ws_t *ws);
 /* Messages queued and not yet written. */
 size_t ws_queued (const ws_t *ws);
 

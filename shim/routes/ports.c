@@ -2,13 +2,21 @@
  * a sandbox's listening ports (ListPorts), preview links, and the limits on
  * forwarded connections. The HTTP reverse proxy itself is proxy.c.
  *
- * Preview links are stateless: a token names the sandbox, the port and an
- * expiry, and carries an HMAC-SHA256 over them and the sandbox's creation
- * time under a key derived from the shim's bearer secret. Whoever holds a
+ * Preview links are stateless: a token names the sandbox, the port, an
+ * expiry and the sandbox's creation time, and carries an HMAC-SHA256 over
+ * them under a key derived from the shim's bearer secret. Whoever holds a
  * link reaches that one port of that sandbox until it expires, and nothing
  * else: not the API, not another port, not a sandbox created later under
  * the same id (its creation time differs). Rotating the secret revokes
- * every link.
+ * every link. The MAC is checked before anything else: a forged or expired
+ * token costs no gateway call, so it can neither load the gateway nor
+ * count as use of the sandbox (the gateway's Get renews its idle timer; a
+ * valid link's traffic does count as use, as the proxy's Forward does).
+ *
+ * Forwarded connections are capped per sandbox and in all; preview-link
+ * traffic (no bearer) may hold only PORTS_LINK_SHARE of either cap, so
+ * that link visitors who stop reading cannot lock out the sandbox's owner
+ * or other sandboxes' API requests.
  *
  * Threading: the slot table is guarded by slot_mu; the rest is per request.
  */
@@ -28,8 +36,16 @@
 #include "shim/routes/proxy.h"
 #include "shim/routes/routes.h"
 
+/* A link asked for without ttl_seconds lives this long, or
+ * SHIM_PREVIEW_MAX_TTL_SECONDS when that is shorter. */
 #define PORTS_DEFAULT_TTL 3600
 #define PORTS_MAC_B64 43 /* base64url of 32 bytes, unpadded */
+
+/* The share of SHIM_MAX_FORWARDS_PER_SANDBOX and of SHIM_MAX_FORWARDS that
+ * preview-link traffic may hold (at least one slot): the rest is kept for
+ * callers with the bearer. */
+#define PORTS_LINK_SHARE_NUM 3
+#define PORTS_LINK_SHARE_DEN 4
 
 /* ---- forwarded-connection slots ------------------------------------------------- */
 
@@ -37,24 +53,35 @@ typedef struct slot_s
 {
   char id[SHIM_ID_MAX + 1];
   long n;
+  long links; /* of n, held by preview-link traffic */
   struct slot_s *next;
 } slot_t;
 
 static pthread_mutex_t slot_mu = PTHREAD_MUTEX_INITIALIZER;
 static slot_t *slots;
-static long slots_total;
+static long slots_total, links_total;
+
+/* What preview links may hold of `cap`. */
+static long
+link_cap (long cap)
+{
+  long n = cap * PORTS_LINK_SHARE_NUM / PORTS_LINK_SHARE_DEN;
+  return n > 0 ? n : 1;
+}
 
 ports_slot_t
-ports_slot_take (const char *id)
+ports_slot_take (const char *id, bool link)
 {
   pthread_mutex_lock (&slot_mu);
   slot_t *s = slots;
   while (s != NULL && strcmp (s->id, id) != 0)
     s = s->next;
   ports_slot_t got = PORTS_SLOT_TAKEN;
-  if (s != NULL && s->n >= shim.cfg.max_forwards_per_sandbox)
+  if (s != NULL
+      && (s->n >= shim.cfg.max_forwards_per_sandbox
+          || (link && s->links >= link_cap (shim.cfg.max_forwards_per_sandbox))))
     got = PORTS_SLOT_SANDBOX_FULL;
-  else if (slots_total >= shim.cfg.max_forwards)
+  else if (slots_total >= shim.cfg.max_forwards || (link && links_total >= link_cap (shim.cfg.max_forwards)))
     got = PORTS_SLOT_ALL_FULL;
   else if (s == NULL)
     {
@@ -72,13 +99,15 @@ ports_slot_take (const char *id)
     {
       s->n++;
       slots_total++;
+      s->links += link;
+      links_total += link;
     }
   pthread_mutex_unlock (&slot_mu);
   return got;
 }
 
 void
-ports_slot_release (const char *id)
+ports_slot_release (const char *id, bool link)
 {
   pthread_mutex_lock (&slot_mu);
   for (slot_t **p = &slots; *p != NULL; p = &(*p)->next)
@@ -86,6 +115,8 @@ ports_slot_release (const char *id)
       {
         slot_t *s = *p;
         slots_total--;
+        s->links -= link;
+        links_total -= link;
         if (--s->n == 0)
           {
             *p = s->next;
@@ -130,7 +161,7 @@ ports_token_make (const char *id, unsigned port, int64_t expires, int64_t create
   char mac[PORTS_MAC_B64 + 1];
   if (token_mac (id, port, expires, created_ms, mac) < 0)
     return -1;
-  snprintf (out, PORTS_TOKEN_MAX, "%s.%u.%lld.%s", id, port, (long long) expires, mac);
+  snprintf (out, PORTS_TOKEN_MAX, "%s.%u.%lld.%lld.%s", id, port, (long long) expires, (long long) created_ms, mac);
   return 0;
 }
 
@@ -149,8 +180,19 @@ sandbox_created (const char *id, int64_t *created_ms, rpc_status_t *st)
   return 0;
 }
 
+/* A decimal number of `text` as a whole (no sign, no blank), or -1. */
+static long long
+whole_number (const char *text)
+{
+  if (text[0] < '0' || text[0] > '9' || strlen (text) > 18)
+    return -1;
+  char *end;
+  long long v = strtoll (text, &end, 10);
+  return *end == '\0' ? v : -1;
+}
+
 int
-ports_token_check (const char *text, char *id, unsigned *port)
+ports_token_verify (const char *text, char *id, unsigned *port, int64_t *created_ms)
 {
   size_t len = strcspn (text, "/?");
   char tok[PORTS_TOKEN_MAX];
@@ -158,36 +200,41 @@ ports_token_check (const char *text, char *id, unsigned *port)
     return -1;
   memcpy (tok, text, len);
   tok[len] = '\0';
-  /* <id>.<port>.<expires>.<mac>: ids have no dots. */
-  char *f[4];
+  /* <id>.<port>.<expires>.<created>.<mac>: ids have no dots. */
+  char *f[5];
   char *save = NULL, *p = tok;
-  for (int i = 0; i < 4; i++, p = NULL)
+  for (int i = 0; i < 5; i++, p = NULL)
     if ((f[i] = strtok_r (p, ".", &save)) == NULL)
       return -1;
-  if (strtok_r (NULL, ".", &save) != NULL || strlen (f[3]) != PORTS_MAC_B64)
+  if (strtok_r (NULL, ".", &save) != NULL || strlen (f[4]) != PORTS_MAC_B64)
     return -1;
   shim_errors_t e;
   shim_errors_init (&e);
   bool id_ok = shim_check_id (f[0], "path", "sandbox_id", &e);
   shim_errors_release (&e);
-  char *end;
-  unsigned long pt = strtoul (f[1], &end, 10);
-  if (!id_ok || *end != '\0' || pt == 0 || pt > 65535)
+  long long pt = whole_number (f[1]), exp = whole_number (f[2]), created = whole_number (f[3]);
+  if (!id_ok || pt < 1 || pt > 65535 || exp < (long long) time (NULL) || created < 0)
     return -1;
-  long long exp = strtoll (f[2], &end, 10);
-  if (*end != '\0' || exp < (long long) time (NULL))
-    return -1;
-  int64_t created = 0;
-  rpc_status_t st = RPC_STATUS_INIT;
-  int rc = sandbox_created (f[0], &created, &st);
-  rpc_status_release (&st);
   char mac[PORTS_MAC_B64 + 1];
-  if (rc < 0 || token_mac (f[0], (unsigned) pt, exp, created, mac) < 0
-      || CRYPTO_memcmp (mac, f[3], PORTS_MAC_B64) != 0)
+  if (token_mac (f[0], (unsigned) pt, exp, created, mac) < 0 || CRYPTO_memcmp (mac, f[4], PORTS_MAC_B64) != 0)
     return -1;
   snprintf (id, SHIM_ID_MAX + 1, "%s", f[0]);
   *port = (unsigned) pt;
+  *created_ms = created;
   return 0;
+}
+
+int
+ports_token_check (const char *text, char *id, unsigned *port)
+{
+  int64_t created = 0, now_created = 0;
+  if (ports_token_verify (text, id, port, &created) < 0)
+    return -1;
+  /* Only now, for a genuine link, is the gateway asked. */
+  rpc_status_t st = RPC_STATUS_INIT;
+  int rc = sandbox_created (id, &now_created, &st);
+  rpc_status_release (&st);
+  return rc == 0 && now_created == created ? 0 : -1;
 }
 
 /* ---- routes --------------------------------------------------------------------- */
@@ -239,11 +286,12 @@ route_ports_list (shim_req_t *r, unsigned *status)
   return shim_json (json_pack ("{s:s, s:o}", "sandbox_id", r->id, "ports", list), 200, status);
 }
 
-/* The body's ttl_seconds (default PORTS_DEFAULT_TTL), else the 422 body. */
+/* The body's ttl_seconds (default PORTS_DEFAULT_TTL, at most
+ * SHIM_PREVIEW_MAX_TTL_SECONDS), else the 422 body. */
 static json_t *
 link_ttl (shim_req_t *r, long long *ttl)
 {
-  *ttl = PORTS_DEFAULT_TTL;
+  *ttl = PORTS_DEFAULT_TTL < shim.cfg.preview_max_ttl ? PORTS_DEFAULT_TTL : shim.cfg.preview_max_ttl;
   shim_errors_t e;
   shim_errors_init (&e);
   json_t *body = r->len > 0 ? json_loadb (r->body, r->len, 0, NULL) : json_object ();
@@ -264,7 +312,10 @@ link_ttl (shim_req_t *r, long long *ttl)
   return shim_errors_any (&e) ? shim_errors_take (&e) : (shim_errors_release (&e), NULL);
 }
 
-/* The base of the links: SHIM_PUBLIC_URL, else http://<Host>. */
+/* The base of the links: SHIM_PUBLIC_URL, else http://<Host> — the Host
+ * header of the request that asks for the link (sent with the bearer, so
+ * chosen by a caller who holds the secret; set SHIM_PUBLIC_URL when links
+ * go to anyone else). */
 static char *
 link_base (shim_req_t *r)
 {

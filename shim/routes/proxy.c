@@ -19,10 +19,16 @@
  * until both sides are closed.
  *
  * Limits: forwarded connections (ports_slot_take: 429; given back once
- * the answer is all read from upstream), the request head we build (431),
- * the response head (502, at once), bytes idle either way (the Forward
- * call's idle timeout, SHIM_FORWARD_IDLE_SECONDS: 504 before the answer's
- * head, the connection cut after it).
+ * the answer is all read from upstream; preview-link traffic holds only
+ * part of each cap), the request head we build (431), the response head
+ * (502, at once), interim answers (PROXY_MAX_INTERIM: 502), bytes idle
+ * either way, SHIM_FORWARD_IDLE_SECONDS: on the sandbox's side the Forward
+ * call's idle timeout (504 before the answer's head, the connection cut
+ * after it); on the client's side MHD's connection timeout while the
+ * answer goes out, and a send timeout on an upgraded socket — a client
+ * that stops reading is cut as a silent server is. A preview link's token
+ * is checked before the request's body is read (proxy_admit), and before
+ * the gateway is asked anything.
  *
  * Threading: until an upgrade, everything runs on the connection's thread
  * (it sends and receives on the call); after it, the up thread is the
@@ -39,6 +45,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -65,6 +72,9 @@
  * block measured no faster). */
 #define PROXY_BLOCK (256 * 1024)
 #define PROXY_THREAD_STACK (256 * 1024)
+/* The most interim (1xx) answers a server may send before its answer;
+ * beyond, 502. */
+#define PROXY_MAX_INTERIM 16
 
 typedef enum body_e
 {
@@ -418,7 +428,7 @@ px_slot_give_back (px_t *px)
   if (px->slot)
     {
       px->slot = false;
-      ports_slot_release (px->id);
+      ports_slot_release (px->id, px->preview);
     }
 }
 
@@ -495,7 +505,7 @@ px_open (shim_req_t *r, px_t *px, unsigned *status)
       px->port = (unsigned) p;
     }
   px->head_method = strcmp (r->method, "HEAD") == 0;
-  switch (ports_slot_take (px->id))
+  switch (ports_slot_take (px->id, px->preview))
     {
     case PORTS_SLOT_TAKEN: break;
     case PORTS_SLOT_SANDBOX_FULL:
@@ -812,7 +822,7 @@ px_free (px_t *px)
     rpc_client_destroy (px->call);
   frames_drop (&px->up);
   if (px->slot)
-    ports_slot_release (px->id);
+    ports_slot_release (px->id, px->preview);
   free (px->head);
   free (px);
 }
@@ -923,10 +933,14 @@ px_upgraded (void *cls, struct MHD_Connection *conn, void *con_cls, const char *
   px->watch = NULL;
   px->urh = urh;
   px->sock = sock;
-  /* MHD hands the socket over non-blocking; each thread blocks on its way. */
+  /* MHD hands the socket over non-blocking; each thread blocks on its way,
+   * the down thread's sends at most SHIM_FORWARD_IDLE_SECONDS (a client
+   * that stops reading is cut). */
   int fl = fcntl (sock, F_GETFL);
   if (fl >= 0)
     fcntl (sock, F_SETFL, fl & ~O_NONBLOCK);
+  struct timeval snd = {.tv_sec = shim.cfg.forward_idle_seconds};
+  setsockopt (sock, SOL_SOCKET, SO_SNDTIMEO, &snd, sizeof snd);
   if (extra_in_size > 0 && send_data (px, extra_in, extra_in_size) < 0)
     rpc_client_cancel (px->call);
   pthread_attr_t attr;
@@ -1004,13 +1018,20 @@ px_answer (shim_req_t *r, px_t *px, unsigned *status)
   if (px->chunked_up && send_data (px, "0\r\n\r\n", 5) < 0)
     return shim_detail (502, "The server in the sandbox closed the connection", status);
   unsigned code = 0;
-  do
+  for (int interim = 0;; interim++)
     {
+      if (interim > PROXY_MAX_INTERIM)
+        {
+          char msg[96];
+          snprintf (msg, sizeof msg, "The server in the sandbox sent over %d interim answers", PROXY_MAX_INTERIM);
+          return shim_detail (502, msg, status);
+        }
       got_head_t got = read_head (px);
       if (got != HEAD_OK || (code = head_status (px->head)) == 0)
         return head_failed (px, got, status);
+      if (code < 100 || code >= 200 || code == 101)
+        break;
     }
-  while (code >= 100 && code < 200 && code != 101); /* interim answers */
   int rc = take_headers (px, NULL, code == 101);
   if (rc == -E2BIG)
     return shim_detail (502, "The server in the sandbox named too many headers in Connection", status);
@@ -1026,6 +1047,7 @@ px_answer (shim_req_t *r, px_t *px, unsigned *status)
       MHD_add_response_header (resp, MHD_HTTP_HEADER_CONNECTION, "Upgrade");
       px->relaying = true;
       *status = 101;
+      r->status_foreign = true;
       return resp;
     }
   if (px->head_method || code == 204 || code == 304)
@@ -1033,9 +1055,11 @@ px_answer (shim_req_t *r, px_t *px, unsigned *status)
   uint64_t size = px->body == BODY_LENGTH ? px->remaining : MHD_SIZE_UNKNOWN;
   if (px->body == BODY_NONE)
     size = 0;
-  /* A long-lived answer (SSE) moves no byte for long: the Forward call's
-   * idle timeout is the bound, not MHD's. */
-  MHD_set_connection_option (r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0);
+  /* A long-lived answer (SSE) may move no byte for long, as long as the
+   * Forward call's idle timeout allows; MHD's own timeout is then the same
+   * bound for a client that stops reading (its socket full, nothing sent):
+   * it is cut, and its slot given back, instead of pinning it. */
+  MHD_set_connection_option (r->conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned) shim.cfg.forward_idle_seconds);
   /* MHD's block comes with the response (a fresh mapping at this size):
    * no larger than the body. */
   size_t block = size < PROXY_BLOCK ? (size_t) size + 1 : PROXY_BLOCK;
@@ -1048,6 +1072,7 @@ px_answer (shim_req_t *r, px_t *px, unsigned *status)
   px->remaining = remaining;
   px->relaying = size != 0;
   *status = code;
+  r->status_foreign = true;
   return resp;
 }
 
@@ -1068,6 +1093,18 @@ proxy_handle (shim_req_t *r, unsigned *status)
   if (!px->relaying)
     px_slot_give_back (px); /* all there is of the answer is here */
   return resp;
+}
+
+void
+proxy_admit (shim_req_t *r)
+{
+  const char *uri = r->uri != NULL ? r->uri : "";
+  const char *tok = strstr (uri, "/p/");
+  char id[SHIM_ID_MAX + 1];
+  unsigned port = 0;
+  int64_t created = 0;
+  if (tok == NULL || ports_token_verify (tok + 3, id, &port, &created) < 0)
+    shim_req_fail (r, 403, "Invalid or expired link");
 }
 
 void

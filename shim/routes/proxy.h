@@ -17,23 +17,30 @@ typedef enum ports_slot_e
   PORTS_SLOT_NO_MEMORY,
 } ports_slot_t;
 
-/* Takes a forwarded-connection slot for sandbox `id`: PORTS_SLOT_TAKEN,
- * or why none was. Every slot taken is given back with
- * ports_slot_release. */
-ports_slot_t ports_slot_take (const char *id);
-void ports_slot_release (const char *id);
+/* Takes a forwarded-connection slot for sandbox `id` (`link`: for
+ * preview-link traffic, which may hold only part of each cap):
+ * PORTS_SLOT_TAKEN, or why none was. Every slot taken is given back with
+ * ports_slot_release (the same `link`). */
+ports_slot_t ports_slot_take (const char *id, bool link);
+void ports_slot_release (const char *id, bool link);
 
 /* A preview link's token for `port` of sandbox `id` (created at
  * `created_ms`, as Get says), valid until `expires` (Unix seconds):
- * "<id>.<port>.<expires>.<mac>" where mac is base64url(HMAC-SHA256) under a
- * key derived from the shim's secret. `out` holds PORTS_TOKEN_MAX bytes. */
+ * "<id>.<port>.<expires>.<created_ms>.<mac>" where mac is
+ * base64url(HMAC-SHA256) under a key derived from the shim's secret. `out`
+ * holds PORTS_TOKEN_MAX bytes. */
 #define PORTS_TOKEN_MAX 200
 int ports_token_make (const char *id, unsigned port, int64_t expires, int64_t created_ms, char *out);
 
-/* Checks a token (its text up to the first '/' of `text`): 0 with the
- * sandbox in `id` (SHIM_ID_MAX + 1 bytes) and the port in *port; -1 when
- * it is malformed, expired, forged, or its sandbox is gone or was created
- * again since (asks the gateway). */
+/* Checks a token's form, expiry and MAC (its text up to the first '/' or
+ * '?' of `text`) without asking the gateway: 0 with the sandbox in `id`
+ * (SHIM_ID_MAX + 1 bytes), the port in *port and the creation time it was
+ * made for in *created_ms; -1 when it is malformed, expired or forged. */
+int ports_token_verify (const char *text, char *id, unsigned *port, int64_t *created_ms);
+
+/* ports_token_verify, then (only for a genuine token) asks the gateway
+ * whether the sandbox still exists with that creation time: -1 when it is
+ * gone or was created again since. */
 int ports_token_check (const char *text, char *id, unsigned *port);
 
 /* The proxy's route handlers (proxy.c): `/sandboxes/{id}/ports/{port}/…`
@@ -41,5 +48,8 @@ int ports_token_check (const char *text, char *id, unsigned *port);
 struct MHD_Response *proxy_handle (shim_req_t *r, unsigned *status);
 int proxy_upload (shim_req_t *r, const char *data, size_t len);
 void proxy_cleanup (shim_req_t *r);
+/* A preview link's token is checked (ports_token_verify, no gateway call)
+ * before any of the body is read: 403 at once for a bad one. */
+void proxy_admit (shim_req_t *r);
 
 #endif

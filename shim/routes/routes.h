@@ -74,6 +74,7 @@ struct MHD_Response *route_port_root (shim_req_t *r, unsigned *status);
 struct MHD_Response *proxy_handle (shim_req_t *r, unsigned *status);
 int proxy_upload (shim_req_t *r, const char *data, size_t len);
 void proxy_cleanup (shim_req_t *r);
+void proxy_admit (shim_req_t *r);
 
 /* common.c */
 /* A whole unary call with the shim's credentials to the gateway that owns

@@ -22,7 +22,8 @@
  * does before the threads start.
  *
  * Endings: the client closes or vanishes → the call is cancelled (the
- * process runs on); the process exits → the exit JSON, close 1000; the
+ * process runs on); the client leaves too many answers (pongs, error
+ * replies) unread → close 1008 (ws.c), the same; the process exits → the exit JSON, close 1000; the
  * call fails → close 1011; the shim stops → close 1001. Then the socket
  * goes back to MHD (MHD_UPGRADE_ACTION_CLOSE), which frees the connection
  * slot the terminal held all along.
@@ -479,6 +480,8 @@ static const char *
 term_step (term_t *t, int64_t *last_ping)
 {
   term_flush (t);
+  if (ws_flooded (t->ws))
+    return "client left its answers unread"; /* ws.c queued a close 1008 */
   if (ws_closing (t->ws))
     return NULL;
   if (atomic_load (&stopping))

@@ -19,7 +19,7 @@ import pytest
 from tests.lib.client import new_id
 from tests.lib.procs import RssSampler
 from tests.lib.ports import Forward, start_detached, wait_listening
-from tests.lib.shim import ShimResponse, health_ok, raw_connect, read_response_head, status_of
+from tests.lib.shim import ShimClient, ShimResponse, health_ok, raw_connect, read_response_head, status_of
 
 HTTP_PORT = 8000
 WS_PORT = 8001
@@ -31,7 +31,8 @@ WS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ws")
 # N events MS ms apart; /stall/S one event, then S seconds of silence;
 # /late/S its answer after S seconds of silence; /bighead/KIB/N N events
 # 0.5 s apart after a KIB KiB header; /hop an answer with hop-by-hop
-# headers.
+# headers; /status/N an empty answer with status N; /interim/N N interim
+# (100) answers before its own.
 SERVER = r"""
 import hashlib, json, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -96,6 +97,13 @@ class H(BaseHTTPRequestHandler):
             self.events([b"tick %d" % i for i in range(n)], 0.5, [("X-Big", "h" * (kib * 1024))])
         elif self.path.startswith("/late/"):
             time.sleep(int(self.path[6:]))
+            self.echo()
+        elif self.path.startswith("/status/"):
+            self.send_response(int(self.path[8:]))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif self.path.startswith("/interim/"):
+            self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n" * int(self.path[9:]))
             self.echo()
         elif self.path == "/hop":
             self.send_response(200)
@@ -305,17 +313,20 @@ def test_expired_link_is_403(shim, web):
 def test_tampered_link_is_403(shim, web):
     path = _link(shim, web)["path"]
     token = path.split("/")[2]
-    sid, port, exp, mac = token.split(".")
-    for bad in (f"{sid}.{port}.{int(exp) + 1000}.{mac}", f"{sid}.{port}.{exp}.{mac[:-1]}{'B' if mac[-1] == 'A' else 'A'}",
-                f"{sid}.{port}.{exp}", "garbage", f"{sid}.{port}.{exp}.{mac}.x"):
+    sid, port, exp, created, mac = token.split(".")
+    for bad in (f"{sid}.{port}.{int(exp) + 1000}.{created}.{mac}",
+                f"{sid}.{port}.{exp}.{int(created) + 1}.{mac}",
+                f"{sid}.{port}.{exp}.{created}.{mac[:-1]}{'B' if mac[-1] == 'A' else 'A'}",
+                f"{sid}.{port}.{exp}.{mac}", f"{sid}.{port}.{exp}.{created}", "garbage",
+                f"{sid}.{port}.{exp}.{created}.{mac}.x", f"{sid}.{port}.{exp}.-{created}.{mac}"):
         r = shim.request("GET", f"/p/{bad}/", auth=False)
         assert r.status == 403, (bad, r)
 
 
 def test_link_for_another_port_is_403(shim, web):
     token = _link(shim, web)["path"].split("/")[2]
-    sid, port, exp, mac = token.split(".")
-    r = shim.request("GET", f"/p/{sid}.{WS_PORT}.{exp}.{mac}/", auth=False)
+    sid, port, exp, created, mac = token.split(".")
+    r = shim.request("GET", f"/p/{sid}.{WS_PORT}.{exp}.{created}.{mac}/", auth=False)
     assert r.status == 403, r
 
 
@@ -765,3 +776,132 @@ def test_hop_by_hop_response_headers_stay_with_the_shim(shim, web):
                  "upgrade", "te"):
         assert name not in r.headers, (name, r.header_list)
     assert all("x-resp-hop" not in v.lower() for k, v in r.header_list if k.lower() == "connection"), r.header_list
+
+
+# ---- hostile link holders ----------------------------------------------------------------
+
+
+def _stalled_visitor(shim, path: str) -> tuple[socket.socket, int]:
+    """A preview link's visitor (no bearer) that reads the head of its
+    answer and then stops reading (its receive buffer small): the socket
+    and the status."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(30)
+    s.connect((shim.host, shim.port))
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: {shim.host}:{shim.port}\r\n\r\n".encode())
+    head = read_response_head(s, 30.0)
+    return s, status_of(head)
+
+
+def test_link_visitors_who_stop_reading_leave_room_and_are_cut(shims, gateway, web, web2):
+    """Eight visitors of a preview link ask for a large answer, read its
+    first bytes and stop reading, with 8 forwarded connections allowed per
+    sandbox and in all. Link traffic holds only part of either cap: the
+    sandbox's owner (bearer) and another sandbox are still served while
+    they stall; and a visitor that reads nothing for SHIM_FORWARD_IDLE_SECONDS
+    is cut like a silent server, so its slot comes back long before the
+    answer would have ended."""
+    shim = shims.shim(gateway, env={"SHIM_FORWARD_IDLE_SECONDS": "2", "SHIM_MAX_FORWARDS_PER_SANDBOX": "8",
+                                    "SHIM_MAX_FORWARDS": "8"})
+    link = _link(shim, web)["path"]
+    visitors = []
+    try:
+        for _ in range(8):
+            visitors.append(_stalled_visitor(shim, link + "big/64"))
+        statuses = sorted(st for _, st in visitors)
+        assert set(statuses) <= {200, 429} and statuses.count(200) >= 1, statuses
+        r = shim.request("GET", _path(web, "/echo"), timeout=30)
+        assert r.status == 200, ("the owner is locked out by stalled link visitors", r)
+        r = shim.request("GET", _path(web2, "/echo"), timeout=30)
+        assert r.status == 200, ("another sandbox is locked out by stalled link visitors", r)
+        # The stalled visitors are cut: a visitor of the link gets in again.
+        deadline = time.monotonic() + 15.0
+        while True:
+            r = shim.request("GET", link + "echo", auth=False, timeout=30)
+            if r.status == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        assert r.status == 200, ("stalled visitors still hold their slots after 15 s", r)
+    finally:
+        for s, _ in visitors:
+            s.close()
+
+
+def _sandbox_ids(shim) -> list[str]:
+    r = shim.request("GET", "/sandboxes")
+    assert r.status == 200, r
+    return [x["sandbox_id"] if isinstance(x, dict) else x for x in r.json()["sandboxes"]]
+
+
+def test_forged_links_do_not_keep_a_sandbox_alive(shims):
+    """SANDBOX_IDLE_TTL=3: forged links to a sandbox, twice a second for
+    10 s, are each 403 — and the sandbox still ends at its idle timeout:
+    a token is checked before the gateway is asked anything, so a visitor
+    without a valid link never counts as use."""
+    gw = shims.gateway(env={"SANDBOX_IDLE_TTL": "3"}, secret="forged-links-test-secret")
+    shim = shims.shim(gw)
+    sid = ShimClient(shim).launch(new_id("forged"))
+    future = int(time.time()) + 3600
+    forged = [f"/p/{sid}.{HTTP_PORT}.{future}.{'A' * 43}/",
+              f"/p/{sid}.{HTTP_PORT}.{future}.{int(time.time() * 1000)}.{'A' * 43}/"]
+    end = time.monotonic() + 10.0
+    while time.monotonic() < end:
+        for path in forged:
+            r = shim.request("GET", path, auth=False, timeout=30)
+            assert r.status == 403, r
+        time.sleep(0.5)
+    assert sid not in _sandbox_ids(shim), "forged links kept the sandbox alive past its idle timeout (3 s) for 10 s"
+
+
+def test_a_forged_link_with_a_body_is_refused_before_the_body(shim, web):
+    """A POST to a forged link declaring a 100 MB body, of which nothing is
+    sent: 403 at once (the shim does not wait for, nor read, the body)."""
+    s = raw_connect(shim, timeout=30)
+    try:
+        s.sendall(f"POST /p/{web}.{HTTP_PORT}.{int(time.time()) + 3600}.1.{'A' * 43}/echo HTTP/1.1\r\n"
+                  f"Host: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 100000000\r\n\r\n".encode())
+        head = read_response_head(s, 5.0)
+    finally:
+        s.close()
+    assert status_of(head) == 403, head
+    assert health_ok(shim)
+
+
+def test_sandbox_statuses_are_counted_by_class(shim, web):
+    """A server in a sandbox answers 40 different statuses through a preview
+    link: the metrics count them by class (2xx…), so a sandbox cannot fill
+    the shim's series table."""
+    link = _link(shim, web)["path"]
+    for code in range(200, 240):
+        r = shim.request("GET", link + f"status/{code}", auth=False)
+        assert r.status == code, r
+    r = shim.request("GET", _path(web, "/status/299"))
+    assert r.status == 299, r
+    text = shim.request("GET", "/metrics").body.decode()
+    proxied = [line for line in text.splitlines()
+               if line.startswith("shim_requests_total{") and ('route="/p/{*}"' in line or "/ports/{port}/{*}" in line)]
+    statuses = {line.split('status="')[1].split('"')[0] for line in proxied}
+    # The shim's own answers on these routes (403, 429, 502…) keep their
+    # number; none of them is a 2xx.
+    assert "2xx" in statuses, sorted(statuses)
+    assert not [s for s in statuses if s.isdigit() and 200 <= int(s) < 300], sorted(statuses)
+
+
+def test_interim_answers_are_capped(shim, web):
+    """A server that sends a thousand interim (100) answers before its own
+    gets 502; a few are skipped as before."""
+    r = shim.request("GET", _path(web, "/interim/3"))
+    assert r.status == 200 and r.json()["tag"] == web, r
+    r = shim.request("GET", _path(web, "/interim/1000"))
+    assert r.status == 502 and "interim" in r.json()["detail"], r
+
+
+def test_a_link_without_ttl_lives_at_most_the_maximum(shims, gateway, web):
+    """SHIM_PREVIEW_MAX_TTL_SECONDS=5: a link asked for without ttl_seconds
+    expires within 5 s, not after the default hour."""
+    shim = shims.shim(gateway, env={"SHIM_PREVIEW_MAX_TTL_SECONDS": "5"})
+    before = time.time()
+    r = shim.request("POST", f"/sandboxes/{web}/ports/{HTTP_PORT}/links", body={})
+    assert r.status == 201, r
+    assert r.json()["expires_at"] <= int(before) + 6, (r.json(), before)

@@ -25,7 +25,7 @@ import pytest
 
 from tests.integration.test_runtime_processes import background, processes
 from tests.lib.client import new_id, pb
-from tests.lib.procs import wait_until
+from tests.lib.procs import RssSampler, wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WS_DIR = os.path.join(HERE, "ws")
@@ -392,4 +392,59 @@ def test_a_stopping_shim_closes_its_terminals_with_1001_and_exits_0(shims, gatew
     assert s.stop() == 0, s.describe()
     closed = t.wait_closed()
     assert closed["ev"] == "close" and closed["code"] == 1001, closed
+    assert processes(sbx, box)[pid].running
+
+
+def _flood_socket(shim) -> socket.socket:
+    """A connection whose receive buffer is small, so that what the shim
+    writes to it backs up at once when nobody reads."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(30)
+    s.connect((shim.host, shim.port))
+    return s
+
+
+@pytest.mark.parametrize("frame", ["ping", "text"])
+def test_a_client_that_floods_and_never_reads_is_closed_with_flat_memory(shims, gateway, sbx, box, frame):
+    """A terminal client sends empty pings (each asks for a pong) or 1-byte
+    text frames (each asks for an error reply) as fast as it can and never
+    reads. The shim stops reading it once its answers back up, closes it,
+    and its resident memory stays flat; it keeps serving."""
+    s = shims.shim(gateway)
+    pid = start_bash(sbx, box)
+    sock = _flood_socket(s)
+    path = f"/sandboxes/{box}/processes/{pid}/terminal"
+    head = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "".join(
+        f"{k}: {v}\r\n" for k, v in upgrade_headers(s).items())
+    sock.sendall(head.encode() + b"\r\n")
+    got = b""
+    while b"\r\n\r\n" not in got:
+        piece = sock.recv(4096)
+        assert piece, got
+        got += piece
+    assert got.startswith(b"HTTP/1.1 101"), got
+    # Masked client frames: an empty PING, or a text frame "x".
+    one = b"\x89\x80\x01\x02\x03\x04" if frame == "ping" else b"\x81\x81\x01\x02\x03\x04" + bytes([ord("x") ^ 1])
+    burst = one * 10000
+    sock.settimeout(0.5)
+    sent = stalls = 0
+    closed = False
+    deadline = time.monotonic() + 12.0
+    with RssSampler(s.pid) as rss:
+        while time.monotonic() < deadline and s.alive():
+            try:
+                sent += sock.send(burst)
+            except socket.timeout:
+                stalls += 1  # the shim no longer reads us
+            except OSError:
+                closed = True  # the shim closed the connection
+                break
+    sock.close()
+    assert s.alive(), s.describe()
+    assert rss.growth_mib < 64, f"shim VmRSS grew {rss.growth_mib:.0f} MiB under {sent} bytes of {frame} frames"
+    assert closed or stalls > 0, (sent, stalls)
+    assert wait_until(lambda: len(s.logs.find(lambda r: r.get("message") == "terminal closed"
+                                              and r.get("process_id") == pid)) >= 1, timeout=15)
+    assert s.request("GET", "/health", auth=False).status == 200
     assert processes(sbx, box)[pid].running

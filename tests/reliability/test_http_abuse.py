@@ -374,3 +374,136 @@ def test_connections_that_open_and_reset_at_once_do_not_hurt(procs, n):
     assert probe.failures == [], probe.failures
     assert health_ok(shim)
     assert (vm_rss_kib(shim.pid) - before) / 1024 < 64
+
+
+# --- clients that only hold connections -------------------------------------------------
+
+class Holders:
+    """Connections from the loopback addresses `sources` (each a distinct
+    client to the shim), `per_source` of them each, that send `request`
+    (perhaps only half a head) every `every` seconds on a background thread,
+    opening again those the shim closed or refused. `opened` counts the
+    connections made, `answered` the answers read."""
+
+    def __init__(self, shim, sources: list[str], per_source: int, request: bytes, every: float):
+        self.shim, self.request, self.every = shim, request, every
+        self.slots: list = [(src, None) for src in sources for _ in range(per_source)]
+        self.opened = self.answered = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _open(self, src: str):
+        with contextlib.suppress(OSError):
+            s = socket.create_connection((self.shim.host, self.shim.port), timeout=1.0, source_address=(src, 0))
+            self.opened += 1
+            s.sendall(self.request)
+            s.setblocking(False)
+            return s
+        return None
+
+    def _round(self) -> None:
+        for i, (src, s) in enumerate(self.slots):
+            if self.stop.is_set():
+                return
+            if s is not None:
+                try:
+                    data = s.recv(65536)
+                    if data == b"":
+                        raise ConnectionResetError
+                    self.answered += data.count(b"HTTP/1.1 ")
+                    s.send(self.request)
+                except (BlockingIOError, InterruptedError):
+                    with contextlib.suppress(OSError):
+                        s.send(self.request)
+                except OSError:
+                    s.close()
+                    s = None
+            if s is None:
+                s = self._open(src)
+            self.slots[i] = (src, s)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self._round()
+            self.stop.wait(self.every)
+
+    def __enter__(self):
+        self._round()  # the first round before the test goes on
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(30)
+        for _, s in self.slots:
+            if s is not None:
+                s.close()
+        return False
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def _timed_execs(shim, sid: str, n: int) -> list[float]:
+    """`n` execs a second apart, each on a new connection: their times
+    (each must answer 200)."""
+    times = []
+    for _ in range(n):
+        t0 = time.monotonic()
+        r = shim.request("POST", f"/sandboxes/{sid}/exec", {"argv": ["true"]}, timeout=30)
+        times.append(time.monotonic() - t0)
+        assert r.status == 200, r
+        time.sleep(1.0)
+    return times
+
+
+def _launch(shim) -> str:
+    sid = f"abuse-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    r = shim.request("POST", "/sandboxes", {"sandbox_id": sid})
+    assert r.status == 201, r
+    return sid
+
+
+def test_keepalive_health_clients_from_many_addresses_leave_room_for_an_exec(procs):
+    """SHIM_MAX_CONNECTIONS=128, SHIM_MAX_CONNECTIONS_PER_CLIENT=32: 256
+    keep-alive connections from 8 addresses ask GET /health (no token)
+    every 5 s and open again what is closed. They reach the total cap; the
+    shim closes idle connections first and, near the cap, closes each
+    answered one: an authenticated exec from another address is answered
+    throughout, and the shim's threads stay bounded by its cap."""
+    _raise_nofile(4096)
+    gw = procs.gateway()
+    shim = procs.shim(gw, env={"SHIM_MAX_CONNECTIONS": "128", "SHIM_MAX_CONNECTIONS_PER_CLIENT": "32"})
+    sid = _launch(shim)
+    base = _threads(shim.pid)
+    sources = [f"127.0.0.{i}" for i in range(2, 10)]
+    with Holders(shim, sources, 32, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", every=5.0) as h:
+        time.sleep(1.5)
+        times = _timed_execs(shim, sid, 6)
+        threads = _threads(shim.pid)
+    assert h.answered > 0 and h.opened >= 128, (h.opened, h.answered)
+    assert max(times) < 5.0, times
+    assert threads <= base + 128 + 8, (base, threads)
+    assert wait_until(lambda: health_ok(shim), 20.0, 0.5)
+
+
+def test_half_sent_heads_from_one_address_are_capped(procs):
+    """1100 connections from one address send half a request head and
+    nothing more, and are opened again as they are closed. At most
+    SHIM_MAX_CONNECTIONS_PER_CLIENT (256) of them are kept: clients from
+    other addresses are served at once, with an authenticated exec, and the
+    shim's threads stay bounded by that cap."""
+    _raise_nofile(4096)
+    gw = procs.gateway()
+    shim = procs.shim(gw)
+    sid = _launch(shim)
+    base = _threads(shim.pid)
+    with Holders(shim, ["127.0.0.2"], 1100, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: aaaa", every=2.0) as h:
+        time.sleep(1.0)
+        assert health_ok(shim, timeout=5.0)
+        times = _timed_execs(shim, sid, 4)
+        threads = _threads(shim.pid)
+    assert h.opened >= 1100, h.opened
+    assert max(times) < 5.0, times
+    assert threads <= base + 256 + 8, (base, threads)

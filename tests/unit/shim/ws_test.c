@@ -1,6 +1,7 @@
 /* ws_test: the WebSocket handshake helpers (shim/ws.c): the accept key
  * (RFC 6455's own example), malformed keys, header tokens, the bearer
- * secret offered as a subprotocol and the subprotocol answered.
+ * secret offered as a subprotocol and the subprotocol answered; and a
+ * connection over a socketpair whose client floods pings and never reads.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -8,6 +9,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -72,6 +76,47 @@ test_the_answered_subprotocol_is_one_offered (void **state)
   assert_null (ws_pick_protocol ("bearer.k", "terminal", "k", buf, 4)); /* does not fit */
 }
 
+static void
+ignore_message (void *user, bool text, const uint8_t *data, size_t len)
+{
+  (void) user, (void) text, (void) data, (void) len;
+}
+
+/* A client writes a quarter of a million empty pings and reads nothing:
+ * the queue of pongs stays bounded, the client is no longer read, and a
+ * close is queued. */
+static void
+test_a_ping_flood_that_is_never_read_is_bounded_and_closed (void **state)
+{
+  int sv[2];
+  assert_int_equal (socketpair (AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
+  int wake = eventfd (0, EFD_CLOEXEC | EFD_NONBLOCK);
+  assert_true (wake >= 0);
+  ws_t *ws = ws_new (sv[0], NULL, 0, 1024, ignore_message, NULL);
+  assert_non_null (ws);
+  static const uint8_t ping[6] = {0x89, 0x80, 1, 2, 3, 4}; /* masked, empty */
+  uint8_t burst[6 * 1024];
+  for (size_t i = 0; i < sizeof burst; i += 6)
+    memcpy (burst + i, ping, 6);
+  size_t written = 0;
+  for (int round = 0; round < 256; round++)
+    {
+      ssize_t n = write (sv[1], burst, sizeof burst);
+      written += n > 0 ? (size_t) n : 0;
+      bool woken;
+      assert_int_equal (ws_poll (ws, wake, 0, &woken), 1);
+      /* 64 queued, plus what one 4 KiB read can hold, plus the close. */
+      assert_true (ws_queued (ws) <= 64 + 4096 / 6 + 2);
+    }
+  assert_true (written > 64 * 1024);
+  assert_true (ws_flooded (ws));
+  assert_true (ws_closing (ws));
+  ws_free (ws);
+  close (sv[0]);
+  close (sv[1]);
+  close (wake);
+}
+
 int
 main (void)
 {
@@ -81,6 +126,7 @@ main (void)
       cmocka_unit_test (test_header_tokens_are_comma_separated_and_case_insensitive),
       cmocka_unit_test (test_the_bearer_subprotocol_must_carry_the_secret),
       cmocka_unit_test (test_the_answered_subprotocol_is_one_offered),
+      cmocka_unit_test (test_a_ping_flood_that_is_never_read_is_bounded_and_closed),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
