@@ -236,10 +236,6 @@ long sbx_uid_take_locked (sbx_runtime_t *rt);
 /* Gives `slot` back, behind every other free one; -1 is ignored. */
 void sbx_uid_release_locked (sbx_runtime_t *rt, long slot);
 uint32_t sbx_uid_base (const sbx_runtime_t *rt, long slot);
-/* The host uid (and gid) slirp4netns runs as for the sandbox of `slot`:
- * the last of the sandbox's own range (its id RANGE-1, 65535 by default,
- * which no account of an image uses). */
-uint32_t sbx_uid_slirp (const sbx_runtime_t *rt, long slot);
 
 /* uidblock.c: the host-wide claim on the pool's block — refused (naming
  * SANDBOX_UID_BASE and SANDBOX_UID_SLOTS) when another running gateway's

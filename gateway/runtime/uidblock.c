@@ -218,7 +218,18 @@ sbx_uid_block_claim (sbx_runtime_t *rt, err_t *err)
 
   const char *dir = rt->cfg.uid_lock_dir;
   cleanup_close int dir_lock = -1;
-  if (make_dirs (dir, err) < 0 || lock_dir (dir, &dir_lock, err) < 0 || check_others (rt, mine, err) < 0)
+  if (make_dirs (dir, err) < 0 && err->status == EROFS)
+    {
+      /* A container's read-only root without the host directory mounted:
+       * there is no host-wide view to claim in. */
+      log_fields (SEV_WARNING, json_pack ("{s:s, s:s}", "uid_lock_dir", dir, "error", err_msg (err)),
+                  "SANDBOX_UID_LOCK_DIR cannot be created: the uid block is not claimed host-wide, so nothing "
+                  "keeps another gateway of this host from using the same ids; mount the host's directory there "
+                  "(docs/deploy.md)");
+      err_release (err);
+      return 0;
+    }
+  if (err->status != 0 || lock_dir (dir, &dir_lock, err) < 0 || check_others (rt, mine, err) < 0)
     return -1;
   if (snprintf (rt->uid_claim_path, sizeof rt->uid_claim_path, "%s/%" PRIu64 "-%" PRIu64, dir, mine.first, mine.last)
       >= (int) sizeof rt->uid_claim_path)

@@ -70,12 +70,6 @@ sbx_uid_base (const sbx_runtime_t *rt, long slot)
   return (uint32_t) (rt->cfg.uid_base + slot * rt->cfg.uid_range);
 }
 
-uint32_t
-sbx_uid_slirp (const sbx_runtime_t *rt, long slot)
-{
-  return sbx_uid_base (rt, slot) + (uint32_t) (rt->cfg.uid_range - 1);
-}
-
 int
 sbx_userns_probe (sbx_runtime_t *rt, err_t *err)
 {
