@@ -30,6 +30,15 @@
 #                         off: never touch the cgroup mounts or tree.
 #   SANDBOX_BIN_DIR       where the programs are (default: this script's
 #                         directory, /usr/local/bin in the image).
+#   SANDBOX_UID_BASE_FROM_ORDINAL
+#                         true: set SANDBOX_UID_BASE from the number that
+#                         ends the host name (a StatefulSet pod's ordinal,
+#                         sandbox-gateway-<n>): SANDBOX_UID_BASE (default
+#                         1000000) + n x SANDBOX_UID_SLOTS x SANDBOX_UID_RANGE
+#                         (defaults: SANDBOX_MAX, 65536), so that the
+#                         members sharing a node have blocks of their own.
+#                         Refuses to start (exit 78) when the host name does
+#                         not end in a number or SANDBOX_UID_SLOTS is unset.
 set -euo pipefail
 
 self=$(readlink -f "${BASH_SOURCE[0]}")
@@ -116,6 +125,22 @@ setup_cgroup_v2() {
     log "warning: could not enable${want} in /sys/fs/cgroup/cgroup.subtree_control"
   fi
 }
+
+# Each member of a StatefulSet gets the uid block after its predecessor's.
+uid_base_from_ordinal() {
+  [[ "${SANDBOX_UID_BASE_FROM_ORDINAL:-false}" == "true" ]] || return 0
+  local host ordinal slots=${SANDBOX_UID_SLOTS:-${SANDBOX_MAX:-}}
+  host=$(hostname)
+  ordinal=${host##*-}
+  if ! [[ $ordinal =~ ^[0-9]+$ && $slots =~ ^[1-9][0-9]*$ ]]; then
+    log "SANDBOX_UID_BASE_FROM_ORDINAL: the host name '$host' must end in -<number> and SANDBOX_UID_SLOTS (or SANDBOX_MAX) be set"
+    exit 78 # EX_CONFIG
+  fi
+  export SANDBOX_UID_SLOTS=$slots
+  export SANDBOX_UID_BASE=$((${SANDBOX_UID_BASE:-1000000} + 10#$ordinal * slots * ${SANDBOX_UID_RANGE:-65536}))
+  log "uid block of member $ordinal: SANDBOX_UID_BASE=$SANDBOX_UID_BASE, $slots ranges"
+}
+uid_base_from_ordinal
 
 case "$mode" in
   gateway)

@@ -20,7 +20,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 45
+#define N_VARS 47
 
 /* The table of variables, with targets in *c. */
 static void
@@ -126,6 +126,15 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        &c->uid_base, NULL, false},
       {"SANDBOX_UID_RANGE", CFG_INT, "65536", "host uids per sandbox: its ids 0..RANGE-1 map onto its own range",
        65536, 16777216, &c->uid_range, NULL, false},
+      {"SANDBOX_UID_SLOTS", CFG_INT, "0",
+       "ranges in the pool: the gateway's block of host ids is SANDBOX_UID_BASE up to SANDBOX_UID_BASE + SLOTS x "
+       "SANDBOX_UID_RANGE - 1, never more; 0: SANDBOX_MAX",
+       0, 100000, &c->uid_slots, NULL, false},
+      {"SANDBOX_UID_LOCK_DIR", CFG_STRING, "/run/sandbox-gateway/uid-blocks",
+       "host directory where each gateway claims its uid block for its life (a locked file named for the block); "
+       "a gateway whose block overlaps one claimed there refuses to start. Gateways sharing a host must see the "
+       "same directory",
+       0, 0, &c->uid_lock_dir, NULL, false},
       {"SANDBOX_HELPER", CFG_STRING, NULL, "path of sandbox-helper; unset: next to this program", 0, 0, &c->helper,
        NULL, false},
       {"SANDBOX_MAX_PROCESSES", CFG_INT, "64", "most detached processes running at once in one sandbox", 1, 4096,
@@ -284,7 +293,7 @@ check_volume_overlaps (const gw_config_t *c, err_t *err)
   for (size_t i = 0; c->volumes[i] != NULL; i++)
     {
       volume_host (c->volumes[i], a, sizeof a);
-      long block_end = c->uid_base + c->max_sandboxes * c->uid_range;
+      long block_end = c->uid_base + c->uid_slots * c->uid_range;
       for (int k = 0; k < 2; k++)
         {
           long owner = volume_owner (c->volumes[i], k == 0 ? ":uid=" : ":gid=");
@@ -422,6 +431,44 @@ check_listen (const char *var, const char *value, err_t *err)
   return 0;
 }
 
+/* The uid pool: SANDBOX_UID_SLOTS ranges (0: SANDBOX_MAX of them) from
+ * SANDBOX_UID_BASE, all below the invalid uid (uid_t)-1; SANDBOX_MAX at 0
+ * is sized from memory, at most the pool. Every live sandbox needs a range
+ * of its own: SANDBOX_MAX past the pool is refused, naming both. */
+static int
+size_uid_pool (gw_config_t *c, err_t *err)
+{
+  if (!c->userns)
+    {
+      if (c->max_sandboxes == 0)
+        c->max_sandboxes = gw_default_max_sandboxes (100000);
+      return 0;
+    }
+  long fit = (4294967295L - c->uid_base) / c->uid_range;
+  if (c->uid_slots > fit)
+    return err_make (err, EINVAL,
+                     "SANDBOX_UID_BASE %ld + SANDBOX_UID_SLOTS %ld ranges of SANDBOX_UID_RANGE %ld go past the last "
+                     "uid; lower one of them",
+                     c->uid_base, c->uid_slots, c->uid_range);
+  if (c->max_sandboxes == 0)
+    c->max_sandboxes = gw_default_max_sandboxes (c->uid_slots > 0 ? c->uid_slots : fit);
+  if (c->uid_slots == 0 && c->max_sandboxes > fit)
+    return err_make (err, EINVAL,
+                     "SANDBOX_UID_BASE %ld + SANDBOX_MAX %ld ranges of SANDBOX_UID_RANGE %ld go past the last uid; "
+                     "lower one of them",
+                     c->uid_base, c->max_sandboxes, c->uid_range);
+  if (c->uid_slots == 0)
+    c->uid_slots = c->max_sandboxes;
+  if (c->max_sandboxes > c->uid_slots)
+    return err_make (err, EINVAL,
+                     "SANDBOX_MAX %ld is more than the SANDBOX_UID_SLOTS %ld ranges of the uid pool: every live "
+                     "sandbox needs one; raise SANDBOX_UID_SLOTS or lower SANDBOX_MAX",
+                     c->max_sandboxes, c->uid_slots);
+  if (c->uid_lock_dir[0] != '/')
+    return err_make (err, EINVAL, "SANDBOX_UID_LOCK_DIR: `%s` is not an absolute path", c->uid_lock_dir);
+  return 0;
+}
+
 int
 gw_config_load (gw_config_t *c, err_t *err)
 {
@@ -451,16 +498,8 @@ gw_config_load (gw_config_t *c, err_t *err)
     }
   if (c->state_dir[0] != '/' || c->rootfs[0] != '/')
     return err_make (err, EINVAL, "SANDBOX_STATE_DIR and SANDBOX_ROOTFS must be absolute paths");
-  /* Every live sandbox needs a uid range of its own: the pool must hold
-   * SANDBOX_MAX of them below the invalid uid (uid_t)-1. */
-  long slots = (4294967295L - c->uid_base) / c->uid_range;
-  if (c->max_sandboxes == 0)
-    c->max_sandboxes = gw_default_max_sandboxes (c->userns ? slots : 100000);
-  if (c->userns && slots < c->max_sandboxes)
-    return err_make (err, EINVAL,
-                     "SANDBOX_UID_BASE %ld + SANDBOX_MAX %ld ranges of SANDBOX_UID_RANGE %ld go past the last uid; "
-                     "lower one of them",
-                     c->uid_base, c->max_sandboxes, c->uid_range);
+  if (size_uid_pool (c, err) < 0)
+    return -1;
   if (c->helper == NULL)
     {
       char self[4096];
@@ -573,6 +612,8 @@ gw_config_runtime (const gw_config_t *c, sbx_config_t *out)
       .userns = c->userns,
       .uid_base = c->uid_base,
       .uid_range = c->uid_range,
+      .uid_slots = c->uid_slots,
+      .uid_lock_dir = c->uid_lock_dir,
       .max_processes = c->max_processes,
       .process_retain = c->process_retain,
       .process_buffer_bytes = c->process_buffer_bytes,

@@ -68,6 +68,8 @@ typedef struct gw_config_s
   bool userns;
   long uid_base;
   long uid_range;
+  long uid_slots;     /* SANDBOX_UID_SLOTS, resolved: never 0 with userns */
+  char *uid_lock_dir; /* SANDBOX_UID_LOCK_DIR */
   long max_processes;
   long process_retain;
   long process_buffer_bytes;

@@ -4,9 +4,12 @@
  * host's network namespace (it is the sandbox's only way out). It runs in a
  * cgroup-v2 group of its own with two BPF programs attached (connect4 and
  * udp4 sendmsg) that refuse, with EPERM, every destination in 0.0.0.0/8,
- * 127.0.0.0/8, 169.254.0.0/16 (the cloud metadata server) and the host's
- * own addresses — except DNS (port 53) to the host's nameservers, which
- * slirp4netns forwards the sandbox's queries to. The routes inside the
+ * 127.0.0.0/8, 169.254.0.0/16 (the cloud metadata server), 224.0.0.0/4
+ * (multicast: the kernel loops a group's datagrams back to the host's own
+ * services joined to it, LLMNR, mDNS, SSDP), 240.0.0.0/4 (reserved, with
+ * the limited broadcast 255.255.255.255), the host's own addresses and the
+ * broadcast addresses of its subnets (all-ones and all-zeros host part) — except DNS (port 53) to the host's
+ * nameservers, which slirp4netns forwards the sandbox's queries to. The routes inside the
  * sandbox's namespace stay as a first line; this one is in the host's
  * kernel, where nothing the sandbox sends (however it is built) can change
  * it.
@@ -18,7 +21,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <linux/bpf.h>
+#include <net/if.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,8 +39,8 @@
 /* Most host addresses and nameservers a program checks. */
 #define EGRESS_MAX_RULES 256
 #define EGRESS_MAX_NS 16
-/* Three fixed ranges besides the host's addresses. */
-#define EGRESS_FIXED 3
+/* Fixed ranges besides the host's addresses and broadcast addresses. */
+#define EGRESS_FIXED 5
 
 #define INSN(c, d, s, o, i) ((struct bpf_insn){.code = (c), .dst_reg = (d), .src_reg = (s), .off = (o), .imm = (i)})
 
@@ -88,6 +93,8 @@ build (prog_t *p, const uint32_t *nameservers, size_t n_ns, const uint32_t *host
   emit_blocked (p, 0x00000000u, 0xff000000u); /* 0.0.0.0/8: "this host" */
   emit_blocked (p, 0x7f000000u, 0xff000000u); /* 127.0.0.0/8 */
   emit_blocked (p, 0xa9fe0000u, 0xffff0000u); /* 169.254.0.0/16 */
+  emit_blocked (p, 0xe0000000u, 0xf0000000u); /* 224.0.0.0/4: multicast */
+  emit_blocked (p, 0xf0000000u, 0xf0000000u); /* 240.0.0.0/4, 255.255.255.255 */
   for (size_t i = 0; i < n_hosts; i++)
     emit_blocked (p, hosts[i], 0xffffffffu);
   size_t allow = p->n;
@@ -103,9 +110,8 @@ build (prog_t *p, const uint32_t *nameservers, size_t n_ns, const uint32_t *host
 }
 
 static int
-load (const prog_t *p, enum bpf_attach_type type, err_t *err)
+load_once (const prog_t *p, enum bpf_attach_type type, char *log, size_t log_size)
 {
-  static char log[4096];
   union bpf_attr attr;
   memset (&attr, 0, sizeof attr);
   attr.prog_type = BPF_PROG_TYPE_CGROUP_SOCK_ADDR;
@@ -113,14 +119,29 @@ load (const prog_t *p, enum bpf_attach_type type, err_t *err)
   attr.insns = (uint64_t) (uintptr_t) p->insns;
   attr.insn_cnt = (uint32_t) p->n;
   attr.license = (uint64_t) (uintptr_t) "GPL";
-  attr.log_buf = (uint64_t) (uintptr_t) log;
-  attr.log_size = sizeof log;
-  attr.log_level = 1;
-  log[0] = '\0';
-  int fd = (int) syscall (SYS_bpf, BPF_PROG_LOAD, &attr, sizeof attr);
-  if (fd < 0)
-    return err_make_sys (err, errno, "load the egress filter (BPF): %.200s", log);
-  return fd;
+  if (log != NULL)
+    {
+      log[0] = '\0';
+      attr.log_buf = (uint64_t) (uintptr_t) log;
+      attr.log_size = (uint32_t) log_size;
+      attr.log_level = 1;
+    }
+  return (int) syscall (SYS_bpf, BPF_PROG_LOAD, &attr, sizeof attr);
+}
+
+/* Loads without the verifier's log (its size grows with the program: a
+ * short buffer alone fails the load with ENOSPC); on failure, again with
+ * it, for the message. */
+static int
+load (const prog_t *p, enum bpf_attach_type type, err_t *err)
+{
+  static char log[4096];
+  int fd = load_once (p, type, NULL, 0);
+  if (fd >= 0)
+    return fd;
+  int saved = errno;
+  load_once (p, type, log, sizeof log);
+  return err_make_sys (err, saved, "load the egress filter (BPF): %.200s", log);
 }
 
 /* IPv4 nameservers of the host's /etc/resolv.conf (slirp4netns forwards
@@ -185,6 +206,39 @@ remove_leftovers (const char *root)
   closedir (d);
 }
 
+/* The broadcast addresses of the host's IPv4 subnets, read now (as its
+ * addresses are), after the n already in `out`: for each address of a
+ * prefix shorter than /31, the subnet's all-ones and all-zeros host
+ * addresses, which the kernel routes as broadcast whatever `brd` says. */
+static int
+add_broadcasts (uint32_t *out, size_t *n, err_t *err)
+{
+  struct ifaddrs *ifs = NULL;
+  if (getifaddrs (&ifs) < 0)
+    return err_make_sys (err, errno, "egress: list the host's addresses");
+  int rc = 0;
+  for (struct ifaddrs *i = ifs; i != NULL && rc == 0; i = i->ifa_next)
+    {
+      if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET || i->ifa_netmask == NULL
+          || (i->ifa_flags & IFF_LOOPBACK))
+        continue;
+      uint32_t addr = ntohl (((const struct sockaddr_in *) i->ifa_addr)->sin_addr.s_addr);
+      uint32_t mask = ntohl (((const struct sockaddr_in *) i->ifa_netmask)->sin_addr.s_addr);
+      if (~mask <= 1u)
+        continue; /* /31, /32: no broadcast */
+      if (*n + 2 > EGRESS_MAX_RULES)
+        rc = err_make (err, E2BIG, "egress: the host has more than %d IPv4 addresses and broadcast addresses",
+                       EGRESS_MAX_RULES);
+      else
+        {
+          out[(*n)++] = addr | ~mask;
+          out[(*n)++] = addr & mask;
+        }
+    }
+  freeifaddrs (ifs);
+  return rc;
+}
+
 int
 sbx_egress_init (sbx_runtime_t *rt, err_t *err)
 {
@@ -226,6 +280,8 @@ sbx_egress_init (sbx_runtime_t *rt, err_t *err)
       if (inet_pton (AF_INET, rt->host_addrs[i], &a) == 1)
         hosts[n_hosts++] = ntohl (a.s_addr);
     }
+  if (add_broadcasts (hosts, &n_hosts, err) < 0)
+    return -1;
   cleanup_free prog_t *p = malloc (sizeof *p);
   if (p == NULL)
     return err_make (err, ENOMEM, "out of memory");

@@ -8,6 +8,7 @@
  *   exec.c      running a command through the sandbox's pid 1
  *   files.c     the file API, through a child of the sandbox's pid 1
  *   net.c       egress: the host's addresses, slirp4netns
+ *   userns.c    the uid pool; uidblock.c its host-wide claim
  *   spawn.c     starting our programs, reading their reports, reaping
  *   reaper.c    what a previous run left behind, the idle reaper
  *
@@ -131,9 +132,16 @@ struct sbx_runtime_s
   unsigned spare_seq;
   pthread_t spare_maker;
   bool spare_maker_running;
-  /* The uid pool (userns.c): one byte per range, under mu. */
-  uint8_t *uid_used;
-  size_t uid_slots, uid_cursor;
+  /* The uid pool (userns.c), under mu: the free ranges' slots in the order
+   * they were freed (a ring of uid_slots, uid_nfree of them from
+   * uid_head), so that a range rests as long as possible before it is
+   * given again. */
+  long *uid_free;
+  size_t uid_slots, uid_head, uid_nfree;
+  /* The host-wide claim on the pool's block (uidblock.c): a file under
+   * SANDBOX_UID_LOCK_DIR, locked while this descriptor is open; -1: none. */
+  int uid_claim_fd;
+  char uid_claim_path[PATH_MAX];
   /* The egress filter (egress.c): connect4 and sendmsg4 programs, and on a
    * hybrid layout where slirp4netns' v2 groups live. */
   int egress_progs[2];
@@ -232,13 +240,23 @@ void sbx_cancel_layer_users_locked (sbx_t *s, int status, const char *why);
 /* Cancels the layer users past their freeze deadline. */
 void sbx_enforce_freeze_deadlines (sbx_runtime_t *rt);
 
-/* userns.c: the pool of host uid ranges, one per live sandbox. */
+/* userns.c: the pool of host uid ranges, one per live sandbox: exactly
+ * SANDBOX_UID_SLOTS of them from SANDBOX_UID_BASE. */
 int sbx_uid_pool_init (sbx_runtime_t *rt, err_t *err);
-/* A free range (the one after the last taken, so a range freed is reused
- * as late as possible), or -1: every range is in use. */
+/* The free range freed longest ago (or never used), or -1: every range is
+ * in use. */
 long sbx_uid_take_locked (sbx_runtime_t *rt);
+/* Gives `slot` back, behind every other free one; -1 is ignored. */
 void sbx_uid_release_locked (sbx_runtime_t *rt, long slot);
 uint32_t sbx_uid_base (const sbx_runtime_t *rt, long slot);
+
+/* uidblock.c: the host-wide claim on the pool's block — refused (naming
+ * SANDBOX_UID_BASE and SANDBOX_UID_SLOTS) when another running gateway's
+ * claimed block overlaps it — and a warning when /etc/subuid or
+ * /etc/subgid gives part of it to another user. Held until
+ * sbx_uid_block_release. */
+int sbx_uid_block_claim (sbx_runtime_t *rt, err_t *err);
+void sbx_uid_block_release (sbx_runtime_t *rt);
 /* Checks, once at start, that sandboxes can have user namespaces here: an
  * idmapped image and an overlay with `userxattr` over it. */
 int sbx_userns_probe (sbx_runtime_t *rt, err_t *err);

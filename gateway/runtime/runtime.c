@@ -21,7 +21,8 @@ runtime_free (sbx_runtime_t *rt)
   for (size_t i = 0; rt->host_addrs != NULL && rt->host_addrs[i] != NULL; i++)
     free (rt->host_addrs[i]);
   free (rt->host_addrs);
-  free (rt->uid_used);
+  free (rt->uid_free);
+  sbx_uid_block_release (rt);
   free (rt->index);
   if (rt->base_ns_fd >= 0)
     close (rt->base_ns_fd);
@@ -127,6 +128,8 @@ runtime_init (sbx_runtime_t *rt, const sbx_config_t *cfg, err_t *err)
 {
   if (access (cfg->helper, X_OK) < 0)
     return err_make_sys (err, errno, "sandbox helper `%s`", cfg->helper);
+  if (sbx_uid_block_claim (rt, err) < 0)
+    return -1;
   if (sbx_cg_detect (cfg->cgroup_mount, cfg->cgroup_group, cfg->cpu_millis > 0, &rt->cg, err) < 0)
     return -1;
   snprintf (rt->sandboxes_dir, sizeof rt->sandboxes_dir, "%s/sandboxes", cfg->state_dir);
@@ -165,6 +168,7 @@ sbx_runtime_new (const sbx_config_t *cfg, sbx_runtime_t **out, err_t *err)
   rt->egress_progs[0] = rt->egress_progs[1] = -1;
   rt->base_ns_fd = -1;
   rt->filter_fd = -1;
+  rt->uid_claim_fd = -1;
   pthread_mutex_init (&rt->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init (&ca);

@@ -54,6 +54,8 @@ typedef struct sbx_config_s
   bool userns;                /* SANDBOX_USERNS: each sandbox in its own user namespace */
   long uid_base;              /* SANDBOX_UID_BASE: the pool's first host uid */
   long uid_range;             /* SANDBOX_UID_RANGE: host uids per sandbox */
+  long uid_slots;             /* SANDBOX_UID_SLOTS: ranges in the pool, >= max_sandboxes */
+  const char *uid_lock_dir;   /* SANDBOX_UID_LOCK_DIR: where gateways claim their blocks */
   long max_processes;         /* SANDBOX_MAX_PROCESSES: detached processes running per sandbox */
   long process_retain;        /* SANDBOX_PROCESS_RETAIN: exited ones kept per sandbox */
   long process_buffer_bytes;  /* SANDBOX_PROCESS_BUFFER_BYTES: output kept per stream */

@@ -1,7 +1,12 @@
 /* runtime/userns: the pool of host uid ranges — each live sandbox has one
- * of its own, SANDBOX_UID_RANGE ids from SANDBOX_UID_BASE + slot * RANGE —
- * and the start-up check that this kernel and the image's filesystem can
- * give sandboxes user namespaces. The pool is under rt->mu. */
+ * of its own, SANDBOX_UID_RANGE ids from SANDBOX_UID_BASE + slot * RANGE,
+ * and there are exactly SANDBOX_UID_SLOTS slots: the pool never hands out
+ * an id outside the block BASE .. BASE + SLOTS * RANGE - 1 (the block this
+ * gateway claims host-wide, uidblock.c). Free slots wait in a ring in the
+ * order they were freed, so a range rests as long as the pool allows
+ * before another sandbox gets it. Also the start-up check that this kernel
+ * and the image's filesystem can give sandboxes user namespaces. The pool
+ * is under rt->mu. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -20,36 +25,43 @@ sbx_uid_pool_init (sbx_runtime_t *rt, err_t *err)
 {
   if (!rt->cfg.userns)
     return 0;
-  /* As many ranges as fit below the invalid uid (uid_t)-1; the
-   * configuration made sure SANDBOX_MAX of them do. */
-  rt->uid_slots = (size_t) ((4294967295UL - (unsigned long) rt->cfg.uid_base) / (unsigned long) rt->cfg.uid_range);
-  rt->uid_used = calloc (rt->uid_slots ? rt->uid_slots : 1, 1);
-  if (rt->uid_used == NULL)
+  /* The configuration resolved the count and checked that the block ends
+   * below the invalid uid (uid_t)-1. */
+  if (rt->cfg.uid_slots <= 0 || rt->cfg.uid_slots < rt->cfg.max_sandboxes
+      || rt->cfg.uid_base + rt->cfg.uid_slots * rt->cfg.uid_range - 1 > 4294967294L)
+    return err_make (err, EINVAL,
+                     "the uid pool (SANDBOX_UID_BASE, SANDBOX_UID_SLOTS, SANDBOX_UID_RANGE) is not valid");
+  rt->uid_slots = (size_t) rt->cfg.uid_slots;
+  rt->uid_free = calloc (rt->uid_slots, sizeof *rt->uid_free);
+  if (rt->uid_free == NULL)
     return err_make (err, ENOMEM, "runtime: out of memory");
+  for (size_t i = 0; i < rt->uid_slots; i++)
+    rt->uid_free[i] = (long) i;
+  rt->uid_head = 0;
+  rt->uid_nfree = rt->uid_slots;
   return 0;
 }
 
 long
 sbx_uid_take_locked (sbx_runtime_t *rt)
 {
-  for (size_t i = 0; i < rt->uid_slots; i++)
-    {
-      size_t slot = (rt->uid_cursor + i) % rt->uid_slots;
-      if (!rt->uid_used[slot])
-        {
-          rt->uid_used[slot] = 1;
-          rt->uid_cursor = (slot + 1) % rt->uid_slots;
-          return (long) slot;
-        }
-    }
-  return -1;
+  if (rt->uid_nfree == 0)
+    return -1;
+  long slot = rt->uid_free[rt->uid_head];
+  rt->uid_head = (rt->uid_head + 1) % rt->uid_slots;
+  rt->uid_nfree--;
+  return slot;
 }
 
 void
 sbx_uid_release_locked (sbx_runtime_t *rt, long slot)
 {
-  if (slot >= 0 && (size_t) slot < rt->uid_slots)
-    rt->uid_used[slot] = 0;
+  /* Each slot is taken once and given back once (its sandbox's record
+   * forgets it): the ring, as long as the pool, never overflows. */
+  if (slot < 0 || (size_t) slot >= rt->uid_slots || rt->uid_nfree == rt->uid_slots)
+    return;
+  rt->uid_free[(rt->uid_head + rt->uid_nfree) % rt->uid_slots] = slot;
+  rt->uid_nfree++;
 }
 
 uint32_t

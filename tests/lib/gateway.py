@@ -183,12 +183,54 @@ class Gateway(ManagedProcess):
 
 _instance_counter = itertools.count(1)
 
+# Test gateways' uid blocks (SANDBOX_UID_BASE, SANDBOX_UID_SLOTS): each its
+# own, since the gateway refuses to start on a block another running
+# gateway of the machine holds, and tests of several checkouts run at once.
+# Blocks of whole units in the upper half of the uid space, away from the
+# default (1000000); a random start, skipping the blocks claimed in the
+# lock directory and the ones this process gave out recently.
+UID_RANGE = 65536
+UID_LOCK_DIR = "/run/sandbox-gateway/uid-blocks"
+_UID_UNIT_SLOTS = 64
+_UID_FIRST = 1 << 31
+_uid_recent: list[int] = []
+
+
+def _claimed_blocks() -> list[tuple[int, int]]:
+    out = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(UID_LOCK_DIR):
+            first, _, last = name.partition("-")
+            if first.isdigit() and last.isdigit():
+                out.append((int(first), int(last)))
+    return out
+
+
+def free_uid_block(slots: int = _UID_UNIT_SLOTS) -> int:
+    """A SANDBOX_UID_BASE for `slots` ranges that no gateway of this machine
+    claims now (nor one this process started recently)."""
+    unit = _UID_UNIT_SLOTS * UID_RANGE
+    units = -(-slots // _UID_UNIT_SLOTS)
+    n = (4294967295 - _UID_FIRST) // unit - units + 1
+    taken = _claimed_blocks() + [(b, b + unit * units - 1) for b in _uid_recent]
+    start = int.from_bytes(os.urandom(4), "little") % n
+    for i in range(n):
+        base = _UID_FIRST + ((start + i) % n) * unit
+        last = base + slots * UID_RANGE - 1
+        if not any(base <= t_last and t_first <= last for t_first, t_last in taken):
+            _uid_recent.append(base)
+            del _uid_recent[:-64]
+            return base
+    raise RuntimeError(f"no free uid block for {slots} ranges under {UID_LOCK_DIR}")
+
+
+
 
 def gateway_env(env: Optional[Mapping[str, Optional[str]]] = None,
                 secret: Optional[str] = None) -> dict:
     """Environment for a gateway on 127.0.0.1:0 with a private state
-    directory and cgroup group (so gateways of concurrent tests never touch
-    each other's sandboxes): `secret` (when given) as
+    directory, cgroup group and uid block (so gateways of concurrent tests
+    never touch each other's sandboxes): `secret` (when given) as
     CLOUD_RUN_SANDBOX_GATEWAY_SECRET, then `env` on top (None removes)."""
     n = next(_instance_counter)
     extra: dict = {
@@ -202,6 +244,15 @@ def gateway_env(env: Optional[Mapping[str, Optional[str]]] = None,
     if secret is not None:
         extra["CLOUD_RUN_SANDBOX_GATEWAY_SECRET"] = secret
     extra.update(env or {})
+    if "SANDBOX_UID_BASE" not in extra:
+        # A small block of its own; as many ranges as SANDBOX_MAX asks.
+        slots = extra.get("SANDBOX_UID_SLOTS")
+        if slots is None:
+            wanted = extra.get("SANDBOX_MAX") or "0"
+            slots = str(max(_UID_UNIT_SLOTS, int(wanted) if wanted.isdigit() else 0))
+            extra["SANDBOX_UID_SLOTS"] = slots
+        if slots.isdigit() and int(slots) > 0:
+            extra["SANDBOX_UID_BASE"] = str(free_uid_block(int(slots)))
     return base_env(extra)
 
 

@@ -12,6 +12,7 @@ really answers from where slirp4netns connects."""
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -79,6 +80,8 @@ def world(gateway_secret, tmp_path_factory):
         # On the namespace's loopback (this kernel may have no dummy
         # interfaces): an address of the gateway's own network namespace.
         run(ns + ["ip", "addr", "add", f"{METADATA}/32", "dev", "lo"])
+        # Multicast leaves by the veth, as by a host's default route.
+        run(ns + ["ip", "route", "add", "224.0.0.0/4", "dev", netns.ns_if])
         resolv = tmp_path_factory.mktemp("dns") / "resolv.conf"
         resolv.write_text(f"nameserver {netns.ns_ip}\n")
         env = gateway_env({"ALLOW_EGRESS": "true", "SANDBOX_LISTEN": f"{netns.ns_ip}:0"}, secret=gateway_secret)
@@ -171,3 +174,113 @@ def test_dns_through_the_filter_still_resolves(world):
     res = client.py(sid, "import socket; print(socket.gethostbyname('service.test'))")
     assert res.out.strip() == ANSWER, res.describe()
     assert not connect(client, sid, netns.ns_ip, netns.port, timeout=3).startswith("OK")
+
+
+# A UDP listener in the test's namespace (where slirp4netns sends from): on
+# argv[2], joined to the multicast group argv[1] when it is one; prints
+# "ready", then what arrives within 4 s, or "nothing".
+UDP_LISTENER = r"""
+import socket, struct, sys
+group, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", port))
+if 224 <= int(group.split(".")[0]) <= 239:
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, struct.pack("4s4s", socket.inet_aton(group),
+                                                                          socket.inet_aton("0.0.0.0")))
+print("ready", flush=True)
+s.settimeout(4)
+try:
+    print(s.recv(100).decode(), flush=True)
+except OSError:
+    print("nothing", flush=True)
+"""
+
+
+def sent_from_sandbox_arrives(client, netns, sid: str, dst: str, port: int) -> str:
+    listener = subprocess.Popen(["ip", "netns", "exec", netns.name, "/usr/bin/python3", "-c", UDP_LISTENER,
+                                 dst, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert listener.stdout.readline().strip() == "ready"
+        client.py(sid, "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                       "s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)\n"
+                       f"for _ in range(5):\n    try: s.sendto(b'leak', ('{dst}', {port}))\n"
+                       "    except OSError: pass")
+        return listener.stdout.readline().strip()
+    finally:
+        listener.kill()
+        listener.wait(10)
+
+
+def test_multicast_never_reaches_a_host_side_listener(world):
+    """LLMNR's group (224.0.0.252:5355): slirp4netns would send it from the
+    host's namespace, where the kernel loops it back to any local service
+    joined to the group. (The libslirp of this image drops multicast itself;
+    the filter is what holds where one does not:
+    test_multicast_broadcast_and_reserved_destinations_are_refused_to_slirp4netns.)"""
+    client, netns = world
+    sid = client.launch(allow_egress=True, timeout=30).sandbox_id
+    strip_routes(holder_pids(client.gw, sid)[sid])
+    assert sent_from_sandbox_arrives(client, netns, sid, "224.0.0.252", 5355) == "nothing"
+
+
+# Run inside the test's namespace, moved into the cgroup argv[1] (slirp4netns'
+# filtered group): sends one datagram to each of argv[2:] (with
+# SO_BROADCAST), printing the errno name each sendto failed with, or "sent".
+FROM_SLIRPS_GROUP = r"""
+import errno, os, socket, sys
+with open(sys.argv[1] + "/cgroup.procs", "w") as f:
+    f.write(str(os.getpid()))
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+for dst in sys.argv[2:]:
+    host, port = dst.split(":")
+    try:
+        s.sendto(b"leak", (host, int(port)))
+        print("sent", flush=True)
+    except OSError as e:
+        print(errno.errorcode.get(e.errno, str(e.errno)), flush=True)
+"""
+
+
+def slirp_group(sid: str) -> str:
+    """The cgroup-v2 directory slirp4netns of sandbox `sid` runs in."""
+    for pid in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if pid.isdigit() and Path(f"/proc/{pid}/comm").read_text().strip() == "slirp4netns":
+                for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+                    if line.startswith("0::") and f"/{sid}" in line:
+                        root = "/sys/fs/cgroup/unified" if Path("/sys/fs/cgroup/unified").is_dir() else "/sys/fs/cgroup"
+                        return root + line[3:]
+    raise AssertionError(f"no slirp4netns of {sid} in a cgroup-v2 group")
+
+
+def test_multicast_broadcast_and_reserved_destinations_are_refused_to_slirp4netns(world):
+    """Whatever slirp4netns would forward (another libslirp, a bug in it):
+    from its filtered group, datagrams to multicast groups, limited
+    broadcast, 240.0.0.0/4 and the broadcast address of the gateway's subnet
+    are refused by the kernel (EPERM), and a listener on the host side gets
+    none of them. A process of the test stands in for slirp4netns there."""
+    client, netns = world
+    sid = client.launch(allow_egress=True, timeout=30).sandbox_id
+    group = slirp_group(sid)
+    # nsenter, not `ip netns exec`, which mounts a /sys of its own (no cgroups).
+    from_ns = ["nsenter", f"--net=/run/netns/{netns.name}", "--"]
+    subnet_broadcast = netns.ns_ip.rsplit(".", 1)[0] + ".255"
+    dsts = ["224.0.0.252:5355", "224.0.0.251:5353", "239.255.255.250:1900", "255.255.255.255:5355",
+            f"{subnet_broadcast}:5355", "240.0.0.1:5355"]
+    listener = subprocess.Popen(["ip", "netns", "exec", netns.name, "/usr/bin/python3", "-c", UDP_LISTENER,
+                                 "224.0.0.252", "5355"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert listener.stdout.readline().strip() == "ready"
+        out = run(from_ns + ["/usr/bin/python3", "-c", FROM_SLIRPS_GROUP, group]
+                  + dsts).stdout.split()
+        got = listener.stdout.readline().strip()
+    finally:
+        listener.kill()
+        listener.wait(10)
+    assert out == ["EPERM"] * len(dsts), list(zip(dsts, out))
+    assert got == "nothing"
+    # Ordinary destinations still pass the filter.
+    assert run(from_ns + ["/usr/bin/python3", "-c", FROM_SLIRPS_GROUP, group,
+                f"{netns.host_ip}:9"]).stdout.split() == ["sent"]

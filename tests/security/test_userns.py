@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from tests.lib.client import new_id, pb
-from tests.lib.gateway import cgroup_pids, gateway_client, gateway_env, holder_pids
+from tests.lib.gateway import cgroup_pids, free_uid_block, gateway_client, gateway_env, holder_pids
 from tests.lib.procs import require_gateway_binary, run_to_completion
 from tests.lib.security import sh
 from tests.lib.snapshots import chunks_of
@@ -213,8 +213,9 @@ def test_the_unpacker_runs_as_the_sandboxes_root_with_its_filter(sbx, gateway):
 def test_ranges_are_reused_only_once_their_sandbox_is_gone(gateway_secret):
     """A pool of exactly two ranges: two live sandboxes have different ones;
     a third gets one only after a delete, and then the freed one."""
-    base = 4294967295 - 2 * RANGE
-    with gateway_client({"SANDBOX_UID_BASE": str(base), "SANDBOX_MAX": "2"}, secret=gateway_secret) as sbx:
+    base = free_uid_block(2)
+    with gateway_client({"SANDBOX_UID_BASE": str(base), "SANDBOX_UID_SLOTS": "2", "SANDBOX_MAX": "2"},
+                        secret=gateway_secret) as sbx:
         a, b = sbx.launch().sandbox_id, sbx.launch().sandbox_id
         base_a, base_b = sandbox_base(sbx, a), sandbox_base(sbx, b)
         assert {base_a, base_b} == {base, base + RANGE}

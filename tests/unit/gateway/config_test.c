@@ -319,6 +319,36 @@ test_sandbox_max_must_fit_the_uid_pool (void **state)
   unsetenv ("SANDBOX_UID_BASE");
 }
 
+/* The pool is exactly SANDBOX_UID_SLOTS ranges (0: SANDBOX_MAX of them):
+ * a block past the last uid, or fewer ranges than SANDBOX_MAX, is refused
+ * naming the variables; SANDBOX_MAX from memory is at most the pool. */
+static void
+test_uid_slots_size_the_pool (void **state)
+{
+  gw_config_t c;
+  setenv ("SANDBOX_MAX", "20", 1);
+  load_ok (&c);
+  assert_int_equal (c.uid_slots, 20);
+  gw_config_release (&c);
+  setenv ("SANDBOX_UID_SLOTS", "30", 1);
+  load_ok (&c);
+  assert_int_equal (c.uid_slots, 30);
+  assert_int_equal (c.max_sandboxes, 20);
+  gw_config_release (&c);
+  unsetenv ("SANDBOX_MAX");
+  setenv ("SANDBOX_UID_SLOTS", "17", 1);
+  load_ok (&c);
+  assert_true (c.max_sandboxes <= 17);
+  gw_config_release (&c);
+  setenv ("SANDBOX_UID_SLOTS", "4", 1);
+  expect_refused ("SANDBOX_MAX", "5", "SANDBOX_UID_SLOTS", EINVAL);
+  setenv ("SANDBOX_UID_BASE", "4294000000", 1);
+  expect_refused ("SANDBOX_UID_SLOTS", "15", "SANDBOX_UID_SLOTS", EINVAL);
+  unsetenv ("SANDBOX_MAX");
+  unsetenv ("SANDBOX_UID_SLOTS");
+  unsetenv ("SANDBOX_UID_BASE");
+}
+
 static void
 test_log_level_is_applied (void **state)
 {
@@ -867,6 +897,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_default_helper_and_unpacker_are_beside_this_program, setup, teardown),
       cmocka_unit_test_setup_teardown (test_values_from_the_environment_are_read, setup, teardown),
       cmocka_unit_test_setup_teardown (test_sandbox_max_must_fit_the_uid_pool, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_uid_slots_size_the_pool, setup, teardown),
       cmocka_unit_test_setup_teardown (test_log_level_is_applied, setup, teardown),
       cmocka_unit_test_setup_teardown (test_listen_without_a_valid_port_is_refused, setup, teardown),
       cmocka_unit_test_setup_teardown (test_cpus_that_are_not_a_cpu_count_are_refused, setup, teardown),
