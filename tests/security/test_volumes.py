@@ -244,8 +244,9 @@ def test_a_volume_owned_by_host_root_or_malformed_is_refused(shared, option):
 
 
 def test_a_volume_owner_inside_the_sandboxes_id_block_is_refused(shared):
-    refused_at_start({"SANDBOX_VOLUME_MOUNTS": f"{shared}:/shared:uid=1000000"}, "SANDBOX_VOLUME_MOUNTS",
-                     "SANDBOX_UID_BASE")
+    base = int(gateway_env(secret="s")["SANDBOX_UID_BASE"])
+    refused_at_start({"SANDBOX_UID_BASE": str(base), "SANDBOX_VOLUME_MOUNTS": f"{shared}:/shared:uid={base + 70000}"},
+                     "SANDBOX_VOLUME_MOUNTS", "SANDBOX_UID_BASE")
 
 
 SETID_ELSEWHERE = ("cp /usr/bin/id /tmp/id; chmod 4755 /tmp/id; echo $?; chmod 755 /tmp/id; echo $?; "
