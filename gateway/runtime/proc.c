@@ -4,12 +4,24 @@
  * ring buffers (the newest SANDBOX_PROCESS_BUFFER_BYTES of each), from
  * which any number of attachers read, each at its own offsets. Records stay
  * after the exit (its status) until the sandbox goes or the retention count
- * drops the oldest. State: the runtime's process list, under proc_mu;
- * proc_cv signals output, starts and exits. */
+ * drops the oldest.
+ *
+ * Memory: a ring is one mapping of exactly SANDBOX_PROCESS_BUFFER_BYTES,
+ * made when its first output comes (never grown, unmapped when dropped),
+ * and every ring a sandbox's records hold, running or exited, counts
+ * against its budget of SANDBOX_MAX_PROCESSES × 2 rings: a ring that would
+ * pass it first takes the rings of the oldest exited records (their output
+ * is then dropped, counted in output_dropped_bytes; their status stays).
+ * Running processes alone never pass it (at most SANDBOX_MAX_PROCESSES of
+ * them run), so the documented budget is what the gateway holds.
+ *
+ * State: the runtime's process list, under proc_mu; proc_cv signals
+ * output, starts and exits. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -19,9 +31,9 @@
 
 typedef struct ring_s
 {
-  uint8_t *buf;
-  size_t cap, size; /* size grows to cap as output comes */
-  uint64_t total;   /* bytes ever written */
+  uint8_t *buf;   /* a mapping of `cap` bytes once output came; NULL: none kept */
+  size_t cap;     /* SANDBOX_PROCESS_BUFFER_BYTES */
+  uint64_t total; /* bytes ever written */
 } ring_t;
 
 struct sbx_proc_s
@@ -49,33 +61,31 @@ struct sbx_proc_s
 static void
 ring_put (ring_t *r, const uint8_t *data, size_t len)
 {
-  if (r->size < r->cap && r->total <= r->size && r->total + len > r->size) /* not wrapped yet */
-    {
-      size_t want = r->total + len < r->cap ? (size_t) (r->total + len) : r->cap;
-      want = want < 65536 && r->cap >= 65536 ? 65536 : want;
-      uint8_t *b = realloc (r->buf, want);
-      if (b != NULL)
-        {
-          r->buf = b;
-          r->size = want;
-        }
-    }
-  if (r->size == 0)
+  if (r->buf == NULL)
     {
       r->total += len;
       return;
     }
-  if (len > r->size)
+  if (len > r->cap)
     {
-      r->total += len - r->size;
-      data += len - r->size;
-      len = r->size;
+      r->total += len - r->cap;
+      data += len - r->cap;
+      len = r->cap;
     }
-  size_t at = (size_t) (r->total % r->size);
-  size_t first = len < r->size - at ? len : r->size - at;
+  size_t at = (size_t) (r->total % r->cap);
+  size_t first = len < r->cap - at ? len : r->cap - at;
   memcpy (r->buf + at, data, first);
   memcpy (r->buf, data + first, len - first);
   r->total += len;
+}
+
+/* How many of the newest bytes the ring keeps. */
+static size_t
+ring_kept (const ring_t *r)
+{
+  if (r->buf == NULL)
+    return 0;
+  return r->total < r->cap ? (size_t) r->total : r->cap;
 }
 
 /* Copies what a reader at *off has not read yet (at most cap bytes); a
@@ -83,14 +93,14 @@ ring_put (ring_t *r, const uint8_t *data, size_t len)
 static size_t
 ring_get (const ring_t *r, uint64_t *off, uint8_t *out, size_t cap)
 {
-  uint64_t oldest = r->total > r->size ? r->total - r->size : 0;
+  uint64_t oldest = r->total - ring_kept (r);
   if (*off < oldest)
     *off = oldest;
   size_t n = (size_t) (r->total - *off) < cap ? (size_t) (r->total - *off) : cap;
   for (size_t done = 0; done < n;)
     {
-      size_t at = (size_t) ((*off + done) % r->size);
-      size_t k = n - done < r->size - at ? n - done : r->size - at;
+      size_t at = (size_t) ((*off + done) % r->cap);
+      size_t k = n - done < r->cap - at ? n - done : r->cap - at;
       memcpy (out + done, r->buf + at, k);
       done += k;
     }
@@ -101,7 +111,16 @@ ring_get (const ring_t *r, uint64_t *off, uint8_t *out, size_t cap)
 static uint64_t
 ring_dropped (const ring_t *r)
 {
-  return r->total > r->cap ? r->total - r->cap : 0;
+  return r->total - ring_kept (r);
+}
+
+/* Unmaps the ring: what it kept counts as dropped from now on. */
+static void
+ring_release (ring_t *r)
+{
+  if (r->buf != NULL)
+    munmap (r->buf, r->cap);
+  r->buf = NULL;
 }
 
 static void
@@ -138,8 +157,8 @@ proc_free (sbx_proc_t *p)
   free_strv (p->argv);
   free_strv (p->env);
   free (p->cwd);
-  free (p->out.buf);
-  free (p->err.buf);
+  ring_release (&p->out);
+  ring_release (&p->err);
   free (p);
 }
 
@@ -181,9 +200,51 @@ prune_locked (sbx_runtime_t *rt, const char *sid)
       if (exited <= (size_t) rt->cfg.process_retain || oldest == NULL)
         return;
       unlink_locked (rt, oldest);
+      /* An attacher still reading it keeps the status, not the output. */
+      ring_release (&oldest->out);
+      ring_release (&oldest->err);
       if (oldest->refs == 0)
         proc_free (oldest);
     }
+}
+
+/* The ring bytes the records of sandbox `sid` hold. */
+static size_t
+held_locked (sbx_runtime_t *rt, const char *sid)
+{
+  size_t held = 0;
+  for (sbx_proc_t *p = rt->procs; p != NULL; p = p->next)
+    if (strcmp (p->sandbox, sid) == 0)
+      held += (p->out.buf != NULL ? p->out.cap : 0) + (p->err.buf != NULL ? p->err.cap : 0);
+  return held;
+}
+
+/* Maps ring `r` of `p` within the sandbox's budget, taking the rings of
+ * its oldest exited records as needed. -1 when it cannot (the output is
+ * then counted, not kept). */
+static int
+ring_map_locked (sbx_runtime_t *rt, sbx_proc_t *p, ring_t *r)
+{
+  if (!p->listed || r->cap == 0)
+    return -1;
+  size_t budget = (size_t) rt->cfg.max_processes * 2 * (size_t) rt->cfg.process_buffer_bytes;
+  while (held_locked (rt, p->sandbox) + r->cap > budget)
+    {
+      sbx_proc_t *oldest = NULL;
+      for (sbx_proc_t *q = rt->procs; q != NULL; q = q->next)
+        if (q->exited && (q->out.buf != NULL || q->err.buf != NULL) && strcmp (q->sandbox, p->sandbox) == 0
+            && (oldest == NULL || q->started_ms < oldest->started_ms))
+          oldest = q;
+      if (oldest == NULL)
+        return -1;
+      ring_release (&oldest->out);
+      ring_release (&oldest->err);
+    }
+  void *m = mmap (NULL, r->cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED)
+    return -1;
+  r->buf = m;
+  return 0;
 }
 
 /* ---- the process's own thread ------------------------------------------------- */
@@ -192,8 +253,11 @@ static int
 proc_output (void *ctx, int stream, const uint8_t *data, size_t len)
 {
   sbx_proc_t *p = ctx;
+  ring_t *r = stream == 1 ? &p->out : &p->err;
   pthread_mutex_lock (&p->rt->proc_mu);
-  ring_put (stream == 1 ? &p->out : &p->err, data, len);
+  if (r->buf == NULL && r->total == 0)
+    ring_map_locked (p->rt, p, r);
+  ring_put (r, data, len);
   pthread_cond_broadcast (&p->rt->proc_cv);
   pthread_mutex_unlock (&p->rt->proc_mu);
   return 0;
