@@ -21,20 +21,13 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/cleanup.h"
 #include "common/log.h"
 #include "gateway/runtime/internal.h"
-
-typedef struct ring_s
-{
-  uint8_t *buf;   /* a mapping of `cap` bytes once output came; NULL: none kept */
-  size_t cap;     /* SANDBOX_PROCESS_BUFFER_BYTES */
-  uint64_t total; /* bytes ever written */
-} ring_t;
+#include "gateway/runtime/proc_ring.h"
 
 struct sbx_proc_s
 {
@@ -49,7 +42,7 @@ struct sbx_proc_s
   uint32_t timeout;
   int64_t started_ms;
   int pid, pidfd, stdin_fd, pty_fd;
-  ring_t out, err;
+  sbx_ring_t out, err;
   bool started, exited, stop, listed;
   char start_error[256];
   int start_status; /* errno of a start that failed */
@@ -57,71 +50,6 @@ struct sbx_proc_s
   int refs; /* the thread, and each attacher */
   pthread_t thread;
 };
-
-static void
-ring_put (ring_t *r, const uint8_t *data, size_t len)
-{
-  if (r->buf == NULL)
-    {
-      r->total += len;
-      return;
-    }
-  if (len > r->cap)
-    {
-      r->total += len - r->cap;
-      data += len - r->cap;
-      len = r->cap;
-    }
-  size_t at = (size_t) (r->total % r->cap);
-  size_t first = len < r->cap - at ? len : r->cap - at;
-  memcpy (r->buf + at, data, first);
-  memcpy (r->buf, data + first, len - first);
-  r->total += len;
-}
-
-/* How many of the newest bytes the ring keeps. */
-static size_t
-ring_kept (const ring_t *r)
-{
-  if (r->buf == NULL)
-    return 0;
-  return r->total < r->cap ? (size_t) r->total : r->cap;
-}
-
-/* Copies what a reader at *off has not read yet (at most cap bytes); a
- * reader the ring overtook skips to its oldest byte. */
-static size_t
-ring_get (const ring_t *r, uint64_t *off, uint8_t *out, size_t cap)
-{
-  uint64_t oldest = r->total - ring_kept (r);
-  if (*off < oldest)
-    *off = oldest;
-  size_t n = (size_t) (r->total - *off) < cap ? (size_t) (r->total - *off) : cap;
-  for (size_t done = 0; done < n;)
-    {
-      size_t at = (size_t) ((*off + done) % r->cap);
-      size_t k = n - done < r->cap - at ? n - done : r->cap - at;
-      memcpy (out + done, r->buf + at, k);
-      done += k;
-    }
-  *off += n;
-  return n;
-}
-
-static uint64_t
-ring_dropped (const ring_t *r)
-{
-  return r->total - ring_kept (r);
-}
-
-/* Unmaps the ring: what it kept counts as dropped from now on. */
-static void
-ring_release (ring_t *r)
-{
-  if (r->buf != NULL)
-    munmap (r->buf, r->cap);
-  r->buf = NULL;
-}
 
 static void
 free_strv (char **v)
@@ -157,8 +85,8 @@ proc_free (sbx_proc_t *p)
   free_strv (p->argv);
   free_strv (p->env);
   free (p->cwd);
-  ring_release (&p->out);
-  ring_release (&p->err);
+  sbx_ring_release (&p->out);
+  sbx_ring_release (&p->err);
   free (p);
 }
 
@@ -201,8 +129,8 @@ prune_locked (sbx_runtime_t *rt, const char *sid)
         return;
       unlink_locked (rt, oldest);
       /* An attacher still reading it keeps the status, not the output. */
-      ring_release (&oldest->out);
-      ring_release (&oldest->err);
+      sbx_ring_release (&oldest->out);
+      sbx_ring_release (&oldest->err);
       if (oldest->refs == 0)
         proc_free (oldest);
     }
@@ -223,7 +151,7 @@ held_locked (sbx_runtime_t *rt, const char *sid)
  * its oldest exited records as needed. -1 when it cannot (the output is
  * then counted, not kept). */
 static int
-ring_map_locked (sbx_runtime_t *rt, sbx_proc_t *p, ring_t *r)
+ring_map_locked (sbx_runtime_t *rt, sbx_proc_t *p, sbx_ring_t *r)
 {
   if (!p->listed || r->cap == 0)
     return -1;
@@ -237,14 +165,10 @@ ring_map_locked (sbx_runtime_t *rt, sbx_proc_t *p, ring_t *r)
           oldest = q;
       if (oldest == NULL)
         return -1;
-      ring_release (&oldest->out);
-      ring_release (&oldest->err);
+      sbx_ring_release (&oldest->out);
+      sbx_ring_release (&oldest->err);
     }
-  void *m = mmap (NULL, r->cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED)
-    return -1;
-  r->buf = m;
-  return 0;
+  return sbx_ring_map (r);
 }
 
 /* ---- the process's own thread ------------------------------------------------- */
@@ -253,11 +177,11 @@ static int
 proc_output (void *ctx, int stream, const uint8_t *data, size_t len)
 {
   sbx_proc_t *p = ctx;
-  ring_t *r = stream == 1 ? &p->out : &p->err;
+  sbx_ring_t *r = stream == 1 ? &p->out : &p->err;
   pthread_mutex_lock (&p->rt->proc_mu);
   if (r->buf == NULL && r->total == 0)
     ring_map_locked (p->rt, p, r);
-  ring_put (r, data, len);
+  sbx_ring_put (r, data, len);
   pthread_cond_broadcast (&p->rt->proc_cv);
   pthread_mutex_unlock (&p->rt->proc_mu);
   return 0;
@@ -480,12 +404,12 @@ sbx_proc_read (sbx_runtime_t *rt, sbx_proc_t *p, sbx_proc_cursor_t *c, uint8_t *
       size_t n = 0;
       if (c->out < p->out.total)
         {
-          n = ring_get (&p->out, &c->out, buf, cap);
+          n = sbx_ring_get (&p->out, &c->out, buf, cap);
           *stream = 1;
         }
       else if (c->err < p->err.total)
         {
-          n = ring_get (&p->err, &c->err, buf, cap);
+          n = sbx_ring_get (&p->err, &c->err, buf, cap);
           *stream = 2;
         }
       if (n > 0 || (p->exited && c->out >= p->out.total && c->err >= p->err.total))
@@ -596,7 +520,7 @@ info_locked (const sbx_proc_t *p, sbx_proc_info_t *out)
   out->exited = p->exited;
   out->res = p->res;
   out->started_at_ms = p->started_ms;
-  out->dropped_bytes = ring_dropped (&p->out) + ring_dropped (&p->err);
+  out->dropped_bytes = sbx_ring_dropped (&p->out) + sbx_ring_dropped (&p->err);
 }
 
 void
