@@ -140,3 +140,127 @@ api_send_bytes_field (rpc_call_t *call, uint32_t field, const uint8_t *data, siz
                           grpc_slice_new_with_user_data ((void *) data, len, release_lent, (void *) data)};
   return rpc_call_send_raw (call, slices, 2, err);
 }
+
+/* The length of the valid UTF-8 sequence at s (n bytes left), 0 when the
+ * byte there does not start one: the strict form proto3 requires (no
+ * overlong forms, no surrogates, nothing above U+10FFFF). */
+static size_t
+utf8_seq (const uint8_t *s, size_t n)
+{
+  uint8_t c = s[0];
+  if (c < 0x80)
+    return 1;
+  size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  if (len == 0 || len > n)
+    return 0;
+  uint8_t lo = 0x80, hi = 0xbf; /* the range of the second byte */
+  if (c == 0xe0)
+    lo = 0xa0;
+  else if (c == 0xed)
+    hi = 0x9f;
+  else if (c == 0xf0)
+    lo = 0x90;
+  else if (c == 0xf4)
+    hi = 0x8f;
+  if (s[1] < lo || s[1] > hi)
+    return 0;
+  for (size_t i = 2; i < len; i++)
+    if ((s[i] & 0xc0) != 0x80)
+      return 0;
+  return len;
+}
+
+bool
+api_utf8_valid (const char *s, size_t n)
+{
+  const uint8_t *p = (const uint8_t *) s;
+  for (size_t i = 0, k; i < n; i += k)
+    if ((k = utf8_seq (p + i, n - i)) == 0)
+      return false;
+  return true;
+}
+
+const char *
+api_utf8_text (const char *s, ProtobufCBinaryData *raw, char **owned)
+{
+  size_t n = strlen (s);
+  *raw = (ProtobufCBinaryData){0, NULL};
+  *owned = NULL;
+  if (api_utf8_valid (s, n))
+    return s;
+  /* Each invalid byte becomes the three of U+FFFD. */
+  char *out = malloc (3 * n + 1);
+  if (out == NULL)
+    return NULL;
+  const uint8_t *p = (const uint8_t *) s;
+  size_t o = 0;
+  for (size_t i = 0; i < n;)
+    {
+      size_t k = utf8_seq (p + i, n - i);
+      if (k == 0)
+        {
+          memcpy (out + o, "\xef\xbf\xbd", 3);
+          o += 3;
+          i++;
+          continue;
+        }
+      memcpy (out + o, p + i, k);
+      o += k;
+      i += k;
+    }
+  out[o] = '\0';
+  *raw = (ProtobufCBinaryData){n, (uint8_t *) s};
+  *owned = out;
+  return out;
+}
+
+int
+api_argv_to_proto (char *const *argv, size_t n, Sandbox__V1__ProcessInfo *out, err_t *err)
+{
+  out->n_argv = n;
+  out->argv = (char **) argv;
+  bool valid = true;
+  for (size_t i = 0; valid && i < n; i++)
+    valid = api_utf8_valid (argv[i], strlen (argv[i]));
+  if (valid)
+    return 0;
+  char **text = calloc (n, sizeof *text);
+  ProtobufCBinaryData *raw = calloc (n, sizeof *raw);
+  if (text == NULL || raw == NULL)
+    {
+      free (text);
+      free (raw);
+      return err_make (err, ENOMEM, "out of memory");
+    }
+  out->argv = text;
+  out->argv_bytes = raw;
+  out->n_argv_bytes = n;
+  for (size_t i = 0; i < n; i++)
+    {
+      char *owned = NULL;
+      ProtobufCBinaryData exact;
+      const char *t = api_utf8_text (argv[i], &exact, &owned);
+      text[i] = owned != NULL ? owned : strdup (t != NULL ? t : "");
+      raw[i] = (ProtobufCBinaryData){strlen (argv[i]), (uint8_t *) argv[i]};
+      if (t == NULL || text[i] == NULL)
+        {
+          api_argv_free (out);
+          return err_make (err, ENOMEM, "out of memory");
+        }
+    }
+  return 0;
+}
+
+void
+api_argv_free (Sandbox__V1__ProcessInfo *out)
+{
+  if (out->n_argv_bytes == 0)
+    return;
+  for (size_t i = 0; i < out->n_argv; i++)
+    free (out->argv[i]);
+  free (out->argv);
+  free (out->argv_bytes);
+  out->argv = NULL;
+  out->argv_bytes = NULL;
+  out->n_argv = out->n_argv_bytes = 0;
+}

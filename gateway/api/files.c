@@ -3,7 +3,9 @@
  * messages into file operations of the runtime (runtime.h, "The file
  * API"), which run inside the sandbox, and their answers back into
  * messages; contents pass through in bounded pieces with flow control both
- * ways. No path is interpreted here beyond "not empty, no NUL byte". No
+ * ways. No path is interpreted here beyond "not empty, no NUL byte"; names
+ * that are not valid UTF-8 travel as the proto says (a `string` made
+ * valid, its `*_bytes` twin exact). ListDir is in files_list.c. No
  * state. */
 #include <errno.h>
 #include <stdlib.h>
@@ -12,29 +14,25 @@
 #include "common/cleanup.h"
 #include "gateway/api/internal.h"
 
-/* Most entries one ListDir answers with (a larger tree fails loudly:
- * list it with a smaller depth, or directory by directory). */
-#define API_LIST_MAX_ENTRIES 100000
-
-static void
-cleanup_file_fn (sbx_file_t **f)
+void
+api_cleanup_file_fn (sbx_file_t **f)
 {
   sbx_file_close (*f);
 }
-#define cleanup_file __attribute__ ((cleanup (cleanup_file_fn)))
 
-static bool
-call_gone (void *ctx)
+bool
+api_call_gone (void *ctx)
 {
   return rpc_call_cancelled ((rpc_call_t *) ctx);
 }
+#define call_gone api_call_gone
 
 /* Receives one request message like api_recv_request, and refuses one
  * whose strings hold a NUL byte: protobuf-c ends a string at its first
  * NUL, which would make "a\0b" mean "a". Such a message re-encodes
  * shorter than it came. */
-static int
-recv_checked (rpc_call_t *call, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err)
+int
+api_recv_checked (rpc_call_t *call, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err)
 {
   grpc_byte_buffer *bb = NULL;
   int rc = rpc_call_recv_raw (call, &bb, err);
@@ -64,22 +62,69 @@ type_to_proto (uint32_t t)
     }
 }
 
-/* A FileInfo from an INFO answer (its strings point into `path` and
- * `target`, which the caller keeps). */
-static void
-info_to_proto (const sbx_file_wire_t *in, char *path, char *target, Sandbox__V1__FileInfo *out)
+void
+api_names_free (api_names_t *n)
+{
+  for (size_t i = 0; i < sizeof n->owned / sizeof n->owned[0]; i++)
+    {
+      free (n->owned[i]);
+      n->owned[i] = NULL;
+    }
+}
+
+int
+api_file_info_to_proto (const sbx_file_wire_t *in, const char *path, const char *target, Sandbox__V1__FileInfo *out,
+                        api_names_t *names, err_t *err)
 {
   sandbox__v1__file_info__init (out);
-  out->path = path;
-  char *slash = strrchr (path, '/');
-  out->name = slash != NULL && slash[1] != '\0' ? slash + 1 : path;
+  const char *slash = strrchr (path, '/');
+  const char *name = slash != NULL && slash[1] != '\0' ? slash + 1 : path;
+  const char *p = api_utf8_text (path, &out->path_bytes, &names->owned[0]);
+  const char *nm = api_utf8_text (name, &out->name_bytes, &names->owned[1]);
+  const char *t = target != NULL ? api_utf8_text (target, &out->symlink_target_bytes, &names->owned[2]) : "";
+  if (p == NULL || nm == NULL || t == NULL)
+    return err_make (err, ENOMEM, "out of memory");
+  out->path = (char *) p;
+  out->name = (char *) nm;
+  out->symlink_target = (char *) t;
   out->type = type_to_proto (in->type);
   out->size = in->size;
   out->mode = in->mode;
   out->uid = in->uid;
   out->gid = in->gid;
   out->mtime_ms = in->mtime_ms;
-  out->symlink_target = target != NULL ? target : (char *) "";
+  return 0;
+}
+
+const char *
+api_request_path (const char *text, ProtobufCBinaryData bytes, char *buf, err_t *err)
+{
+  if (bytes.len == 0)
+    return text;
+  if (bytes.len >= SBX_FILE_PATH_MAX)
+    {
+      err_make (err, ENAMETOOLONG, "a path is longer than %d bytes", SBX_FILE_PATH_MAX - 1);
+      return NULL;
+    }
+  if (memchr (bytes.data, '\0', bytes.len) != NULL)
+    {
+      err_make (err, EINVAL, "a path holds a NUL byte");
+      return NULL;
+    }
+  memcpy (buf, bytes.data, bytes.len);
+  buf[bytes.len] = '\0';
+  return buf;
+}
+
+/* Replies with a FileInfo from an INFO answer. */
+static int
+reply_file_info (rpc_call_t *call, const sbx_file_msg_t *msg, err_t *err)
+{
+  cleanup_names api_names_t names = {0};
+  Sandbox__V1__FileInfo info;
+  if (api_file_info_to_proto (&msg->info, msg->path, msg->target, &info, &names, err) < 0)
+    return -1;
+  return rpc_call_reply (call, &info.base, err);
 }
 
 /* Runs an operation whose answer is one INFO, and replies with it. */
@@ -95,19 +140,20 @@ reply_info_of (rpc_call_t *call, const api_ctx_t *ctx, const sbx_file_req_t *req
     return -1;
   if (rc == 0 || msg.kind != SBX_FRAME_INFO)
     return err_make (err, EIO, "%s: no description came back", rpc_call_method (call));
-  Sandbox__V1__FileInfo info;
-  info_to_proto (&msg.info, (char *) msg.path, (char *) msg.target, &info);
-  return rpc_call_reply (call, &info.base, err);
+  return reply_file_info (call, &msg, err);
 }
 
 int
 api_stat (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
 {
   cleanup_message ProtobufCMessage *m = NULL;
-  if (recv_checked (call, &sandbox__v1__stat_request__descriptor, &m, err) < 0)
+  if (api_recv_checked (call, &sandbox__v1__stat_request__descriptor, &m, err) < 0)
     return -1;
   Sandbox__V1__StatRequest *r = (Sandbox__V1__StatRequest *) m;
-  sbx_file_req_t req = {.id = r->sandbox_id, .op = SBX_FILE_STAT, .path = r->path};
+  char buf[SBX_FILE_PATH_MAX];
+  sbx_file_req_t req = {.id = r->sandbox_id, .op = SBX_FILE_STAT};
+  if ((req.path = api_request_path (r->path, r->path_bytes, buf, err)) == NULL)
+    return -1;
   return reply_info_of (call, ctx, &req, err);
 }
 
@@ -115,14 +161,14 @@ int
 api_make_dir (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
 {
   cleanup_message ProtobufCMessage *m = NULL;
-  if (recv_checked (call, &sandbox__v1__make_dir_request__descriptor, &m, err) < 0)
+  if (api_recv_checked (call, &sandbox__v1__make_dir_request__descriptor, &m, err) < 0)
     return -1;
   Sandbox__V1__MakeDirRequest *r = (Sandbox__V1__MakeDirRequest *) m;
-  sbx_file_req_t req = {.id = r->sandbox_id,
-                        .op = SBX_FILE_MKDIR,
-                        .path = r->path,
-                        .mode = r->mode,
-                        .flags = r->parents ? SBX_FILE_F_PARENTS : 0};
+  char buf[SBX_FILE_PATH_MAX];
+  sbx_file_req_t req
+      = {.id = r->sandbox_id, .op = SBX_FILE_MKDIR, .mode = r->mode, .flags = r->parents ? SBX_FILE_F_PARENTS : 0};
+  if ((req.path = api_request_path (r->path, r->path_bytes, buf, err)) == NULL)
+    return -1;
   return reply_info_of (call, ctx, &req, err);
 }
 
@@ -130,14 +176,14 @@ int
 api_rename (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
 {
   cleanup_message ProtobufCMessage *m = NULL;
-  if (recv_checked (call, &sandbox__v1__rename_request__descriptor, &m, err) < 0)
+  if (api_recv_checked (call, &sandbox__v1__rename_request__descriptor, &m, err) < 0)
     return -1;
   Sandbox__V1__RenameRequest *r = (Sandbox__V1__RenameRequest *) m;
-  sbx_file_req_t req = {.id = r->sandbox_id,
-                        .op = SBX_FILE_RENAME,
-                        .path = r->from,
-                        .path2 = r->to,
-                        .flags = r->overwrite ? SBX_FILE_F_OVERWRITE : 0};
+  char from[SBX_FILE_PATH_MAX], to[SBX_FILE_PATH_MAX];
+  sbx_file_req_t req = {.id = r->sandbox_id, .op = SBX_FILE_RENAME, .flags = r->overwrite ? SBX_FILE_F_OVERWRITE : 0};
+  if ((req.path = api_request_path (r->from, r->from_bytes, from, err)) == NULL
+      || (req.path2 = api_request_path (r->to, r->to_bytes, to, err)) == NULL)
+    return -1;
   return reply_info_of (call, ctx, &req, err);
 }
 
@@ -145,11 +191,13 @@ int
 api_remove (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
 {
   cleanup_message ProtobufCMessage *m = NULL;
-  if (recv_checked (call, &sandbox__v1__remove_request__descriptor, &m, err) < 0)
+  if (api_recv_checked (call, &sandbox__v1__remove_request__descriptor, &m, err) < 0)
     return -1;
   Sandbox__V1__RemoveRequest *r = (Sandbox__V1__RemoveRequest *) m;
-  sbx_file_req_t req = {
-      .id = r->sandbox_id, .op = SBX_FILE_REMOVE, .path = r->path, .flags = r->recursive ? SBX_FILE_F_RECURSIVE : 0};
+  char buf[SBX_FILE_PATH_MAX];
+  sbx_file_req_t req = {.id = r->sandbox_id, .op = SBX_FILE_REMOVE, .flags = r->recursive ? SBX_FILE_F_RECURSIVE : 0};
+  if ((req.path = api_request_path (r->path, r->path_bytes, buf, err)) == NULL)
+    return -1;
   cleanup_file sbx_file_t *f = NULL;
   sbx_file_msg_t msg;
   if (sbx_file_start (ctx->rt, &req, call_gone, call, &f, err) < 0)
@@ -163,98 +211,17 @@ api_remove (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   return rpc_call_reply (call, &resp.base, err);
 }
 
-/* ListDir's entries as they are gathered; strings owned. */
-typedef struct listing_s
-{
-  Sandbox__V1__FileInfo *infos;
-  Sandbox__V1__FileInfo **ptrs;
-  size_t n, cap;
-} listing_t;
-
-static void
-listing_free (listing_t *l)
-{
-  for (size_t i = 0; i < l->n; i++)
-    {
-      free (l->infos[i].path);
-      if (l->infos[i].symlink_target[0] != '\0')
-        free (l->infos[i].symlink_target);
-    }
-  free (l->infos);
-  free (l->ptrs);
-}
-
-static int
-listing_add (listing_t *l, const sbx_file_msg_t *msg, err_t *err)
-{
-  if (l->n >= API_LIST_MAX_ENTRIES)
-    return err_make (err, EMSGSIZE, "ListDir: more than %d entries; list with a smaller depth", API_LIST_MAX_ENTRIES);
-  if (l->n == l->cap)
-    {
-      size_t cap = l->cap ? l->cap * 2 : 64;
-      Sandbox__V1__FileInfo *g = realloc (l->infos, cap * sizeof *g);
-      if (g == NULL)
-        return err_make (err, ENOMEM, "ListDir: out of memory");
-      l->infos = g;
-      l->cap = cap;
-    }
-  char *path = strdup (msg->path), *target = msg->target != NULL ? strdup (msg->target) : NULL;
-  if (path == NULL || (msg->target != NULL && target == NULL))
-    {
-      free (path);
-      free (target);
-      return err_make (err, ENOMEM, "ListDir: out of memory");
-    }
-  info_to_proto (&msg->info, path, target, &l->infos[l->n++]);
-  return 0;
-}
-
-int
-api_list_dir (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
-{
-  cleanup_message ProtobufCMessage *m = NULL;
-  if (recv_checked (call, &sandbox__v1__list_dir_request__descriptor, &m, err) < 0)
-    return -1;
-  Sandbox__V1__ListDirRequest *r = (Sandbox__V1__ListDirRequest *) m;
-  sbx_file_req_t req = {.id = r->sandbox_id, .op = SBX_FILE_LIST, .path = r->path, .depth = r->depth};
-  cleanup_file sbx_file_t *f = NULL;
-  if (sbx_file_start (ctx->rt, &req, call_gone, call, &f, err) < 0)
-    return -1;
-  listing_t l = {0};
-  int rc;
-  sbx_file_msg_t msg;
-  while ((rc = sbx_file_next (f, &msg, err)) > 0)
-    if (msg.kind != SBX_FRAME_INFO)
-      rc = err_make (err, EIO, "ListDir: an unexpected answer");
-    else if ((rc = listing_add (&l, &msg, err)) < 0)
-      break;
-  if (rc == 0 && (l.ptrs = calloc (l.n + 1, sizeof *l.ptrs)) == NULL)
-    rc = err_make (err, ENOMEM, "ListDir: out of memory");
-  if (rc == 0)
-    {
-      for (size_t i = 0; i < l.n; i++)
-        l.ptrs[i] = &l.infos[i];
-      Sandbox__V1__ListDirResponse resp = SANDBOX__V1__LIST_DIR_RESPONSE__INIT;
-      resp.n_entries = l.n;
-      resp.entries = l.ptrs;
-      if (protobuf_c_message_get_packed_size (&resp.base) > rpc_call_max_message (call))
-        rc = err_make (err, EMSGSIZE, "ListDir: the listing exceeds the message limit; list with a smaller depth");
-      else
-        rc = rpc_call_reply (call, &resp.base, err);
-    }
-  listing_free (&l);
-  return rc < 0 ? -1 : 0;
-}
-
 int
 api_read_file (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
 {
   cleanup_message ProtobufCMessage *m = NULL;
-  if (recv_checked (call, &sandbox__v1__read_file_request__descriptor, &m, err) < 0)
+  if (api_recv_checked (call, &sandbox__v1__read_file_request__descriptor, &m, err) < 0)
     return -1;
   Sandbox__V1__ReadFileRequest *r = (Sandbox__V1__ReadFileRequest *) m;
-  sbx_file_req_t req
-      = {.id = r->sandbox_id, .op = SBX_FILE_READ, .path = r->path, .offset = r->offset, .length = r->length};
+  char buf[SBX_FILE_PATH_MAX];
+  sbx_file_req_t req = {.id = r->sandbox_id, .op = SBX_FILE_READ, .offset = r->offset, .length = r->length};
+  if ((req.path = api_request_path (r->path, r->path_bytes, buf, err)) == NULL)
+    return -1;
   cleanup_file sbx_file_t *f = NULL;
   sbx_file_msg_t msg;
   if (sbx_file_start (ctx->rt, &req, call_gone, call, &f, err) < 0)
@@ -267,8 +234,10 @@ api_read_file (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   cleanup_free char *path = strdup (msg.path);
   if (path == NULL)
     return err_make (err, ENOMEM, "ReadFile: out of memory");
+  cleanup_names api_names_t names = {0};
   Sandbox__V1__FileInfo info;
-  info_to_proto (&msg.info, path, NULL, &info);
+  if (api_file_info_to_proto (&msg.info, path, NULL, &info, &names, err) < 0)
+    return -1;
   /* The first chunk carries the description with the first bytes. */
   Sandbox__V1__FileChunk first = SANDBOX__V1__FILE_CHUNK__INIT;
   first.info = &info;
@@ -324,17 +293,20 @@ int
 api_write_file (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
 {
   cleanup_message ProtobufCMessage *m = NULL;
-  if (recv_checked (call, &sandbox__v1__write_file_request__descriptor, &m, err) < 0)
+  if (api_recv_checked (call, &sandbox__v1__write_file_request__descriptor, &m, err) < 0)
     return -1;
   Sandbox__V1__WriteFileRequest *w = (Sandbox__V1__WriteFileRequest *) m;
   if (w->payload_case != SANDBOX__V1__WRITE_FILE_REQUEST__PAYLOAD_HEADER || w->header == NULL)
     return err_make (err, EINVAL, "the first WriteFile message must carry the header");
   const Sandbox__V1__WriteFileHeader *h = w->header;
+  char buf[SBX_FILE_PATH_MAX];
   sbx_file_req_t req = {.id = h->sandbox_id,
                         .op = SBX_FILE_WRITE,
-                        .path = h->path,
+                        .path = api_request_path (h->path, h->path_bytes, buf, err),
                         .mode = h->mode,
                         .flags = (h->make_parents ? SBX_FILE_F_PARENTS : 0) | (h->append ? SBX_FILE_F_APPEND : 0)};
+  if (req.path == NULL)
+    return -1;
   cleanup_file sbx_file_t *f = NULL;
   sbx_file_msg_t msg;
   if (sbx_file_start (ctx->rt, &req, call_gone, call, &f, err) < 0)
@@ -347,9 +319,8 @@ api_write_file (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     return -1;
   if (rc == 0 || msg.kind != SBX_FRAME_INFO)
     return err_make (err, EIO, "WriteFile: no description came back");
-  Sandbox__V1__FileInfo info;
-  info_to_proto (&msg.info, (char *) msg.path, NULL, &info);
-  return rpc_call_reply (call, &info.base, err);
+  msg.target = NULL;
+  return reply_file_info (call, &msg, err);
 }
 
 static Sandbox__V1__FileEvent__Kind
@@ -371,11 +342,13 @@ int
 api_watch (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
 {
   cleanup_message ProtobufCMessage *m = NULL;
-  if (recv_checked (call, &sandbox__v1__watch_request__descriptor, &m, err) < 0)
+  if (api_recv_checked (call, &sandbox__v1__watch_request__descriptor, &m, err) < 0)
     return -1;
   Sandbox__V1__WatchRequest *r = (Sandbox__V1__WatchRequest *) m;
-  sbx_file_req_t req = {
-      .id = r->sandbox_id, .op = SBX_FILE_WATCH, .path = r->path, .flags = r->recursive ? SBX_FILE_F_RECURSIVE : 0};
+  char buf[SBX_FILE_PATH_MAX];
+  sbx_file_req_t req = {.id = r->sandbox_id, .op = SBX_FILE_WATCH, .flags = r->recursive ? SBX_FILE_F_RECURSIVE : 0};
+  if ((req.path = api_request_path (r->path, r->path_bytes, buf, err)) == NULL)
+    return -1;
   cleanup_file sbx_file_t *f = NULL;
   sbx_file_msg_t msg;
   if (sbx_file_start (ctx->rt, &req, call_gone, call, &f, err) < 0)
@@ -388,11 +361,15 @@ api_watch (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
         return rc < 0 ? -1 : 0;
       if (msg.kind != SBX_FRAME_EVENT)
         return err_make (err, EIO, "Watch: an unexpected answer");
+      cleanup_names api_names_t names = {0};
       Sandbox__V1__FileEvent ev = SANDBOX__V1__FILE_EVENT__INIT;
-      ev.path = (char *) msg.path;
+      ev.path = (char *) api_utf8_text (msg.path, &ev.path_bytes, &names.owned[0]);
       ev.kind = event_to_proto (msg.event.kind);
       ev.is_dir = msg.event.is_dir != 0;
-      ev.old_path = msg.target != NULL ? (char *) msg.target : (char *) "";
+      ev.old_path = msg.target != NULL ? (char *) api_utf8_text (msg.target, &ev.old_path_bytes, &names.owned[1])
+                                       : (char *) "";
+      if (ev.path == NULL || ev.old_path == NULL)
+        return err_make (err, ENOMEM, "Watch: out of memory");
       if (rpc_call_send (call, &ev.base, err) < 0)
         return -1;
     }

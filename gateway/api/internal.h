@@ -44,6 +44,26 @@ int api_connect (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_forward (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_list_ports (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 
+/* files.c, shared with files_list.c: the file operation's cleanup, the
+ * call's "gone" test, a request received whole with its strings checked
+ * for NUL bytes, the path of a request (its `path_bytes` twin when set,
+ * copied NUL-terminated into `buf` of SBX_FILE_PATH_MAX bytes; NULL with
+ * *err for a NUL byte or a path too long), and a FileInfo from an INFO
+ * answer (pointing into `path`, `target` and `names`: api_names_free). */
+void api_cleanup_file_fn (sbx_file_t **f);
+#define cleanup_file __attribute__ ((cleanup (api_cleanup_file_fn)))
+bool api_call_gone (void *ctx);
+int api_recv_checked (rpc_call_t *call, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err);
+const char *api_request_path (const char *text, ProtobufCBinaryData bytes, char *buf, err_t *err);
+typedef struct api_names_s
+{
+  char *owned[3];
+} api_names_t;
+void api_names_free (api_names_t *n);
+#define cleanup_names __attribute__ ((cleanup (api_names_free)))
+int api_file_info_to_proto (const sbx_file_wire_t *in, const char *path, const char *target,
+                            Sandbox__V1__FileInfo *out, api_names_t *names, err_t *err);
+
 /* Receives the single request message of a unary or server-streaming
  * call into *out (freed by the caller: cleanup_message). EINVAL when there
  * is none. */
@@ -69,6 +89,19 @@ int api_send_bytes_field (rpc_call_t *call, uint32_t field, const uint8_t *data,
  * its size, at most 11 bytes. */
 size_t api_field_header (uint8_t *head, uint32_t field, size_t len);
 void api_exit_to_proto (const sbx_exec_result_t *in, Sandbox__V1__ExitStatus *out);
+/* Names a sandbox or a client chose, for proto3 `string` fields (which
+ * must hold valid UTF-8; see FileInfo in the proto): api_utf8_valid tells
+ * whether n bytes are strict UTF-8. api_utf8_text gives `s` itself when it
+ * is valid (*raw empty, *owned NULL), else a copy with every byte that is
+ * not part of a valid sequence replaced by U+FFFD (*owned: free it) and
+ * *raw pointing at the exact bytes of `s`. NULL when out of memory. */
+bool api_utf8_valid (const char *s, size_t n);
+const char *api_utf8_text (const char *s, ProtobufCBinaryData *raw, char **owned);
+/* A ProcessInfo's argv: `argv` itself when every element is valid UTF-8,
+ * else made-valid copies and `argv_bytes` the exact elements (pointing
+ * into `argv`); api_argv_free frees what was made. */
+int api_argv_to_proto (char *const *argv, size_t n, Sandbox__V1__ProcessInfo *out, err_t *err);
+void api_argv_free (Sandbox__V1__ProcessInfo *out);
 int api_compression_from_proto (Sandbox__V1__Compression c, snap_compression_t *out, err_t *err);
 /* A request's env map as "KEY=VALUE" strings (NULL-terminated; free each
  * and the array with api_env_free). EINVAL for a bad name. */

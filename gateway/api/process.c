@@ -220,17 +220,18 @@ run_started (void *ctx, const sbx_exec_started_t *st)
     fcntl (r->stdin_fd, F_SETFL, O_NONBLOCK);
   Sandbox__V1__ProcessInfo info = SANDBOX__V1__PROCESS_INFO__INIT;
   info.pid = st->pid;
-  info.n_argv = r->start->n_argv;
-  info.argv = r->start->argv;
+  err_t e = ERR_INIT;
+  if (api_argv_to_proto (r->start->argv, r->start->n_argv, &info, &e) < 0)
+    atomic_store (&r->stop, true);
   info.running = true;
   info.started_at_ms = now_ms ();
   info.pty = r->start->pty;
   Sandbox__V1__ProcessEvent ev = SANDBOX__V1__PROCESS_EVENT__INIT;
   ev.event_case = SANDBOX__V1__PROCESS_EVENT__EVENT_STARTED;
   ev.started = &info;
-  err_t e = ERR_INIT;
-  if (rpc_call_send (r->call, &ev.base, &e) < 0)
+  if (!atomic_load (&r->stop) && rpc_call_send (r->call, &ev.base, &e) < 0)
     atomic_store (&r->stop, true);
+  api_argv_free (&info);
   err_release (&e);
   r->reader_started = pthread_create (&r->reader, NULL, reader_main, r) == 0;
   if (!r->reader_started)
@@ -268,10 +269,10 @@ cleanup_env_fn (char ***env)
 }
 
 /* A ProcessInfo of a detached process (pointing into `in` and the two
- * storages). */
-static void
+ * storages; api_argv_free after). */
+static int
 proc_info_to_proto (const sbx_proc_info_t *in, Sandbox__V1__ProcessInfo *out, Sandbox__V1__PtySize *pty,
-                    Sandbox__V1__ExitStatus *st)
+                    Sandbox__V1__ExitStatus *st, err_t *err)
 {
   sandbox__v1__process_info__init (out);
   out->process_id = (char *) in->id;
@@ -279,8 +280,8 @@ proc_info_to_proto (const sbx_proc_info_t *in, Sandbox__V1__ProcessInfo *out, Sa
   size_t n = 0;
   while (in->argv != NULL && in->argv[n] != NULL)
     n++;
-  out->n_argv = n;
-  out->argv = (char **) in->argv;
+  if (api_argv_to_proto (in->argv, n, out, err) < 0)
+    return -1;
   if (in->rows > 0)
     {
       sandbox__v1__pty_size__init (pty);
@@ -297,6 +298,7 @@ proc_info_to_proto (const sbx_proc_info_t *in, Sandbox__V1__ProcessInfo *out, Sa
     }
   out->started_at_ms = in->started_at_ms;
   out->output_dropped_bytes = in->dropped_bytes;
+  return 0;
 }
 
 /* The call as an attachment of detached process r->proc: started, its
@@ -309,13 +311,16 @@ run_attached (run_t *r, bool replay, bool follow, err_t *err)
   Sandbox__V1__ProcessInfo pi;
   Sandbox__V1__PtySize pty;
   Sandbox__V1__ExitStatus st;
-  proc_info_to_proto (&info, &pi, &pty, &st);
+  if (proc_info_to_proto (&info, &pi, &pty, &st, err) < 0)
+    return -1;
   Sandbox__V1__ProcessEvent ev = SANDBOX__V1__PROCESS_EVENT__INIT;
   ev.event_case = SANDBOX__V1__PROCESS_EVENT__EVENT_STARTED;
   ev.started = &pi;
   sbx_proc_cursor_t cur;
   sbx_proc_cursor_start (r->rt, r->proc, replay, &cur);
-  if (rpc_call_send (r->call, &ev.base, err) < 0)
+  int sent = rpc_call_send (r->call, &ev.base, err);
+  api_argv_free (&pi);
+  if (sent < 0)
     return -1;
   r->reader_started = pthread_create (&r->reader, NULL, reader_main, r) == 0;
   if (!r->reader_started)
@@ -500,22 +505,25 @@ api_list_processes (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   Sandbox__V1__ProcessInfo **ptrs = calloc (n + 1, sizeof *ptrs);
   Sandbox__V1__PtySize *ptys = calloc (n + 1, sizeof *ptys);
   Sandbox__V1__ExitStatus *sts = calloc (n + 1, sizeof *sts);
-  int rc;
+  int rc = 0;
+  size_t made = 0;
   if (infos == NULL || pis == NULL || ptrs == NULL || ptys == NULL || sts == NULL)
     rc = err_make (err, ENOMEM, "ListProcesses: out of memory");
-  else
+  for (; rc == 0 && made < n; made++)
     {
-      for (size_t i = 0; i < n; i++)
-        {
-          sbx_proc_info (ctx->rt, procs[i], &infos[i]);
-          proc_info_to_proto (&infos[i], &pis[i], &ptys[i], &sts[i]);
-          ptrs[i] = &pis[i];
-        }
+      sbx_proc_info (ctx->rt, procs[made], &infos[made]);
+      rc = proc_info_to_proto (&infos[made], &pis[made], &ptys[made], &sts[made], err);
+      ptrs[made] = &pis[made];
+    }
+  if (rc == 0)
+    {
       Sandbox__V1__ListProcessesResponse resp = SANDBOX__V1__LIST_PROCESSES_RESPONSE__INIT;
       resp.n_processes = n;
       resp.processes = ptrs;
       rc = rpc_call_reply (call, &resp.base, err);
     }
+  for (size_t i = 0; i < made && pis != NULL; i++)
+    api_argv_free (&pis[i]);
   for (size_t i = 0; i < n; i++)
     sbx_proc_put (ctx->rt, procs[i]);
   free (infos);

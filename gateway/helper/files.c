@@ -467,7 +467,7 @@ dispatch (const sbx_file_hdr_t *h, const char *path, const char *path2)
     case SBX_FILE_STAT: return send_lstat (p);
     case SBX_FILE_READ: return op_read (p, h->offset, h->length);
     case SBX_FILE_WRITE: return op_write (p, mode, h->flags);
-    case SBX_FILE_LIST: return file_op_list (p, h->depth);
+    case SBX_FILE_LIST: return file_op_list (p, h->depth, h->offset);
     case SBX_FILE_REMOVE: return op_remove (p, h->flags);
     case SBX_FILE_RENAME: return absolute (path2, p2, sizeof p2) < 0 ? -1 : op_rename (p, p2, h->flags);
     case SBX_FILE_MKDIR: return op_mkdir (p, mode, h->flags);

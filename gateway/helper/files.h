@@ -24,8 +24,9 @@ int file_send_error (int status, const char *fmt, ...) __attribute__ ((format (p
 int file_send_info (const char *path, const struct stat *st, const char *target);
 
 /* files_list.c: INFO for every entry of directory `path` down to `depth`
- * levels (1: its own entries), breadth first, names sorted, then END. */
-int file_op_list (const char *path, uint32_t depth);
+ * levels (1: its own entries), breadth first, names sorted, then END;
+ * the first `skip` entries (earlier pages) are not sent. */
+int file_op_list (const char *path, uint32_t depth, uint64_t skip);
 
 /* watch.c: EVENT frames for changes under `path` (SBX_FILE_F_RECURSIVE: in
  * its whole tree, at most `limit` directories) until the gateway closes the

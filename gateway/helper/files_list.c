@@ -1,8 +1,9 @@
 /* helper/files_list: ListDir's walk, in the file API's child inside the
  * sandbox (see files.h): breadth first with a queue on the heap (no
  * recursion on the tree's depth), each directory's names sorted, symlinks
- * reported and never descended into. The gateway caps how many entries it
- * takes and ends the child when there are more. Single-threaded. */
+ * reported and never descended into. A later page of a listing walks the
+ * same way and skips (does not send) the entries of the earlier pages; the
+ * gateway ends the child once its page is full. Single-threaded. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -21,6 +22,13 @@ typedef struct pending_s
   char *path;
   uint32_t level;
 } pending_t;
+
+/* The walk's progress: entries still to skip (those of earlier pages). */
+typedef struct walk_s
+{
+  uint32_t depth;
+  uint64_t skip;
+} walk_t;
 
 static int
 by_name (const void *a, const void *b)
@@ -66,11 +74,13 @@ read_names (int dfd, char ***out, size_t *n)
   return 0;
 }
 
-/* Lists one directory: INFO per entry, its subdirectories queued when
- * below `depth`. -1 when the gateway has gone. */
+/* Lists one directory: INFO per entry (once w->skip entries were
+ * skipped), its subdirectories queued when below the depth. -1 when the
+ * gateway has gone. */
 static int
-list_one (const pending_t *dir, uint32_t depth, pending_t **queue, size_t *n_queue, size_t *cap_queue)
+list_one (const pending_t *dir, walk_t *w, pending_t **queue, size_t *n_queue, size_t *cap_queue)
 {
+  uint32_t depth = w->depth;
   int dfd = open (dir->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0)
     return 0; /* gone or unreadable since it was seen: its entry was reported */
@@ -85,15 +95,24 @@ list_one (const pending_t *dir, uint32_t depth, pending_t **queue, size_t *n_que
       struct stat st;
       char path[SBX_FILE_PATH_MAX + NAME_MAX + 2];
       snprintf (path, sizeof path, "%s/%s", strcmp (dir->path, "/") == 0 ? "" : dir->path, names[i]);
-      if (rc == 0 && keep >= 0 && fstatat (keep, names[i], &st, AT_SYMLINK_NOFOLLOW) == 0)
+      /* A skipped entry is looked at only when it may be a directory to
+       * descend into. */
+      if (rc == 0 && w->skip > 0 && dir->level >= depth)
+        w->skip--;
+      else if (rc == 0 && keep >= 0 && fstatat (keep, names[i], &st, AT_SYMLINK_NOFOLLOW) == 0)
         {
           char target[PATH_MAX] = "";
-          if (S_ISLNK (st.st_mode))
+          if (w->skip > 0)
+            w->skip--;
+          else
             {
-              ssize_t k = readlinkat (keep, names[i], target, sizeof target - 1);
-              target[k > 0 ? k : 0] = '\0';
+              if (S_ISLNK (st.st_mode))
+                {
+                  ssize_t k = readlinkat (keep, names[i], target, sizeof target - 1);
+                  target[k > 0 ? k : 0] = '\0';
+                }
+              rc = file_send_info (path, &st, S_ISLNK (st.st_mode) ? target : NULL);
             }
-          rc = file_send_info (path, &st, S_ISLNK (st.st_mode) ? target : NULL);
           if (rc == 0 && S_ISDIR (st.st_mode) && dir->level < depth)
             {
               if (*n_queue == *cap_queue)
@@ -116,8 +135,9 @@ list_one (const pending_t *dir, uint32_t depth, pending_t **queue, size_t *n_que
 }
 
 int
-file_op_list (const char *path, uint32_t depth)
+file_op_list (const char *path, uint32_t depth, uint64_t skip)
 {
+  walk_t w = {.depth = depth, .skip = skip};
   struct stat st;
   if (stat (path, &st) < 0)
     return file_send_error (errno, "list `%s`: %s", path, strerror (errno));
@@ -133,7 +153,7 @@ file_op_list (const char *path, uint32_t depth)
     {
       pending_t dir = queue[head];
       if (dir.path != NULL)
-        rc = list_one (&dir, depth, &queue, &n, &cap);
+        rc = list_one (&dir, &w, &queue, &n, &cap);
       free (dir.path);
     }
   for (; head < n; head++)

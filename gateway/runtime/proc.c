@@ -4,8 +4,19 @@
  * ring buffers (the newest SANDBOX_PROCESS_BUFFER_BYTES of each), from
  * which any number of attachers read, each at its own offsets. Records stay
  * after the exit (its status) until the sandbox goes or the retention count
- * drops the oldest. State: the runtime's process list, under proc_mu;
- * proc_cv signals output, starts and exits. */
+ * drops the oldest.
+ *
+ * Memory: a ring is one mapping of exactly SANDBOX_PROCESS_BUFFER_BYTES,
+ * made when its first output comes (never grown, unmapped when dropped),
+ * and every ring a sandbox's records hold, running or exited, counts
+ * against its budget of SANDBOX_MAX_PROCESSES × 2 rings: a ring that would
+ * pass it first takes the rings of the oldest exited records (their output
+ * is then dropped, counted in output_dropped_bytes; their status stays).
+ * Running processes alone never pass it (at most SANDBOX_MAX_PROCESSES of
+ * them run), so the documented budget is what the gateway holds.
+ *
+ * State: the runtime's process list, under proc_mu; proc_cv signals
+ * output, starts and exits. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -16,13 +27,7 @@
 #include "common/cleanup.h"
 #include "common/log.h"
 #include "gateway/runtime/internal.h"
-
-typedef struct ring_s
-{
-  uint8_t *buf;
-  size_t cap, size; /* size grows to cap as output comes */
-  uint64_t total;   /* bytes ever written */
-} ring_t;
+#include "gateway/runtime/proc_ring.h"
 
 struct sbx_proc_s
 {
@@ -37,7 +42,7 @@ struct sbx_proc_s
   uint32_t timeout;
   int64_t started_ms;
   int pid, pidfd, stdin_fd, pty_fd;
-  ring_t out, err;
+  sbx_ring_t out, err;
   bool started, exited, stop, listed;
   char start_error[256];
   int start_status; /* errno of a start that failed */
@@ -45,64 +50,6 @@ struct sbx_proc_s
   int refs; /* the thread, and each attacher */
   pthread_t thread;
 };
-
-static void
-ring_put (ring_t *r, const uint8_t *data, size_t len)
-{
-  if (r->size < r->cap && r->total <= r->size && r->total + len > r->size) /* not wrapped yet */
-    {
-      size_t want = r->total + len < r->cap ? (size_t) (r->total + len) : r->cap;
-      want = want < 65536 && r->cap >= 65536 ? 65536 : want;
-      uint8_t *b = realloc (r->buf, want);
-      if (b != NULL)
-        {
-          r->buf = b;
-          r->size = want;
-        }
-    }
-  if (r->size == 0)
-    {
-      r->total += len;
-      return;
-    }
-  if (len > r->size)
-    {
-      r->total += len - r->size;
-      data += len - r->size;
-      len = r->size;
-    }
-  size_t at = (size_t) (r->total % r->size);
-  size_t first = len < r->size - at ? len : r->size - at;
-  memcpy (r->buf + at, data, first);
-  memcpy (r->buf, data + first, len - first);
-  r->total += len;
-}
-
-/* Copies what a reader at *off has not read yet (at most cap bytes); a
- * reader the ring overtook skips to its oldest byte. */
-static size_t
-ring_get (const ring_t *r, uint64_t *off, uint8_t *out, size_t cap)
-{
-  uint64_t oldest = r->total > r->size ? r->total - r->size : 0;
-  if (*off < oldest)
-    *off = oldest;
-  size_t n = (size_t) (r->total - *off) < cap ? (size_t) (r->total - *off) : cap;
-  for (size_t done = 0; done < n;)
-    {
-      size_t at = (size_t) ((*off + done) % r->size);
-      size_t k = n - done < r->size - at ? n - done : r->size - at;
-      memcpy (out + done, r->buf + at, k);
-      done += k;
-    }
-  *off += n;
-  return n;
-}
-
-static uint64_t
-ring_dropped (const ring_t *r)
-{
-  return r->total > r->cap ? r->total - r->cap : 0;
-}
 
 static void
 free_strv (char **v)
@@ -138,8 +85,8 @@ proc_free (sbx_proc_t *p)
   free_strv (p->argv);
   free_strv (p->env);
   free (p->cwd);
-  free (p->out.buf);
-  free (p->err.buf);
+  sbx_ring_release (&p->out);
+  sbx_ring_release (&p->err);
   free (p);
 }
 
@@ -181,9 +128,47 @@ prune_locked (sbx_runtime_t *rt, const char *sid)
       if (exited <= (size_t) rt->cfg.process_retain || oldest == NULL)
         return;
       unlink_locked (rt, oldest);
+      /* An attacher still reading it keeps the status, not the output. */
+      sbx_ring_release (&oldest->out);
+      sbx_ring_release (&oldest->err);
       if (oldest->refs == 0)
         proc_free (oldest);
     }
+}
+
+/* The ring bytes the records of sandbox `sid` hold. */
+static size_t
+held_locked (sbx_runtime_t *rt, const char *sid)
+{
+  size_t held = 0;
+  for (sbx_proc_t *p = rt->procs; p != NULL; p = p->next)
+    if (strcmp (p->sandbox, sid) == 0)
+      held += (p->out.buf != NULL ? p->out.cap : 0) + (p->err.buf != NULL ? p->err.cap : 0);
+  return held;
+}
+
+/* Maps ring `r` of `p` within the sandbox's budget, taking the rings of
+ * its oldest exited records as needed. -1 when it cannot (the output is
+ * then counted, not kept). */
+static int
+ring_map_locked (sbx_runtime_t *rt, sbx_proc_t *p, sbx_ring_t *r)
+{
+  if (!p->listed || r->cap == 0)
+    return -1;
+  size_t budget = (size_t) rt->cfg.max_processes * 2 * (size_t) rt->cfg.process_buffer_bytes;
+  while (held_locked (rt, p->sandbox) + r->cap > budget)
+    {
+      sbx_proc_t *oldest = NULL;
+      for (sbx_proc_t *q = rt->procs; q != NULL; q = q->next)
+        if (q->exited && (q->out.buf != NULL || q->err.buf != NULL) && strcmp (q->sandbox, p->sandbox) == 0
+            && (oldest == NULL || q->started_ms < oldest->started_ms))
+          oldest = q;
+      if (oldest == NULL)
+        return -1;
+      sbx_ring_release (&oldest->out);
+      sbx_ring_release (&oldest->err);
+    }
+  return sbx_ring_map (r);
 }
 
 /* ---- the process's own thread ------------------------------------------------- */
@@ -192,8 +177,11 @@ static int
 proc_output (void *ctx, int stream, const uint8_t *data, size_t len)
 {
   sbx_proc_t *p = ctx;
+  sbx_ring_t *r = stream == 1 ? &p->out : &p->err;
   pthread_mutex_lock (&p->rt->proc_mu);
-  ring_put (stream == 1 ? &p->out : &p->err, data, len);
+  if (r->buf == NULL && r->total == 0)
+    ring_map_locked (p->rt, p, r);
+  sbx_ring_put (r, data, len);
   pthread_cond_broadcast (&p->rt->proc_cv);
   pthread_mutex_unlock (&p->rt->proc_mu);
   return 0;
@@ -416,12 +404,12 @@ sbx_proc_read (sbx_runtime_t *rt, sbx_proc_t *p, sbx_proc_cursor_t *c, uint8_t *
       size_t n = 0;
       if (c->out < p->out.total)
         {
-          n = ring_get (&p->out, &c->out, buf, cap);
+          n = sbx_ring_get (&p->out, &c->out, buf, cap);
           *stream = 1;
         }
       else if (c->err < p->err.total)
         {
-          n = ring_get (&p->err, &c->err, buf, cap);
+          n = sbx_ring_get (&p->err, &c->err, buf, cap);
           *stream = 2;
         }
       if (n > 0 || (p->exited && c->out >= p->out.total && c->err >= p->err.total))
@@ -532,7 +520,7 @@ info_locked (const sbx_proc_t *p, sbx_proc_info_t *out)
   out->exited = p->exited;
   out->res = p->res;
   out->started_at_ms = p->started_ms;
-  out->dropped_bytes = ring_dropped (&p->out) + ring_dropped (&p->err);
+  out->dropped_bytes = sbx_ring_dropped (&p->out) + sbx_ring_dropped (&p->err);
 }
 
 void

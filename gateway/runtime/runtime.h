@@ -314,11 +314,11 @@ typedef struct sbx_file_req_s
   const char *id;
   sbx_file_op_t op;
   const char *path;
-  const char *path2; /* rename's destination, else NULL */
-  uint32_t flags;    /* SBX_FILE_F_* */
-  uint32_t mode;     /* write, mkdir: permission bits (07777), 0 the default */
-  uint32_t depth;    /* list */
-  uint64_t offset, length;
+  const char *path2;       /* rename's destination, else NULL */
+  uint32_t flags;          /* SBX_FILE_F_* */
+  uint32_t mode;           /* write, mkdir: permission bits (07777), 0 the default */
+  uint32_t depth;          /* list */
+  uint64_t offset, length; /* read; list: offset = entries to skip (earlier pages) */
 } sbx_file_req_t;
 
 /* An answer of the operation, valid until the next call on it. Strings are

@@ -140,10 +140,10 @@ typedef struct sbx_file_hdr_s
   uint32_t magic;
   uint32_t op;
   uint32_t flags;
-  uint32_t mode;  /* write, mkdir: permission bits; 0 the default */
-  uint32_t depth; /* list: levels below the directory (1: its entries) */
-  uint32_t limit; /* watch: most directories watched at once */
-  uint64_t offset;
+  uint32_t mode;                /* write, mkdir: permission bits; 0 the default */
+  uint32_t depth;               /* list: levels below the directory (1: its entries) */
+  uint32_t limit;               /* watch: most directories watched at once */
+  uint64_t offset;              /* read: where to start; list: entries to skip */
   uint64_t length;              /* read: 0 to the end */
   uint32_t path_len, path2_len; /* their NULs included */
 } sbx_file_hdr_t;

@@ -158,6 +158,53 @@ route_file_stat (shim_req_t *r, unsigned *status)
   return unary_info (r->id, "/sandbox.v1.Sandbox/Stat", &req.base, 200, status);
 }
 
+/* The most a REST listing holds (the shim builds its JSON whole): the
+ * limits one ListDir answer had before the gateway paged, kept so that
+ * what worked still works and what failed still fails the same way. */
+#define SHIM_LIST_MAX_ENTRIES 100000
+#define SHIM_LIST_MAX_BYTES (16 * 1024 * 1024)
+/* Entries the shim asks for per page (the gateway also ends a page at its
+ * own byte cap). */
+#define SHIM_LIST_PAGE_ENTRIES 16384
+
+/* One page of a listing, appended to `entries`; *token becomes the next
+ * page's token ("" at the end), *bytes and *count grow. NULL, or the error
+ * answer. */
+static struct MHD_Response *
+list_page (shim_req_t *r, Sandbox__V1__ListDirRequest *req, json_t *entries, char **token, size_t *bytes,
+           size_t *count, unsigned *status)
+{
+  ProtobufCMessage *resp = NULL;
+  rpc_status_t st = RPC_STATUS_INIT;
+  if (route_unary (r->id, "/sandbox.v1.Sandbox/ListDir", &req->base, &sandbox__v1__list_dir_response__descriptor,
+                   &resp, &st, ROUTE_SHORT_CALL_MS)
+      < 0)
+    {
+      struct MHD_Response *out = read_error (st.code, &st, status);
+      rpc_status_release (&st);
+      return out;
+    }
+  Sandbox__V1__ListDirResponse *l = (Sandbox__V1__ListDirResponse *) resp;
+  *bytes += protobuf_c_message_get_packed_size (resp);
+  *count += l->n_entries;
+  free (*token);
+  *token = strdup (l->next_page_token != NULL ? l->next_page_token : "");
+  if (*token == NULL || *bytes > SHIM_LIST_MAX_BYTES || *count > SHIM_LIST_MAX_ENTRIES)
+    {
+      protobuf_c_message_free_unpacked (resp, NULL);
+      if (*token == NULL)
+        return shim_detail (500, "out of memory", status);
+      char d[160];
+      snprintf (d, sizeof d, "the listing has more than %d entries or %d bytes; list with a smaller depth",
+                SHIM_LIST_MAX_ENTRIES, SHIM_LIST_MAX_BYTES);
+      return shim_detail (shim_http_status (GRPC_STATUS_RESOURCE_EXHAUSTED, true), d, status);
+    }
+  for (size_t i = 0; i < l->n_entries; i++)
+    json_array_append_new (entries, info_json (l->entries[i]));
+  protobuf_c_message_free_unpacked (resp, NULL);
+  return NULL;
+}
+
 struct MHD_Response *
 route_file_list (shim_req_t *r, unsigned *status)
 {
@@ -170,22 +217,21 @@ route_file_list (shim_req_t *r, unsigned *status)
   req.sandbox_id = r->id;
   req.path = (char *) path;
   req.depth = (uint32_t) depth;
-  ProtobufCMessage *resp = NULL;
-  rpc_status_t st = RPC_STATUS_INIT;
-  if (route_unary (r->id, "/sandbox.v1.Sandbox/ListDir", &req.base, &sandbox__v1__list_dir_response__descriptor,
-                   &resp, &st, ROUTE_SHORT_CALL_MS)
-      < 0)
+  req.page_size = SHIM_LIST_PAGE_ENTRIES;
+  cleanup_json json_t *entries = json_array ();
+  cleanup_free char *token = NULL;
+  size_t bytes = 0, count = 0;
+  /* Page after page: the gateway holds one page at a time; the shim holds
+   * the JSON up to its caps. */
+  do
     {
-      struct MHD_Response *out = read_error (st.code, &st, status);
-      rpc_status_release (&st);
-      return out;
+      req.page_token = token != NULL ? token : (char *) "";
+      struct MHD_Response *failed = list_page (r, &req, entries, &token, &bytes, &count, status);
+      if (failed != NULL)
+        return failed;
     }
-  Sandbox__V1__ListDirResponse *l = (Sandbox__V1__ListDirResponse *) resp;
-  json_t *entries = json_array ();
-  for (size_t i = 0; i < l->n_entries; i++)
-    json_array_append_new (entries, info_json (l->entries[i]));
-  protobuf_c_message_free_unpacked (resp, NULL);
-  return shim_json (json_pack ("{s:o}", "entries", entries), 200, status);
+  while (token[0] != '\0');
+  return shim_json (json_pack ("{s:O}", "entries", entries), 200, status);
 }
 
 /* ---- DELETE /sandboxes/{id}/files, POST …/rename, …/mkdir ----------------------------- */

@@ -6,6 +6,7 @@ workflow: upload a script, run it through exec, download its output."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -137,3 +138,37 @@ def test_seed_workflow_upload_run_download(shim, api, sid):
     assert res["exit_code"] == 0, res
     out = shim.request("GET", f"/sandboxes/{sid}/files?{q('/root/out/result.txt')}")
     assert out.status == 200 and out.body == b"line 1\nline 2\nline 3\n", out
+
+
+def test_a_listing_of_several_pages_comes_whole_and_one_past_the_caps_is_429(shim, api, sid):
+    # 20 000 entries: more than the shim's page of 16 384 (and, with
+    # 1 KiB names, more than the gateway's page of 4 MiB), fewer than its
+    # cap of 100 000 entries and 16 MiB.
+    make = ("import os\n"
+            "os.makedirs('/tmp/many')\n"
+            "for i in range(20000):\n"
+            "    os.close(os.open('/tmp/many/%05d' % i, os.O_CREAT | os.O_WRONLY))\n"
+            "os.makedirs('/tmp/long')\n"
+            "for i in range(17000):\n"
+            "    os.close(os.open('/tmp/long/%05d' % i + 'n' * 250, os.O_CREAT | os.O_WRONLY))\n"
+            "os.makedirs('/tmp/huge/' + '/'.join(['d' * 250] * 15))\n")
+    r = shim.request("POST", f"/sandboxes/{sid}/exec", json.dumps({"argv": ["python3", "-c", make]}).encode(),
+                     headers={"Content-Type": "application/json"})
+    assert r.status == 200 and r.json()["exit_code"] == 0, r.body[-500:]
+    ls = shim.request("GET", f"/sandboxes/{sid}/files/list?{q('/tmp/many')}").json()["entries"]
+    assert [e["name"] for e in ls] == ["%05d" % i for i in range(20000)]
+    long_names = shim.request("GET", f"/sandboxes/{sid}/files/list?{q('/tmp/long')}").json()["entries"]
+    assert len(long_names) == 17000 and long_names[-1]["name"] == "16999" + "n" * 250
+    # More than 16 MiB of entries, with paths of ~3.8 KB: 4600 hard links.
+    link = ("import os\n"
+            "d = '/tmp/huge/' + '/'.join(['d' * 250] * 15)\n"
+            "open(d + '/f', 'w').close()\n"
+            "for i in range(4600):\n"
+            "    os.link(d + '/f', d + '/l%d' % i)\n"
+            "print(d)\n")
+    r = shim.request("POST", f"/sandboxes/{sid}/exec", json.dumps({"argv": ["python3", "-c", link]}).encode(),
+                     headers={"Content-Type": "application/json"})
+    assert r.status == 200 and r.json()["exit_code"] == 0, r.body[-500:]
+    deep = base64.b64decode(r.json()["stdout_b64"]).decode().strip()
+    r = shim.request("GET", f"/sandboxes/{sid}/files/list?{q(deep)}")
+    assert r.status == 429 and "smaller depth" in r.json()["detail"], (r.status, r.body[:300])
