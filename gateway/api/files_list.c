@@ -11,6 +11,8 @@
  * whatever the allocator keeps. No state beyond the call. */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,24 +25,36 @@
  * that does not page fails with RESOURCE_EXHAUSTED when its listing is
  * larger. */
 #define API_LIST_PAGE_MAX_BYTES (4 * 1024 * 1024)
+/* Most bytes of encoded entries held by all listings at once, being filled
+ * or waiting for gRPC to send them (a client that does not read keeps its
+ * page): past it a page ends early (a paged listing continues with the
+ * next call) or the call fails RESOURCE_EXHAUSTED (retry later). */
+#define API_LIST_TOTAL_MAX_BYTES (64 * 1024 * 1024)
 /* Room after the entries for the next page's token (field 2). */
 #define LIST_TOKEN_ROOM 32
-/* The mapping's first bytes hold its own length (for the unmapping). */
+/* The mapping's first bytes hold its own length (for the unmapping) and
+ * the bytes it holds of the total. */
 #define LIST_MAP_HEAD 64
+
+/* Bytes of entries all listings hold now (API_LIST_TOTAL_MAX_BYTES). */
+static _Atomic size_t list_bytes_held;
 
 typedef struct page_s
 {
   uint8_t *map; /* NULL once handed to gRPC */
   uint8_t *data;
-  size_t len; /* bytes encoded */
-  size_t n;   /* entries */
+  size_t len;      /* bytes encoded */
+  size_t n;        /* entries */
+  bool over_total; /* it ended at API_LIST_TOTAL_MAX_BYTES */
 } page_t;
 
 static void
 unmap_page (void *map)
 {
-  size_t len;
+  size_t len, held;
   memcpy (&len, map, sizeof len);
+  memcpy (&held, (uint8_t *) map + sizeof len, sizeof held);
+  atomic_fetch_sub (&list_bytes_held, held);
   munmap (map, len);
 }
 
@@ -60,7 +74,7 @@ page_open (page_t *pg, err_t *err)
   void *map = mmap (NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (map == MAP_FAILED)
     return err_make (err, ENOMEM, "ListDir: out of memory");
-  memcpy (map, &len, sizeof len);
+  memcpy (map, &len, sizeof len); /* held: 0 (a new mapping is zeroed) */
   *pg = (page_t){.map = map, .data = (uint8_t *) map + LIST_MAP_HEAD};
   return 0;
 }
@@ -79,6 +93,16 @@ page_add (page_t *pg, const sbx_file_msg_t *msg, err_t *err)
   size_t hn = api_field_header (head, 1, len); /* ListDirResponse.entries */
   if (pg->len + hn + len > API_LIST_PAGE_MAX_BYTES)
     return 0;
+  if (atomic_fetch_add (&list_bytes_held, hn + len) + hn + len > API_LIST_TOTAL_MAX_BYTES)
+    {
+      atomic_fetch_sub (&list_bytes_held, hn + len);
+      pg->over_total = true;
+      return 0;
+    }
+  size_t held;
+  memcpy (&held, pg->map + sizeof (size_t), sizeof held);
+  held += hn + len;
+  memcpy (pg->map + sizeof (size_t), &held, sizeof held);
   memcpy (pg->data + pg->len, head, hn);
   protobuf_c_message_pack (&info.base, pg->data + pg->len + hn);
   pg->len += hn + len;
@@ -132,6 +156,10 @@ fill_page (sbx_file_t *f, const Sandbox__V1__ListDirRequest *r, bool paged, page
         }
       if ((rc = page_add (pg, &msg, err)) < 0)
         return -1;
+      if (rc == 0 && pg->over_total && (!paged || pg->n == 0))
+        return err_make (err, EAGAIN,
+                         "ListDir: listings in flight hold the gateway's listing memory (%d bytes); retry later",
+                         API_LIST_TOTAL_MAX_BYTES);
       if (rc == 0 && (!paged || pg->n == 0))
         return err_make (err, EMSGSIZE,
                          "ListDir: the listing is larger than one page (%d bytes); page through it with "
