@@ -66,6 +66,7 @@ typedef struct sbx_s
   bool allow_egress;
   bool ready;        /* launch finished */
   bool deleting;     /* removed from lookups */
+  bool orphaned;     /* unlinked by a delete while still referenced: the last release frees it */
   int refs;          /* execs and layer users holding it */
   pid_t helper;      /* the launch helper, while launching */
   int disk_fd;       /* its disk, a mount attached only in its own mount namespace; the
@@ -164,6 +165,14 @@ void sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out);
 /* A ready sandbox, referenced (renews its idle timer), or NULL. */
 sbx_t *sbx_acquire (sbx_runtime_t *rt, const char *id);
 void sbx_release (sbx_runtime_t *rt, sbx_t *s);
+/* Drops a reference (rt->mu held); true when it was the last one of an
+ * orphaned record, which the caller then frees with sbx_free_record once
+ * it has unlocked. sbx_release does both (and renews the idle timer). */
+bool sbx_unref_locked (sbx_runtime_t *rt, sbx_t *s);
+void sbx_free_record (sbx_t *s);
+/* How long a delete waits for calls still using its sandbox after its
+ * processes were killed (sbx_delete). */
+#define SBX_DELETE_WAIT_MS 2000
 /* Kills and releases everything of a sandbox no longer in lookups. Safe on
  * a half-made sandbox (`holder` 0: none yet). */
 void sbx_teardown (sbx_runtime_t *rt, const char *id, const char *state, pid_t holder);

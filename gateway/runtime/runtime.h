@@ -199,6 +199,12 @@ typedef struct sbx_exec_sink_s
   int (*output) (void *ctx, int stream, const uint8_t *data, size_t len);
   /* True when the consumer has gone away (polled a few times a second). */
   bool (*cancelled) (void *ctx);
+  /* May be NULL. A sink whose `output` does not block (it starts a send
+   * and returns) says here, waiting at most wait_ms, whether the last one
+   * has gone: 1 yes, 0 not yet (the exec reads no more output meanwhile:
+   * the command's pipes fill and it waits, while the deadline and
+   * cancellation keep counting), -1 the consumer is gone. */
+  int (*ready) (void *ctx, int wait_ms);
   /* Told once the command runs (may be NULL: the descriptors are then
    * closed). Called on the exec's thread, before any output. */
   void (*started) (void *ctx, const sbx_exec_started_t *st);
