@@ -19,6 +19,8 @@ api_info_to_proto (const sbx_info_t *in, Sandbox__V1__SandboxInfo *out)
   out->process_count = (uint32_t) in->process_count;
   out->disk_used_bytes = in->disk_used_bytes;
   out->disk_limit_bytes = in->disk_limit_bytes;
+  out->dead = in->dead;
+  out->dead_reason = (char *) in->dead_reason;
 }
 
 int

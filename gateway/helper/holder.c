@@ -62,19 +62,6 @@ static char *child_stack;
  * kills it, reports the command as not started and serves on. */
 #define START_DEADLINE_MS 5000
 
-/* The OOM score the sandbox's processes get back: the gateway shields the
- * holder (see helper/launch.c), its children must not inherit that. */
-static void
-unshield_oom (void)
-{
-  int fd = open ("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-  if (fd >= 0)
-    {
-      (void) !write (fd, "0", 1);
-      close (fd);
-    }
-}
-
 /* Tells the gateway the command runs, from the command's own process once
  * its signals are back to their defaults (a signal the gateway sends after
  * this is never lost to the holder's dispositions): its pidfd and, on a
@@ -115,7 +102,6 @@ command_child (void *arg)
   const int *fds = c->fds;
   err_t err = ERR_INIT;
   int report = fds[3];
-  unshield_oom ();
   /* A session (and process group) of its own: kill(0, …) or a terminal's
    * job control from this command reach only what it starts. */
   if (setsid () < 0)
@@ -304,7 +290,6 @@ serve_file_request (int ctl, const sbx_confine_t *confine, char *buf, size_t len
   if (pid == 0)
     {
       close (ctl);
-      unshield_oom ();
       helper_file_child (confine, buf, len, fds);
     }
   if (pid > 0)

@@ -643,6 +643,21 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
     }
   if (s == NULL)
     return err_make (err, ENOENT, "sandbox `%s` not found", req->id);
+  pthread_mutex_lock (&rt->mu);
+  bool dead = s->dead;
+  pthread_mutex_unlock (&rt->mu);
+  if (dead)
+    {
+      if (req->background)
+        {
+          pthread_mutex_lock (&rt->mu);
+          s->bg_refs--;
+          pthread_mutex_unlock (&rt->mu);
+        }
+      sbx_release (rt, s);
+      return err_make (err, ENOTCONN, "sandbox `%s` is dead (its pid 1 died): Delete it, or Connect to restore it",
+                       req->id);
+    }
 
   exec_run_t x = {.rt = rt,
                   .s = s,

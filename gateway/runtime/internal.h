@@ -64,9 +64,11 @@ typedef struct sbx_s
   int64_t created_mono_ms; /* monotonic: every duration is measured on it */
   int64_t last_used_ms;    /* monotonic */
   bool allow_egress;
-  bool ready;        /* launch finished */
-  bool deleting;     /* removed from lookups */
-  bool orphaned;     /* unlinked by a delete while still referenced: the last release frees it */
+  bool ready;    /* launch finished */
+  bool deleting; /* removed from lookups */
+  bool orphaned; /* unlinked by a delete while still referenced: the last release frees it */
+  bool dead;     /* its holder died (reaper.c; holder then 0) */
+  char dead_reason[128];
   int refs;          /* execs and layer users holding it */
   pid_t helper;      /* the launch helper, while launching */
   int disk_fd;       /* its disk, a mount attached only in its own mount namespace; the
@@ -120,6 +122,8 @@ struct sbx_runtime_s
   bool stopping;
   pthread_t reaper;
   bool reaper_running;
+  pthread_t idler; /* deletes idle sandboxes, apart from the reaper's ticks (reaper.c) */
+  bool idler_running;
   /* Spare memory groups made ahead of launches (cgroup v1; launch.c),
    * under mu: their numbers, and the next number to make. */
   unsigned spares[SBX_SPARES];
@@ -258,5 +262,6 @@ int sbx_remove_groups (sbx_runtime_t *rt, const char *id, err_t *err);
 /* Kills, unmounts and removes what a previous run left behind. */
 void sbx_clean_leftovers (sbx_runtime_t *rt);
 void *sbx_reaper_main (void *arg);
+void *sbx_idler_main (void *arg);
 
 #endif

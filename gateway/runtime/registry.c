@@ -218,6 +218,8 @@ sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out)
   out->last_used_ms = s->created_ms + (s->last_used_ms - s->created_mono_ms);
   out->allow_egress = s->allow_egress;
   memcpy (out->store_gen, s->store_gen, sizeof out->store_gen);
+  out->dead = s->dead;
+  memcpy (out->dead_reason, s->dead_reason, sizeof out->dead_reason);
   long n = sbx_cg_count (&rt->cg, s->id, NULL);
   out->process_count = n > 0 ? n : 0;
   struct statfs sf;

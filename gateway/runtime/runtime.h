@@ -76,6 +76,10 @@ typedef struct sbx_info_s
    * restored from or last persisted, "" when neither: what tells a copy
    * that another gateway has written the snapshot since (session.c). */
   char store_gen[48];
+  /* Its pid 1 died (the sandbox is dead: its processes were killed, and
+   * it waits for a Delete, or a Connect that restores it), and why. */
+  bool dead;
+  char dead_reason[128];
 } sbx_info_t;
 
 /* True when egress sandboxes are held to the egress policy by a filter

@@ -12,7 +12,6 @@ import signal
 import time
 
 import grpc
-import pytest
 
 from tests.lib.client import pb, sandbox_client
 from tests.lib.gateway import cgroup_pids, holder_pids
