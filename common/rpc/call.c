@@ -200,6 +200,25 @@ rpc_call_send_wait (rpc_call_t *c, err_t *err)
   return 0;
 }
 
+int
+rpc_call_send_wait_for (rpc_call_t *c, int64_t wait_ms, err_t *err)
+{
+  if (!c->sending)
+    return 1;
+  grpc_event ev = grpc_completion_queue_pluck (c->cq, &c->send_tag, rpc_deadline_in_ms (wait_ms), NULL);
+  if (ev.type == GRPC_QUEUE_TIMEOUT)
+    return 0;
+  c->sending = false;
+  grpc_byte_buffer_destroy (c->send_bb);
+  c->send_bb = NULL;
+  if (ev.type != GRPC_OP_COMPLETE || !ev.success)
+    {
+      c->peer_gone = true;
+      return err_make (err, ECANCELED, "%s: the client has gone", c->path);
+    }
+  return 1;
+}
+
 /* The operations that send `bb` (the initial metadata first, if still
  * due) into ops[0..1]; their count. */
 static size_t

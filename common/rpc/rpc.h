@@ -243,6 +243,11 @@ int rpc_call_send_raw_start (rpc_call_t *call, grpc_slice *slices, size_t n, err
  * gone. 0 when there is none in flight. */
 int rpc_call_send_wait (rpc_call_t *call, err_t *err);
 
+/* As rpc_call_send_wait, for at most `wait_ms`: 1 taken (or none in
+ * flight), 0 still in flight (a client that does not read), -1 with
+ * ECANCELED when the client has gone. */
+int rpc_call_send_wait_for (rpc_call_t *call, int64_t wait_ms, err_t *err);
+
 /* In a handler: sets the final message of a call (of a streaming one, its
  * last); it is sent with the OK status in one batch when the handler
  * returns 0 or calls rpc_call_finish. */

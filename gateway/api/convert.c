@@ -19,6 +19,8 @@ api_info_to_proto (const sbx_info_t *in, Sandbox__V1__SandboxInfo *out)
   out->process_count = (uint32_t) in->process_count;
   out->disk_used_bytes = in->disk_used_bytes;
   out->disk_limit_bytes = in->disk_limit_bytes;
+  out->dead = in->dead;
+  out->dead_reason = (char *) in->dead_reason;
 }
 
 int
@@ -123,22 +125,36 @@ release_lent (void *data)
   sbx_exec_release (data);
 }
 
-int
-api_send_bytes_field (rpc_call_t *call, uint32_t field, const uint8_t *data, size_t len, bool lent, err_t *err)
+static int
+send_bytes_field (rpc_call_t *call, uint32_t field, const uint8_t *data, size_t len, bool lent, bool start,
+                  err_t *err)
 {
   uint8_t head[11];
   size_t n = api_field_header (head, field, len);
+  int (*send) (rpc_call_t *, grpc_slice *, size_t, err_t *) = start ? rpc_call_send_raw_start : rpc_call_send_raw;
   if (!lent)
     {
       grpc_slice one = grpc_slice_malloc (n + len);
       memcpy (GRPC_SLICE_START_PTR (one), head, n);
       memcpy (GRPC_SLICE_START_PTR (one) + n, data, len);
-      return rpc_call_send_raw (call, &one, 1, err);
+      return send (call, &one, 1, err);
     }
   sbx_exec_hold (data);
   grpc_slice slices[2] = {grpc_slice_from_copied_buffer ((const char *) head, n),
                           grpc_slice_new_with_user_data ((void *) data, len, release_lent, (void *) data)};
-  return rpc_call_send_raw (call, slices, 2, err);
+  return send (call, slices, 2, err);
+}
+
+int
+api_send_bytes_field (rpc_call_t *call, uint32_t field, const uint8_t *data, size_t len, bool lent, err_t *err)
+{
+  return send_bytes_field (call, field, data, len, lent, false, err);
+}
+
+int
+api_send_bytes_field_start (rpc_call_t *call, uint32_t field, const uint8_t *data, size_t len, err_t *err)
+{
+  return send_bytes_field (call, field, data, len, true, true, err);
 }
 
 /* The length of the valid UTF-8 sequence at s (n bytes left), 0 when the

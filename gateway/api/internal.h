@@ -85,6 +85,9 @@ int api_reply_info (rpc_call_t *call, const sbx_info_t *info, err_t *err);
  * to gRPC as is and is kept until sent (sbx_exec_hold); else it is copied
  * once, into the message. */
 int api_send_bytes_field (rpc_call_t *call, uint32_t field, const uint8_t *data, size_t len, bool lent, err_t *err);
+/* The same for lent data, without waiting until the transport has it
+ * (rpc_call_send_raw_start: see rpc_call_send_wait_for). */
+int api_send_bytes_field_start (rpc_call_t *call, uint32_t field, const uint8_t *data, size_t len, err_t *err);
 /* The field header (tag and varint length) of a length-delimited field:
  * its size, at most 11 bytes. */
 size_t api_field_header (uint8_t *head, uint32_t field, size_t len);

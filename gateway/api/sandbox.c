@@ -97,13 +97,23 @@ typedef struct exec_call_s
 } exec_call_t;
 
 /* Output chunks become ExecEvents on the call, sent from the exec's own
- * buffers. */
+ * buffers. The send is started, not waited for: a client that does not
+ * read holds the exec's reading (exec_ready), never its deadline. */
 static int
 exec_output (void *ctx, int stream, const uint8_t *data, size_t len)
 {
   err_t err = ERR_INIT;
   /* ExecEvent.stdout is field 1, stderr field 2 */
-  int rc = api_send_bytes_field (((exec_call_t *) ctx)->call, stream == 1 ? 1 : 2, data, len, true, &err);
+  int rc = api_send_bytes_field_start (((exec_call_t *) ctx)->call, stream == 1 ? 1 : 2, data, len, &err);
+  err_release (&err);
+  return rc;
+}
+
+static int
+exec_ready (void *ctx, int wait_ms)
+{
+  err_t err = ERR_INIT;
+  int rc = rpc_call_send_wait_for (((exec_call_t *) ctx)->call, wait_ms, &err);
   err_release (&err);
   return rc;
 }
@@ -180,7 +190,8 @@ api_exec (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
       .timeout_seconds = req->timeout_seconds,
   };
   exec_call_t xc = {.call = call};
-  sbx_exec_sink_t sink = {.output = exec_output, .cancelled = exec_cancelled, .ended = exec_ended, .ctx = &xc};
+  sbx_exec_sink_t sink
+      = {.output = exec_output, .cancelled = exec_cancelled, .ready = exec_ready, .ended = exec_ended, .ctx = &xc};
   sbx_exec_result_t res;
   if (sbx_exec (ctx->rt, &xr, &sink, &res, err) < 0)
     return -1;

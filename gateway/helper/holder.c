@@ -29,6 +29,7 @@
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <termios.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/cleanup.h"
@@ -54,6 +55,12 @@ static size_t n_held_signals;
  * execs (see start_command); a guard page below it. */
 #define CHILD_STACK (256 * 1024)
 static char *child_stack;
+
+/* The longest the holder waits for a command's child to exec (or fail):
+ * code in the sandbox can stop the child (SIGSTOP) before it has joined
+ * its exec's cgroup, where no timeout would reach it. Past this the holder
+ * kills it, reports the command as not started and serves on. */
+#define START_DEADLINE_MS 5000
 
 /* Tells the gateway the command runs, from the command's own process once
  * its signals are back to their defaults (a signal the gateway sends after
@@ -158,17 +165,49 @@ fail:
   _exit (status);
 }
 
-/* Starts command `c`: a child that shares the holder's memory and runs on
- * child_stack while the holder waits for its exec (CLONE_VM|CLONE_VFORK,
- * as posix_spawn does): no copy of the holder's page tables, no
- * copy-on-write faults, nothing to tear down at exec. It has its own
- * descriptor table, signal dispositions and credentials, as after fork.
- * The holder serves nothing else until the child has exec'd or exited
- * (a few system calls; a timeout's kill ends a child stuck there). The
- * pid, or -1 with errno. */
-static pid_t
-start_command (command_t *c)
+/* Waits until the child `pid` has exec'd or exited (its end of `gate`
+ * closed), at most START_DEADLINE_MS; past it the child is killed, and
+ * waited for (not reaped: reap_children reports it). true: it exec'd or
+ * exited by itself. */
+static bool
+await_exec (pid_t pid, int gate)
 {
+  struct timespec t0, t;
+  clock_gettime (CLOCK_MONOTONIC, &t0);
+  for (;;)
+    {
+      clock_gettime (CLOCK_MONOTONIC, &t);
+      long spent = (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
+      if (spent >= START_DEADLINE_MS)
+        break;
+      struct pollfd p = {.fd = gate, .events = POLLIN};
+      int r = poll (&p, 1, (int) (START_DEADLINE_MS - spent));
+      if (r > 0)
+        return true;
+    }
+  /* A stopped child dies of SIGKILL at once; until it is dead it may
+   * still touch the memory it shares with the holder. */
+  kill (pid, SIGKILL);
+  siginfo_t si;
+  while (waitid (P_PID, (id_t) pid, &si, WEXITED | WNOWAIT) < 0 && errno == EINTR)
+    ;
+  return false;
+}
+
+/* Starts command `c`: a child that shares the holder's memory and runs on
+ * child_stack while the holder waits for its exec (CLONE_VM, as
+ * posix_spawn does): no copy of the holder's page tables, no copy-on-write
+ * faults, nothing to tear down at exec. It has its own descriptor table,
+ * signal dispositions and credentials, as after fork. The holder serves
+ * nothing else until the child has exec'd or exited (a few system calls),
+ * and at most START_DEADLINE_MS: not CLONE_VFORK, whose wait nothing
+ * bounds (a child stopped from inside the sandbox would hold the holder,
+ * and every later request, forever). The pid, or -1 with errno; *started
+ * false when the child was killed at the deadline. */
+static pid_t
+start_command (command_t *c, bool *started)
+{
+  *started = true;
   if (child_stack == NULL)
     {
       char *m
@@ -182,9 +221,17 @@ start_command (command_t *c)
         }
       child_stack = m + 4096;
     }
+  /* The child's copy of its write end closes at its exec or exit. */
+  int gate[2];
+  if (pipe2 (gate, O_CLOEXEC) < 0)
+    return -1;
   char **env = environ;
-  pid_t pid = clone (command_child, child_stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, c);
+  pid_t pid = clone (command_child, child_stack + CHILD_STACK, CLONE_VM | SIGCHLD, c);
   int saved = errno;
+  close (gate[1]);
+  if (pid > 0)
+    *started = await_exec (pid, gate[0]);
+  close (gate[0]);
   environ = env;
   /* The pages the child used go back: an idle pid 1 keeps only its own. */
   madvise (child_stack, CHILD_STACK, MADV_DONTNEED);
@@ -246,7 +293,15 @@ serve_file_request (int ctl, const sbx_confine_t *confine, char *buf, size_t len
       helper_file_child (confine, buf, len, fds);
     }
   if (pid > 0)
-    running[n_running++] = (running_t){pid, fds[1]};
+    {
+      /* Into its cgroup from here too (it also joins by itself): a child
+       * stopped from inside the sandbox before it got there is still
+       * within reach of the call's cancellation. */
+      char num[16];
+      int nlen = snprintf (num, sizeof num, "%d", (int) pid);
+      (void) !write (fds[2], num, (size_t) nlen);
+      running[n_running++] = (running_t){pid, fds[1]};
+    }
   for (size_t i = 0; i < SBX_FILE_FDS; i++)
     if (i != 1 || pid < 0)
       close (fds[i]);
@@ -315,11 +370,17 @@ serve_request (int ctl, const sbx_confine_t *confine, char *buf)
                  .cwd = cwd,
                  .argv = argv,
                  .env = env};
-  pid_t pid = start_command (&c);
+  bool started;
+  pid_t pid = start_command (&c, &started);
   if (pid < 0)
     helper_report (fds[3], SBX_REPORT_ERROR, errno, 0, 0, "fork the command (process limit reached?)");
   else
-    running[n_running++] = (running_t){pid, fds[3]};
+    {
+      if (!started)
+        helper_report (fds[3], SBX_REPORT_ERROR, ETIMEDOUT, 0, 0,
+                       "the command did not start within 5 s (stopped from inside the sandbox?): killed");
+      running[n_running++] = (running_t){pid, fds[3]};
+    }
   for (int i = 0; i < SBX_EXEC_FDS; i++)
     if (i != 3 || pid < 0)
       close (fds[i]);

@@ -242,6 +242,27 @@ holder_main (const helper_opts_t *o, const sbx_cg_layout_t *cg, const sbx_confin
   helper_holder_loop (3, 4, confine);
 }
 
+/* Keeps the OOM killer off the holder (pid 1: the sandbox ends with it):
+ * a sandbox that fills its memory loses its own processes instead. Set
+ * from here, with CAP_SYS_RESOURCE of the host, through the legacy
+ * `oom_adj` (-17 is -1000): unlike a privileged write of `oom_score_adj`
+ * it leaves the floor the holder's children may lower themselves to at 0,
+ * so a command (which resets itself to 0, see holder.c) can never shield
+ * itself. Best effort: a kernel without the file leaves the holder as it
+ * was. */
+static void
+shield_from_oom (pid_t pid)
+{
+  char path[64];
+  snprintf (path, sizeof path, "/proc/%d/oom_adj", (int) pid);
+  int fd = open (path, O_WRONLY | O_CLOEXEC);
+  if (fd >= 0)
+    {
+      (void) !write (fd, "-17", 3);
+      close (fd);
+    }
+}
+
 /* Waits for the holder's word and hands the sandbox's disk to the gateway.
  * 0 ok; 1 the holder failed and that was reported; -1 with *err. */
 static int
@@ -261,6 +282,7 @@ hand_over (pid_t *pid, int sync, err_t *err)
       helper_report (helper_report_fd, SBX_REPORT_ERROR, r.status, 0, 0, r.text);
       return 1; /* *pid is killed and reaped by the caller's scope */
     }
+  shield_from_oom (*pid);
   sbx_report_t ready;
   memset (&ready, 0, sizeof ready);
   ready.type = SBX_REPORT_READY;

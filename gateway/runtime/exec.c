@@ -17,6 +17,7 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <termios.h>
 #include <unistd.h>
@@ -25,6 +26,8 @@
 #include "common/log.h"
 #include "gateway/runtime/internal.h"
 
+/* How long a call waits for the sandbox's pid 1 to take its request. */
+#define SBX_HOLDER_CONNECT_MS 15000
 /* Longest wait between looks at cancellation. */
 #define EXEC_POLL_MS 100
 /* After the exit report: how long output may still arrive, how long more
@@ -143,6 +146,7 @@ typedef struct pump_s
 typedef struct exec_run_s
 {
   sbx_runtime_t *rt;
+  sbx_t *s;
   const sbx_exec_req_t *req;
   const sbx_exec_sink_t *sink;
   sbx_exec_result_t *res;
@@ -156,6 +160,7 @@ typedef struct exec_run_s
   int64_t cancel_checked; /* when the sink was last asked whether the caller went away */
   bool exited, killed, consumer_gone;
   bool started_seen; /* the STARTED report came (or never will) */
+  bool sink_busy;    /* an asynchronous sink (sink->ready) has not taken the last output yet */
   char start_error[sizeof ((sbx_report_t *) 0)->text];
   sbx_outbufs_t bufs;    /* output is read into these (SBX_EXEC_CHUNK each) */
   sbx_cg_counters_t ctr; /* the limit-event counters, opened while the command starts */
@@ -207,8 +212,18 @@ sbx_connect_holder (const char *state, const char *id, err_t *err)
    * gateway, root in its network namespace, sets its own past that cap. */
   int sndbuf = SBX_EXEC_MAX + 64 * 1024;
   setsockopt (fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndbuf, sizeof sndbuf);
+  /* The holder takes one request at a time, each in a bounded time (a
+   * command's start: START_DEADLINE_MS in helper/holder.c); a backlog of
+   * callers waits for it no longer than this, connect and send. */
+  struct timeval tv = {.tv_sec = SBX_HOLDER_CONNECT_MS / 1000, .tv_usec = (SBX_HOLDER_CONNECT_MS % 1000) * 1000};
+  setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   if (dir < 0 || connect (fd, (struct sockaddr *) &sa, sizeof sa) < 0)
-    return err_make_sys (err, ESRCH, "sandbox `%s` is gone (its pid 1 does not answer)", id);
+    {
+      if (dir >= 0 && (errno == EAGAIN || errno == EINPROGRESS))
+        return err_make (err, ETIMEDOUT, "sandbox `%s`: its pid 1 did not take the request within %d s", id,
+                         SBX_HOLDER_CONNECT_MS / 1000);
+      return err_make_sys (err, ESRCH, "sandbox `%s` is gone (its pid 1 does not answer)", id);
+    }
   return take_fd (&fd);
 }
 
@@ -421,6 +436,7 @@ on_output (exec_run_t *x, pump_t *p, bool *got)
       p->owed = (size_t) n < p->owed ? p->owed - (size_t) n : 0;
       if (x->sink->output (x->sink->ctx, p->stream, buf, (size_t) n) < 0)
         x->consumer_gone = true;
+      x->sink_busy = x->sink->ready != NULL;
     }
   else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
     close (take_fd (&p->fd));
@@ -433,14 +449,25 @@ pump_once (exec_run_t *x, int64_t now, err_t *err)
 {
   struct pollfd p[4];
   int np = 0;
+  int64_t wait = x->exited ? x->drain_until - now : x->killed ? EXEC_POLL_MS : x->deadline - now;
+  wait = wait > EXEC_POLL_MS ? EXEC_POLL_MS : wait < 0 ? 0 : wait;
+  /* A consumer still taking the last output: no more is read (the pipes
+   * fill and the command waits) but the round, and with it the deadline
+   * and cancellation, comes as often as ever. */
+  if (x->sink_busy && !x->consumer_gone)
+    {
+      int r = x->sink->ready (x->sink->ctx, (int) wait);
+      x->consumer_gone = r < 0;
+      x->sink_busy = r == 0;
+      if (r == 0)
+        wait = 0;
+    }
   /* A streamed run's caller hears of the start before any output. */
-  bool hold = x->req->stdin_stream && !x->started_seen;
+  bool hold = (x->req->stdin_stream && !x->started_seen) || (x->sink_busy && !x->consumer_gone);
   for (int i = 0; i < 2; i++)
     p[np++] = (struct pollfd){.fd = hold ? -1 : x->pumps[i].fd, .events = POLLIN}; /* fd -1: ignored */
   p[np++] = (struct pollfd){.fd = x->exited ? -1 : x->report_fd, .events = POLLIN};
   p[np++] = (struct pollfd){.fd = x->stdin_fd, .events = POLLOUT};
-  int64_t wait = x->exited ? x->drain_until - now : x->killed ? EXEC_POLL_MS : x->deadline - now;
-  wait = wait > EXEC_POLL_MS ? EXEC_POLL_MS : wait < 0 ? 0 : wait;
   if (TEMP_FAILURE_RETRY (poll (p, (nfds_t) np, (int) wait)) < 0)
     return err_make_sys (err, errno, "exec: poll");
   bool got = false;
@@ -463,6 +490,15 @@ pump_once (exec_run_t *x, int64_t now, err_t *err)
   return 0;
 }
 
+static bool
+sandbox_deleting (exec_run_t *x)
+{
+  pthread_mutex_lock (&x->rt->mu);
+  bool deleting = x->s->deleting;
+  pthread_mutex_unlock (&x->rt->mu);
+  return deleting;
+}
+
 /* Pumps until the command has exited and its output is drained. */
 static int
 pump_all (exec_run_t *x, err_t *err)
@@ -473,6 +509,10 @@ pump_all (exec_run_t *x, err_t *err)
       kill_if_due (x, now);
       bool drained = x->pumps[0].fd < 0 && x->pumps[1].fd < 0;
       bool owed = (x->pumps[0].fd >= 0 && x->pumps[0].owed > 0) || (x->pumps[1].fd >= 0 && x->pumps[1].owed > 0);
+      /* What a slow consumer is owed waits for it, but not past the
+       * sandbox's delete. */
+      if (owed && x->exited && x->sink_busy && sandbox_deleting (x))
+        owed = false;
       if (x->exited
           && (drained || (now >= x->drain_until && !owed) || x->consumer_gone || x->sink->cancelled (x->sink->ctx)))
         return 0;
@@ -490,7 +530,8 @@ static void
 describe_end (exec_run_t *x, uint32_t timeout)
 {
   sbx_exec_result_t *res = x->res;
-  if (x->start_error[0] != '\0' && !x->consumer_gone)
+  bool can_send = !x->consumer_gone && (!x->sink_busy || x->sink->ready (x->sink->ctx, 0) > 0);
+  if (x->start_error[0] != '\0' && can_send)
     {
       /* In one of the exec's buffers: the sink may keep it. */
       uint8_t *line = sbx_outbufs_get (&x->bufs, SBX_EXEC_CHUNK);
@@ -602,8 +643,24 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
     }
   if (s == NULL)
     return err_make (err, ENOENT, "sandbox `%s` not found", req->id);
+  pthread_mutex_lock (&rt->mu);
+  bool dead = s->dead;
+  pthread_mutex_unlock (&rt->mu);
+  if (dead)
+    {
+      if (req->background)
+        {
+          pthread_mutex_lock (&rt->mu);
+          s->bg_refs--;
+          pthread_mutex_unlock (&rt->mu);
+        }
+      sbx_release (rt, s);
+      return err_make (err, ENOTCONN, "sandbox `%s` is dead (its pid 1 died): Delete it, or Connect to restore it",
+                       req->id);
+    }
 
   exec_run_t x = {.rt = rt,
+                  .s = s,
                   .req = req,
                   .sink = sink,
                   .res = res,
@@ -649,8 +706,12 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
   if (rc == 0) /* s->cg_seen then counts this group's events */
     sbx_cg_counters_read (&rt->cg, req->id, &x.ctr, true, &gone);
   sbx_cg_counters_close (&x.ctr);
-  if ((x.exited && sbx_cg_move_all (&rt->cg, req->id, x.group, SBX_CG_BACKGROUND, &rerr) < 0)
-      || sbx_cg_remove (&rt->cg, req->id, x.group, &rerr) < 0)
+  /* A sandbox deleted meanwhile (its groups went with it) may already
+   * have a successor of the same id, whose groups are not this exec's. */
+  if (sandbox_deleting (&x))
+    ;
+  else if ((x.exited && sbx_cg_move_all (&rt->cg, req->id, x.group, SBX_CG_BACKGROUND, &rerr) < 0)
+           || sbx_cg_remove (&rt->cg, req->id, x.group, &rerr) < 0)
     err_warn_release (&rerr, "exec in `%s`", req->id);
   else
     {

@@ -65,8 +65,11 @@ typedef struct sbx_s
   int64_t created_mono_ms; /* monotonic: every duration is measured on it */
   int64_t last_used_ms;    /* monotonic */
   bool allow_egress;
-  bool ready;        /* launch finished */
-  bool deleting;     /* removed from lookups */
+  bool ready;    /* launch finished */
+  bool deleting; /* removed from lookups */
+  bool orphaned; /* unlinked by a delete while still referenced: the last release frees it */
+  bool dead;     /* its holder died (reaper.c; holder then 0) */
+  char dead_reason[128];
   int refs;          /* execs and layer users holding it */
   pid_t helper;      /* the launch helper, while launching */
   int disk_fd;       /* its disk, a mount attached only in its own mount namespace; the
@@ -125,6 +128,8 @@ struct sbx_runtime_s
   bool stopping;
   pthread_t reaper;
   bool reaper_running;
+  pthread_t idler; /* deletes idle sandboxes, apart from the reaper's ticks (reaper.c) */
+  bool idler_running;
   /* Spare memory groups made ahead of launches (cgroup v1; launch.c),
    * under mu: their numbers, and the next number to make. */
   unsigned spares[SBX_SPARES];
@@ -177,6 +182,14 @@ void sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out);
 /* A ready sandbox, referenced (renews its idle timer), or NULL. */
 sbx_t *sbx_acquire (sbx_runtime_t *rt, const char *id);
 void sbx_release (sbx_runtime_t *rt, sbx_t *s);
+/* Drops a reference (rt->mu held); true when it was the last one of an
+ * orphaned record, which the caller then frees with sbx_free_record once
+ * it has unlocked. sbx_release does both (and renews the idle timer). */
+bool sbx_unref_locked (sbx_runtime_t *rt, sbx_t *s);
+void sbx_free_record (sbx_t *s);
+/* How long a delete waits for calls still using its sandbox after its
+ * processes were killed (sbx_delete). */
+#define SBX_DELETE_WAIT_MS 2000
 /* Kills and releases everything of a sandbox no longer in lookups. Safe on
  * a half-made sandbox (`holder` 0: none yet). */
 void sbx_teardown (sbx_runtime_t *rt, const char *id, const char *state, pid_t holder);
@@ -280,5 +293,6 @@ int sbx_remove_groups (sbx_runtime_t *rt, const char *id, err_t *err);
 /* Kills, unmounts and removes what a previous run left behind. */
 void sbx_clean_leftovers (sbx_runtime_t *rt);
 void *sbx_reaper_main (void *arg);
+void *sbx_idler_main (void *arg);
 
 #endif

@@ -257,9 +257,10 @@ sbx_port_prepare (sbx_runtime_t *rt, const char *id)
   s->port_spare_making = false;
   if (rc == 0 && !s->deleting && s->port_spare < 0)
     s->port_spare = take_fd (&j.sock4);
-  s->refs--;
-  pthread_cond_broadcast (&rt->cv);
+  bool last = sbx_unref_locked (rt, s);
   pthread_mutex_unlock (&rt->mu);
+  if (last)
+    sbx_free_record (s);
   if (rc == 0 && j.sock4 >= 0)
     close (j.sock4);
 }

@@ -1,16 +1,20 @@
 /* runtime/reaper: removing what a previous run of the gateway left behind
- * (processes, mounts, cgroups, state directories), and the reaper thread:
- * once a second it cancels exports that have kept a sandbox frozen past
- * SANDBOX_EXPORT_FREEZE_SECONDS and deletes sandboxes unused for
- * SANDBOX_IDLE_TTL seconds (measured on the monotonic clock: a wall-clock
- * step deletes nothing). */
+ * (processes, mounts, cgroups, state directories), and two threads: the
+ * reaper, which once a second cancels exports that have kept a sandbox
+ * frozen past SANDBOX_EXPORT_FREEZE_SECONDS, marks dead the sandboxes whose
+ * pid 1 died and runs the health self-check; and the idler, which deletes
+ * sandboxes unused for SANDBOX_IDLE_TTL seconds (measured on the monotonic
+ * clock: a wall-clock step deletes nothing). A delete stuck on one sandbox
+ * holds up none of the reaper's work. */
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mount.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #include "common/log.h"
@@ -110,45 +114,121 @@ find_idle_locked (sbx_runtime_t *rt, int64_t ttl_ms, char id[SBX_ID_MAX + 1])
   return false;
 }
 
+/* Most dead holders dealt with per tick (the rest on the next). */
+#define DEAD_PER_TICK 16
+
+/* Sandboxes whose pid 1 died (the OOM killer, or a kill from the host)
+ * are marked dead and their processes killed: the holder is found a
+ * zombie (waited for without reaping: only what marks it dead reaps it, so
+ * its pid is never reused under a delete's kill). */
+static void
+find_dead_holders (sbx_runtime_t *rt)
+{
+  struct
+  {
+    char id[SBX_ID_MAX + 1];
+    pid_t holder;
+  } dead[DEAD_PER_TICK];
+  size_t n = 0;
+  pthread_mutex_lock (&rt->mu);
+  for (sbx_t *s = rt->list; s != NULL && n < DEAD_PER_TICK; s = s->next)
+    {
+      if (!s->ready || s->deleting || s->dead || s->holder <= 0)
+        continue;
+      siginfo_t si = {0};
+      if (waitid (P_PID, (id_t) s->holder, &si, WEXITED | WNOHANG | WNOWAIT) < 0 || si.si_pid != s->holder)
+        continue;
+      s->dead = true;
+      if (si.si_code == CLD_KILLED || si.si_code == CLD_DUMPED)
+        snprintf (s->dead_reason, sizeof s->dead_reason,
+                  "its pid 1 was killed by signal %d%s; its processes were killed with it", si.si_status,
+                  si.si_status == SIGKILL ? " (out of memory, or killed from the host)" : "");
+      else
+        snprintf (s->dead_reason, sizeof s->dead_reason, "its pid 1 exited with status %d", si.si_status);
+      snprintf (dead[n].id, sizeof dead[n].id, "%s", s->id);
+      dead[n++].holder = s->holder;
+      s->holder = 0; /* reaped below, and by nothing else */
+    }
+  pthread_mutex_unlock (&rt->mu);
+  for (size_t i = 0; i < n; i++)
+    {
+      sbx_reap (dead[i].holder);
+      err_t err = ERR_INIT;
+      if (sbx_cg_kill (&rt->cg, dead[i].id, NULL, &err) < 0)
+        err_warn_release (&err, "dead sandbox `%s`", dead[i].id);
+      log_fields (SEV_WARNING, json_pack ("{s:s}", "sandbox_id", dead[i].id),
+                  "the sandbox's pid 1 died: the sandbox is dead until deleted or restored");
+    }
+}
+
+/* Waits on rt->cv until `until` (monotonic ms) or the runtime stops; rt->mu
+ * held. */
+static void
+wait_until_locked (sbx_runtime_t *rt, int64_t until)
+{
+  struct timespec ts = {.tv_sec = until / 1000, .tv_nsec = (long) (until % 1000) * 1000000};
+  pthread_cond_timedwait (&rt->cv, &rt->mu, &ts);
+}
+
+/* The reaper: once a second it cancels exports past their freeze
+ * deadline, finds dead holders and (every two seconds) runs the health
+ * self-check. None of these waits on a sandbox: deletes, which may, are the
+ * idler's (sbx_idler_main), so a slow one holds up none of these. */
 void *
 sbx_reaper_main (void *arg)
 {
   sbx_runtime_t *rt = arg;
-  int64_t ttl_ms = rt->cfg.idle_ttl_seconds * 1000;
   unsigned round = 0;
   int64_t next_tick = 0;
-  bool rescan = false; /* an idle sandbox was just deleted: look for the next at once */
   pthread_mutex_lock (&rt->mu);
   while (!rt->stopping)
     {
       int64_t now = sbx_mono_ms ();
-      if (!rescan && now < next_tick)
+      if (now < next_tick)
         {
-          /* Woken early (every launch and delete signals rt->cv): the
-           * scans below walk every sandbox, so they keep to once a second
-           * however busy the gateway is. */
-          struct timespec until = {.tv_sec = next_tick / 1000, .tv_nsec = (long) (next_tick % 1000) * 1000000};
-          pthread_cond_timedwait (&rt->cv, &rt->mu, &until);
+          /* Woken early (every launch and delete signals rt->cv): the scans
+           * below walk every sandbox, so they keep to once a second however
+           * busy the gateway is. */
+          wait_until_locked (rt, next_tick);
           continue;
         }
-      if (!rescan)
+      next_tick = now + 1000;
+      pthread_mutex_unlock (&rt->mu);
+      sbx_enforce_freeze_deadlines (rt);
+      find_dead_holders (rt);
+      if (rt->cfg.health != NULL && round++ % 2 == 0)
         {
-          next_tick = now + 1000;
-          pthread_mutex_unlock (&rt->mu);
-          sbx_enforce_freeze_deadlines (rt);
-          if (rt->cfg.health != NULL && round++ % 2 == 0)
-            {
-              /* The self-check, every two seconds: what health reports. */
-              err_t cerr = ERR_INIT;
-              rt->cfg.health (sbx_runtime_check (rt, &cerr) < 0 ? err_msg (&cerr) : NULL);
-              err_release (&cerr);
-            }
-          pthread_mutex_lock (&rt->mu);
+          /* The self-check, every two seconds: what health reports. */
+          err_t cerr = ERR_INIT;
+          rt->cfg.health (sbx_runtime_check (rt, &cerr) < 0 ? err_msg (&cerr) : NULL);
+          err_release (&cerr);
         }
-      rescan = false;
+      pthread_mutex_lock (&rt->mu);
+    }
+  pthread_mutex_unlock (&rt->mu);
+  return NULL;
+}
+
+/* The idler: deletes sandboxes unused for SANDBOX_IDLE_TTL, one after
+ * another, looking once a second (at once again after a delete). */
+void *
+sbx_idler_main (void *arg)
+{
+  sbx_runtime_t *rt = arg;
+  int64_t ttl_ms = rt->cfg.idle_ttl_seconds * 1000;
+  int64_t next_tick = 0;
+  pthread_mutex_lock (&rt->mu);
+  while (!rt->stopping)
+    {
+      int64_t now = sbx_mono_ms ();
       char id[SBX_ID_MAX + 1];
-      if (rt->stopping || ttl_ms <= 0 || !find_idle_locked (rt, ttl_ms, id))
-        continue;
+      if (now < next_tick || ttl_ms <= 0 || !find_idle_locked (rt, ttl_ms, id))
+        {
+          if (now >= next_tick)
+            next_tick = now + 1000;
+          wait_until_locked (rt, next_tick);
+          continue;
+        }
       pthread_mutex_unlock (&rt->mu);
       log_fields (SEV_INFO, json_pack ("{s:s, s:i}", "sandbox_id", id, "idle_ttl", (int) rt->cfg.idle_ttl_seconds),
                   "deleting an idle sandbox");
@@ -156,7 +236,7 @@ sbx_reaper_main (void *arg)
       sbx_delete (rt, id, &err);
       err_warn_release (&err, "delete idle `%s`", id);
       pthread_mutex_lock (&rt->mu);
-      rescan = true;
+      next_tick = 0; /* the next idle one at once */
     }
   pthread_mutex_unlock (&rt->mu);
   return NULL;

@@ -178,13 +178,33 @@ sbx_acquire (sbx_runtime_t *rt, const char *id)
 }
 
 void
+sbx_free_record (sbx_t *s)
+{
+  if (s->disk_fd >= 0)
+    close (s->disk_fd);
+  if (s->port_spare >= 0)
+    close (s->port_spare);
+  pthread_mutex_destroy (&s->freeze_mu);
+  free (s);
+}
+
+bool
+sbx_unref_locked (sbx_runtime_t *rt, sbx_t *s)
+{
+  s->refs--;
+  pthread_cond_broadcast (&rt->cv);
+  return s->orphaned && s->refs == 0;
+}
+
+void
 sbx_release (sbx_runtime_t *rt, sbx_t *s)
 {
   pthread_mutex_lock (&rt->mu);
-  s->refs--;
   s->last_used_ms = sbx_mono_ms ();
-  pthread_cond_broadcast (&rt->cv);
+  bool last = sbx_unref_locked (rt, s);
   pthread_mutex_unlock (&rt->mu);
+  if (last)
+    sbx_free_record (s);
 }
 
 void
@@ -198,6 +218,8 @@ sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out)
   out->last_used_ms = s->created_ms + (s->last_used_ms - s->created_mono_ms);
   out->allow_egress = s->allow_egress;
   memcpy (out->store_gen, s->store_gen, sizeof out->store_gen);
+  out->dead = s->dead;
+  memcpy (out->dead_reason, s->dead_reason, sizeof out->dead_reason);
   long n = sbx_cg_count (&rt->cg, s->id, NULL);
   out->process_count = n > 0 ? n : 0;
   struct statfs sf;
@@ -405,18 +427,24 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
   sbx_egress_release (rt, id);
   sbx_teardown (rt, id, state, holder);
 
+  /* Its calls saw their commands die and let go, but one may be held by
+   * its client (an exec whose last output is not read): the delete waits
+   * for them SBX_DELETE_WAIT_MS at most, then the record leaves the
+   * registry all the same and the last of them frees it. */
   pthread_mutex_lock (&rt->mu);
-  while (s->refs > 0)
-    pthread_cond_wait (&rt->cv, &rt->mu);
+  int64_t until = sbx_mono_ms () + SBX_DELETE_WAIT_MS;
+  while (s->refs > 0 && sbx_mono_ms () < until)
+    {
+      struct timespec ts = {.tv_sec = until / 1000, .tv_nsec = (long) (until % 1000) * 1000000};
+      pthread_cond_timedwait (&rt->cv, &rt->mu, &ts);
+    }
   sbx_unlink_locked (rt, s);
+  bool last = s->refs == 0;
+  s->orphaned = !last;
   pthread_cond_broadcast (&rt->cv);
   pthread_mutex_unlock (&rt->mu);
-  if (s->disk_fd >= 0)
-    close (s->disk_fd);
-  if (s->port_spare >= 0)
-    close (s->port_spare);
-  pthread_mutex_destroy (&s->freeze_mu);
-  free (s);
+  if (last)
+    sbx_free_record (s);
   log_fields (SEV_INFO, json_pack ("{s:s}", "sandbox_id", id), "sandbox deleted");
   return 0;
 }

@@ -150,6 +150,10 @@ runtime_init (sbx_runtime_t *rt, const sbx_config_t *cfg, err_t *err)
   if (rc != 0)
     return err_make_sys (err, rc, "start the reaper");
   rt->reaper_running = true;
+  rc = pthread_create (&rt->idler, NULL, sbx_idler_main, rt);
+  if (rc != 0)
+    return err_make_sys (err, rc, "start the idle reaper");
+  rt->idler_running = true;
   if (sbx_cg_spares_possible (&rt->cg))
     {
       /* Without it, launches make their own groups. */
@@ -223,6 +227,8 @@ sbx_runtime_destroy (sbx_runtime_t *rt)
   sbx_runtime_stop (rt);
   if (rt->reaper_running)
     pthread_join (rt->reaper, NULL);
+  if (rt->idler_running)
+    pthread_join (rt->idler, NULL);
   if (rt->spare_maker_running)
     pthread_join (rt->spare_maker, NULL);
   wait_launches (rt);

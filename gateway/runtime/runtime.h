@@ -78,6 +78,10 @@ typedef struct sbx_info_s
    * restored from or last persisted, "" when neither: what tells a copy
    * that another gateway has written the snapshot since (session.c). */
   char store_gen[48];
+  /* Its pid 1 died (the sandbox is dead: its processes were killed, and
+   * it waits for a Delete, or a Connect that restores it), and why. */
+  bool dead;
+  char dead_reason[128];
 } sbx_info_t;
 
 /* True when egress sandboxes are held to the egress policy by a filter
@@ -201,6 +205,12 @@ typedef struct sbx_exec_sink_s
   int (*output) (void *ctx, int stream, const uint8_t *data, size_t len);
   /* True when the consumer has gone away (polled a few times a second). */
   bool (*cancelled) (void *ctx);
+  /* May be NULL. A sink whose `output` does not block (it starts a send
+   * and returns) says here, waiting at most wait_ms, whether the last one
+   * has gone: 1 yes, 0 not yet (the exec reads no more output meanwhile:
+   * the command's pipes fill and it waits, while the deadline and
+   * cancellation keep counting), -1 the consumer is gone. */
+  int (*ready) (void *ctx, int wait_ms);
   /* Told once the command runs (may be NULL: the descriptors are then
    * closed). Called on the exec's thread, before any output. */
   void (*started) (void *ctx, const sbx_exec_started_t *st);

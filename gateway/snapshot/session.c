@@ -235,7 +235,16 @@ static int
 connect_once (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egress, bool create, snap_made_fn made,
               void *ctx, sbx_info_t *info, snap_outcome_t *outcome, err_t *err)
 {
-  if (sbx_get (rt, id, info, err) == 0)
+  int got = sbx_get (rt, id, info, err);
+  if (got == 0 && info->dead)
+    {
+      /* Its pid 1 died: made again, from its snapshot if it has one. */
+      if (sbx_delete (rt, id, err) < 0 && err->status != ENOENT)
+        return -1;
+      err_release (err);
+      return 0;
+    }
+  if (got == 0)
     {
       int r = replace_stale (rt, store, id, egress, info, err);
       if (r < 0)
