@@ -20,7 +20,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 47
+#define N_VARS 50
 
 /* The table of variables, with targets in *c. */
 static void
@@ -44,6 +44,16 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
       {"SANDBOX_FIRST_MESSAGE_SECONDS", CFG_INT, "10",
        "a call whose request has not arrived this long after it was accepted is cancelled", 1, 3600,
        &c->first_message_seconds, NULL, false},
+      {"SANDBOX_MAX_CONNECTIONS", CFG_INT, "1024",
+       "most client connections at once (plaintext; lowered to fit the open-file limit beside SANDBOX_MAX's "
+       "descriptors); more: closed on arrival",
+       16, 1048576, &c->max_connections, NULL, false},
+      {"SANDBOX_MAX_CONNECTIONS_PER_PEER", CFG_INT, "64",
+       "of those, most from one client address (plaintext); more: closed on arrival", 1, 1048576,
+       &c->max_connections_per_peer, NULL, false},
+      {"SANDBOX_CONNECTION_IDLE_SECONDS", CFG_INT, "300",
+       "a client connection without calls this long is sent GOAWAY and closed", 1, 86400, &c->connection_idle_seconds,
+       NULL, false},
       {"SANDBOX_SHUTDOWN_GRACE_SECONDS", CFG_INT, "10",
        "on SIGTERM (health turns NOT_SERVING, new calls get UNAVAILABLE \"shutting down\"), how long calls in "
        "flight may run before they are cancelled, and with SANDBOX_PERSIST_ON_SHUTDOWN how long persisting "
@@ -469,6 +479,28 @@ size_uid_pool (gw_config_t *c, err_t *err)
   return 0;
 }
 
+/* Client connections hold a descriptor each: SANDBOX_MAX_CONNECTIONS is
+ * lowered so that they, SANDBOX_MAX sandboxes' descriptors and the reserve
+ * fit under the open-file hard limit (the gateway raises its soft limit
+ * to it). Connections then never starve a launch or an exec. */
+static void
+fit_connections (gw_config_t *c)
+{
+  struct rlimit nofile;
+  if (getrlimit (RLIMIT_NOFILE, &nofile) < 0 || nofile.rlim_max == RLIM_INFINITY)
+    return;
+  long room = (long) nofile.rlim_max - GW_FDS_RESERVED - c->max_sandboxes * GW_FDS_PER_SANDBOX;
+  if (room < GW_MIN_CONNECTIONS)
+    room = GW_MIN_CONNECTIONS;
+  if (c->max_connections <= room)
+    return;
+  log_msg (SEV_WARNING,
+           "SANDBOX_MAX_CONNECTIONS %ld lowered to %ld: the open-file limit %ld holds SANDBOX_MAX %ld sandboxes' "
+           "descriptors and %d for calls and streams besides",
+           c->max_connections, room, (long) nofile.rlim_max, c->max_sandboxes, GW_FDS_RESERVED);
+  c->max_connections = room;
+}
+
 int
 gw_config_load (gw_config_t *c, err_t *err)
 {
@@ -500,6 +532,7 @@ gw_config_load (gw_config_t *c, err_t *err)
     return err_make (err, EINVAL, "SANDBOX_STATE_DIR and SANDBOX_ROOTFS must be absolute paths");
   if (size_uid_pool (c, err) < 0)
     return -1;
+  fit_connections (c);
   if (c->helper == NULL)
     {
       char self[4096];

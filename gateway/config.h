@@ -35,6 +35,9 @@ typedef struct gw_config_s
   long max_calls;
   long max_open_calls;
   long first_message_seconds;
+  long max_connections;
+  long max_connections_per_peer;
+  long connection_idle_seconds;
   long grace_seconds;
   char *persist_on_shutdown_text; /* SANDBOX_PERSIST_ON_SHUTDOWN as given, or NULL */
   char *gateway_name;             /* SANDBOX_GATEWAY_NAME, else the host name */
@@ -96,6 +99,8 @@ int gw_config_load (gw_config_t *cfg, err_t *err);
  * everything else (calls, pipes, streams). */
 #define GW_FDS_PER_SANDBOX 2
 #define GW_FDS_RESERVED 2048
+/* SANDBOX_MAX_CONNECTIONS is never lowered below this to fit. */
+#define GW_MIN_CONNECTIONS 16
 
 /* SANDBOX_MAX when it is 0: a quarter of the machine's memory in MiB, no
  * more than the open-file hard limit leaves room for, at least 16, at most

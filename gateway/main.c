@@ -156,6 +156,9 @@ start (gateway_t *g, err_t *err)
       .max_calls = (size_t) c->max_calls,
       .max_open_calls = (size_t) c->max_open_calls,
       .first_message_ms = (int) c->first_message_seconds * 1000,
+      .max_connections = (size_t) c->max_connections,
+      .max_connections_per_peer = (size_t) c->max_connections_per_peer,
+      .connection_idle_ms = (int) c->connection_idle_seconds * 1000,
       .tls_cert_file = c->tls_cert,
       .tls_key_file = c->tls_key,
       .tls_ca_file = c->tls_client_ca,
@@ -281,6 +284,9 @@ main (int argc, char **argv)
   if (g.health_server != NULL)
     log_fields (SEV_INFO, json_pack ("{s:s, s:i}", "address", g.cfg.health_listen, "port", g.health_port),
                 "health listener (plaintext, Check only)");
+  if (g.cfg.tls_cert != NULL)
+    log_msg (SEV_WARNING, "with TLS, gRPC core accepts connections itself: SANDBOX_MAX_CONNECTIONS and "
+                          "SANDBOX_MAX_CONNECTIONS_PER_PEER are not enforced (keep the port on a private network)");
 
   int sig = 0;
   sigwait (&sigs, &sig);

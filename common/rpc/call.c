@@ -72,7 +72,20 @@ rpc_call_finish (rpc_call_t *c, grpc_status_code code, const char *details)
   ops[n].data.send_status_from_server.trailing_metadata_count = 1;
   ops[n].data.send_status_from_server.trailing_metadata = &origin;
   n++;
-  bool ok = rpc_call_run_batch (c, ops, n);
+  /* A client that stopped reading does not keep the thread: past
+   * RPC_FINISH_MS the call is cancelled, which completes the batch. */
+  bool ok = false;
+  if (rpc_call_start_batch (c, ops, n, &c->batch_tag) == GRPC_CALL_OK)
+    {
+      grpc_event ev = grpc_completion_queue_pluck (c->cq, &c->batch_tag, rpc_deadline_in_ms (RPC_FINISH_MS), NULL);
+      if (ev.type != GRPC_OP_COMPLETE)
+        {
+          log_msg (SEV_WARNING, "%s: the client took no status for %d ms: cancelled", c->path, RPC_FINISH_MS);
+          grpc_call_cancel (c->call, NULL);
+          ev = grpc_completion_queue_pluck (c->cq, &c->batch_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+        }
+      ok = ev.type == GRPC_OP_COMPLETE && ev.success;
+    }
   grpc_slice_unref (det);
   return ok ? 0 : -1;
 }
@@ -116,6 +129,8 @@ rpc_call_recv_raw (rpc_call_t *c, grpc_byte_buffer **out, err_t *err)
       c->ahead = false;
     }
   rpc_call_first_message_done (c);
+  if (ok && bb != NULL)
+    c->got_message = true;
   if (!ok)
     {
       if (bb != NULL)

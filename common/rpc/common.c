@@ -211,10 +211,26 @@ rpc_channel_args_init (rpc_channel_args_t *a, const rpc_opts_t *opts, bool serve
       /* Never share a port with another process (SO_REUSEPORT would let a
        * second server silently take half the calls). */
       ARG_INT (GRPC_ARG_ALLOW_REUSEPORT, 0);
-      /* Accept the peer's keepalive pings at our own interval without
-       * counting them as abuse. */
+      /* Accept the peer's keepalive pings at our own interval; a peer that
+       * pings more often than half of it while no data flows gets two
+       * strikes, then GOAWAY "too_many_pings" (gRPC's own enforcement). */
       ARG_INT (GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, keepalive / 2);
-      ARG_INT (GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+      ARG_INT (GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
+      /* Streams per connection: no more than the server's calls in all (a
+       * client such as the shim multiplexes all its calls on one
+       * connection). Refused and reset streams are freed without a thread
+       * (server.c); gRPC core 1.51 stops counting a reset stream at once,
+       * so this bounds streams held open, not a rapid reset. */
+      size_t max_calls = opts != NULL && opts->max_calls > 0 ? opts->max_calls : RPC_DEFAULT_MAX_CALLS;
+      ARG_INT (GRPC_ARG_MAX_CONCURRENT_STREAMS, (int) (max_calls > INT32_MAX ? INT32_MAX : max_calls));
+      /* A connection without calls is closed (GOAWAY) after a while; every
+       * connection is sent GOAWAY after RPC_CONNECTION_AGE_MS so clients
+       * reconnect (and rebalance), its calls running on without limit. */
+      int idle
+          = opts != NULL && opts->connection_idle_ms > 0 ? opts->connection_idle_ms : RPC_DEFAULT_CONNECTION_IDLE_MS;
+      ARG_INT (GRPC_ARG_MAX_CONNECTION_IDLE_MS, idle);
+      ARG_INT (GRPC_ARG_MAX_CONNECTION_AGE_MS, RPC_CONNECTION_AGE_MS);
+      ARG_INT (GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, INT32_MAX);
     }
 #undef ARG_INT
   if (!server && opts != NULL && opts->tls && opts->tls_server_name != NULL)

@@ -9,7 +9,7 @@
  * for the duration of the create call. */
 typedef struct rpc_channel_args_s
 {
-  grpc_arg args[16];
+  grpc_arg args[24];
   grpc_channel_args channel_args;
   size_t max_message;
 } rpc_channel_args_t;
@@ -31,6 +31,26 @@ gpr_timespec rpc_deadline_in_ms (int64_t ms);
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+
+/* listen.c: a plaintext server's own listening sockets and the table of
+ * its connections (caps, rapid-reset budget). */
+typedef struct rpc_listener_s rpc_listener_t;
+
+/* Listens on `addr` ("host:port") and hands every connection under the
+ * caps to `server`; *port is the port bound. *out is set also on failure
+ * (free it with rpc_listener_free). */
+int rpc_listener_start (grpc_server *server, const char *addr, size_t max_total, size_t max_per_peer,
+                        rpc_listener_t **out, int *port, err_t *err);
+/* Stops accepting (joins the accept thread, closes the listening sockets). */
+void rpc_listener_stop (rpc_listener_t *l);
+void rpc_listener_free (rpc_listener_t *l);
+/* Counts a call refused or reset before its request against its
+ * connection's budget; a connection past it is shut down. NULL l: no-op. */
+void rpc_listener_charge (rpc_listener_t *l, grpc_call *call);
+/* The call came on a connection shut down for its resets. */
+bool rpc_listener_cut (rpc_listener_t *l, grpc_call *call);
+/* Connections open now (the table swept first). */
+size_t rpc_listener_connections (rpc_listener_t *l);
 
 typedef struct rpc_method_s
 {
@@ -87,6 +107,12 @@ struct rpc_call_s
   bool waiting;        /* on the server's list of calls awaiting their first message */
   int64_t accepted_ms; /* monotonic */
   struct rpc_call_s *wait_prev, *wait_next;
+  bool got_message; /* a request message arrived */
+  /* Refusal under way (server.c; `server->mu` guards the list). */
+  int64_t refuse_until_ms;
+  bool refuse_cancelled;
+  bool status_done; /* the status batch (batch_tag) has completed */
+  struct rpc_call_s *refusing_next;
 };
 
 struct rpc_server_s
@@ -106,7 +132,13 @@ struct rpc_server_s
   size_t inflight_open;
   size_t max_calls, max_open_calls;
   int64_t first_message_ms;
-  rpc_call_t *waiting; /* calls awaiting their first message, oldest last */
+  rpc_call_t *waiting;  /* calls awaiting their first message, oldest last */
+  rpc_call_t *refusing; /* refused calls whose answer is under way */
+  size_t n_refusing;
+  int64_t last_refusal_sweep_ms;
+  size_t max_threads;
+  grpc_resource_quota *quota;
+  rpc_listener_t *listener; /* NULL: gRPC listens (TLS) */
   int64_t last_sweep_ms;
   /* The server's threads (server.c; `mu`): each waits on `cq` and runs
    * the calls it takes. */

@@ -81,11 +81,61 @@ typedef struct rpc_opts_s
   size_t max_calls;
   size_t max_open_calls;
   int first_message_ms;
+  /* Server only, plaintext only (the layer accepts connections itself;
+   * gRPC core 1.51 takes ready sockets only without TLS): at most
+   * `max_connections` connections at once (0: RPC_DEFAULT_MAX_CONNECTIONS),
+   * `max_connections_per_peer` of them from one address (0:
+   * RPC_DEFAULT_MAX_CONNECTIONS_PER_PEER); beyond, a new connection is
+   * closed as soon as it is accepted. */
+  size_t max_connections;
+  size_t max_connections_per_peer;
+  /* Server only: a connection without calls for this long is sent GOAWAY
+   * and closed (0: RPC_DEFAULT_CONNECTION_IDLE_MS). */
+  int connection_idle_ms;
 } rpc_opts_t;
 
 #define RPC_DEFAULT_MAX_CALLS 2048
 #define RPC_DEFAULT_MAX_OPEN_CALLS 64
 #define RPC_DEFAULT_FIRST_MESSAGE_MS 10000
+#define RPC_DEFAULT_MAX_CONNECTIONS 1024
+#define RPC_DEFAULT_MAX_CONNECTIONS_PER_PEER 64
+#define RPC_DEFAULT_CONNECTION_IDLE_MS (5 * 60 * 1000)
+
+/* A connection older than this is sent GOAWAY (with gRPC's own jitter):
+ * its client reconnects for new calls, and the calls it still carries run
+ * on, without a grace limit (an interactive stream may last for hours). */
+#define RPC_CONNECTION_AGE_MS (60 * 60 * 1000)
+
+/* A server's threads: one per call in progress (at most max_calls), plus
+ * those waiting for the next call; refused calls get none. Past this many
+ * a new call is refused RESOURCE_EXHAUSTED "no thread for the call",
+ * whatever clients do. */
+#define RPC_SPARE_THREADS 16
+#define RPC_MAX_THREADS(max_calls) ((max_calls) + RPC_SPARE_THREADS)
+
+/* The memory gRPC core may use for its transports (read buffers, frames in
+ * flight); near it, the core sends GOAWAY to connections without calls
+ * first, then cancels streams. */
+#define RPC_MEMORY_QUOTA_BYTES (1024u * 1024u * 1024u)
+
+/* A refused call is answered without a thread: its status is sent
+ * asynchronously; if it is not out RPC_REFUSE_MS later (a client that does
+ * not read), the call is cancelled. At most RPC_MAX_REFUSING such answers
+ * are under way; beyond, refusals are cancellations that carry the status
+ * but not the `status-origin` trailer. */
+#define RPC_REFUSE_MS 2000
+#define RPC_MAX_REFUSING 1024
+
+/* A handler's final status that the client does not take within this long
+ * (it stopped reading) is given up: the call is cancelled. */
+#define RPC_FINISH_MS 30000
+
+/* A connection whose calls are refused or reset before their request, more
+ * than RPC_CONN_RESETS_PER_SECOND on average past a burst of
+ * RPC_CONN_RESETS_BURST (HTTP/2 "rapid reset": HEADERS then RST_STREAM), is
+ * closed (plaintext servers, whose connections the layer accepts). */
+#define RPC_CONN_RESETS_PER_SECOND 200
+#define RPC_CONN_RESETS_BURST 400
 
 /* A finished call's status. `details` is owned (free with rpc_status_release). */
 typedef struct rpc_status_s

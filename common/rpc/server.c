@@ -43,6 +43,9 @@
 #define RPC_HANDLER_STACK (2u * 1024u * 1024u)
 /* Threads kept waiting for the next call once theirs is done. */
 #define RPC_IDLE_THREADS 4
+/* Threads that take new calls (admission, refusals) besides those running
+ * admitted calls: past it, a call waits in the queue for one of them. */
+#define RPC_ACCEPT_THREADS 8
 
 gpr_timespec
 rpc_deadline_in_ms (int64_t ms)
@@ -125,7 +128,14 @@ call_run (rpc_call_t *c)
   err_release (&err);
   if (!c->closed)
     {
-      grpc_completion_queue_pluck (c->cq, &c->close_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+      /* The close comes once the status is out; a client that stopped
+       * reading does not get to keep the thread. */
+      if (grpc_completion_queue_pluck (c->cq, &c->close_tag, rpc_deadline_in_ms (RPC_FINISH_MS), NULL).type
+          != GRPC_OP_COMPLETE)
+        {
+          grpc_call_cancel (c->call, NULL);
+          grpc_completion_queue_pluck (c->cq, &c->close_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+        }
       c->closed = true;
     }
 }
@@ -166,6 +176,8 @@ rpc_call_first_message_done (rpc_call_t *c)
 static void
 call_done (rpc_server_t *s, rpc_call_t *c)
 {
+  if (c->cancelled && !c->got_message)
+    rpc_listener_charge (s->listener, c->call); /* reset (or held) before its request */
   pthread_mutex_lock (&s->mu);
   unwait_locked (s, c);
   s->inflight--;
@@ -176,27 +188,126 @@ call_done (rpc_server_t *s, rpc_call_t *c)
   call_free (c);
 }
 
-/* Waits, on the calling thread, until a call that got no thread of its
- * own has ended on the server's side. */
-static void
-await_close (rpc_call_t *c)
+/* Starts a refused call's answer — its status, with the `status-origin`
+ * trailer — and its close, without waiting for either. */
+static bool
+start_refusal (rpc_call_t *c, grpc_status_code code, const char *message)
 {
-  grpc_op op;
-  memset (&op, 0, sizeof op);
-  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-  op.data.recv_close_on_server.cancelled = &c->cancelled;
-  if (rpc_call_start_batch (c, &op, 1, &c->close_tag) == GRPC_CALL_OK)
-    grpc_completion_queue_pluck (c->cq, &c->close_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
+  c->finished = true;
+  grpc_op ops[2];
+  memset (ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  grpc_slice det = grpc_slice_from_copied_string (message != NULL ? message : "");
+  grpc_metadata origin = {.key = grpc_slice_from_static_string (RPC_ORIGIN_KEY),
+                          .value = grpc_slice_from_static_string (RPC_ORIGIN_HANDLER)};
+  ops[1].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+  ops[1].data.send_status_from_server.status = code;
+  ops[1].data.send_status_from_server.status_details = &det;
+  ops[1].data.send_status_from_server.trailing_metadata_count = 1;
+  ops[1].data.send_status_from_server.trailing_metadata = &origin;
+  bool ok = rpc_call_start_batch (c, ops, 2, &c->batch_tag) == GRPC_CALL_OK; /* the core keeps its own copies */
+  grpc_slice_unref (det);
+  if (!ok)
+    return false;
+  grpc_op close;
+  memset (&close, 0, sizeof close);
+  close.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  close.data.recv_close_on_server.cancelled = &c->cancelled;
+  if (rpc_call_start_batch (c, &close, 1, &c->close_tag) != GRPC_CALL_OK)
+    c->closed = true;
+  return true;
 }
 
 /* Answers a call on the accepting thread, without giving it a thread of
- * its own, and frees it. */
+ * its own or waiting for the answer to go out: the call joins the
+ * server's list of refusals, which sweep_refusing frees once the answer
+ * is out, cancelling it at RPC_REFUSE_MS. Past RPC_MAX_REFUSING answers
+ * under way, the call is cancelled with the status (no `status-origin`
+ * trailer) and freed at once. Either way it counts against its
+ * connection's budget of refused calls. */
 static void
 refuse (rpc_call_t *c, grpc_status_code code, const char *message)
 {
-  rpc_call_finish (c, code, message);
-  await_close (c);
-  call_free (c);
+  rpc_server_t *s = c->server;
+  rpc_listener_charge (s->listener, c->call);
+  pthread_mutex_lock (&s->mu);
+  bool room = s->n_refusing < RPC_MAX_REFUSING;
+  if (room)
+    s->n_refusing++;
+  pthread_mutex_unlock (&s->mu);
+  if (room && start_refusal (c, code, message))
+    {
+      c->refuse_until_ms = mono_ms () + RPC_REFUSE_MS;
+      pthread_mutex_lock (&s->mu);
+      c->refusing_next = s->refusing;
+      s->refusing = c;
+      pthread_mutex_unlock (&s->mu);
+      return;
+    }
+  if (room)
+    {
+      pthread_mutex_lock (&s->mu);
+      s->n_refusing--;
+      pthread_mutex_unlock (&s->mu);
+    }
+  grpc_call_cancel_with_status (c->call, code, message != NULL ? message : "", NULL);
+  call_free (c); /* no batch was started: nothing to wait for */
+}
+
+/* Frees the refused calls whose answer is out, and cancels those past
+ * their time (they are freed at a later sweep: a cancelled call's batches
+ * complete at once). `all`: cancel every one now (shutdown). At most one
+ * thread sweeps at a time; the others skip. */
+static void
+sweep_refusing (rpc_server_t *s, bool all)
+{
+  int64_t now = mono_ms ();
+  pthread_mutex_lock (&s->mu);
+  if (!all && now - s->last_refusal_sweep_ms < 25)
+    {
+      pthread_mutex_unlock (&s->mu);
+      return;
+    }
+  s->last_refusal_sweep_ms = now;
+  rpc_call_t *list = s->refusing;
+  s->refusing = NULL;
+  pthread_mutex_unlock (&s->mu);
+  rpc_call_t *keep = NULL;
+  size_t freed = 0;
+  while (list != NULL)
+    {
+      rpc_call_t *c = list;
+      list = c->refusing_next;
+      gpr_timespec past = gpr_inf_past (GPR_CLOCK_MONOTONIC);
+      if (!c->status_done && grpc_completion_queue_pluck (c->cq, &c->batch_tag, past, NULL).type == GRPC_OP_COMPLETE)
+        c->status_done = true;
+      if (!c->closed && grpc_completion_queue_pluck (c->cq, &c->close_tag, past, NULL).type == GRPC_OP_COMPLETE)
+        c->closed = true;
+      if (c->status_done && c->closed)
+        {
+          call_free (c);
+          freed++;
+          continue;
+        }
+      if (!c->refuse_cancelled && (all || now >= c->refuse_until_ms))
+        {
+          grpc_call_cancel (c->call, NULL);
+          c->refuse_cancelled = true;
+        }
+      c->refusing_next = keep;
+      keep = c;
+    }
+  pthread_mutex_lock (&s->mu);
+  while (keep != NULL)
+    {
+      rpc_call_t *c = keep;
+      keep = c->refusing_next;
+      c->refusing_next = s->refusing;
+      s->refusing = c;
+    }
+  s->n_refusing -= freed;
+  pthread_cond_broadcast (&s->cv);
+  pthread_mutex_unlock (&s->mu);
 }
 
 /* Admission: unregistered methods, the method's own check, the caps. On
@@ -205,6 +316,13 @@ refuse (rpc_call_t *c, grpc_status_code code, const char *message)
 static bool
 admit (rpc_server_t *s, rpc_call_t *c)
 {
+  if (rpc_listener_cut (s->listener, c->call))
+    {
+      /* What a connection shut down for its resets left queued. */
+      grpc_call_cancel (c->call, NULL);
+      call_free (c);
+      return false;
+    }
   if (c->method == NULL)
     {
       char msg[512];
@@ -326,6 +444,30 @@ call_accept (rpc_server_t *s, rpc_slot_t *slot)
   return admit (s, c) ? c : NULL;
 }
 
+/* An admitted call keeps its thread for as long as it runs: if no thread
+ * waits for the next call now, one is started (under max_threads; past it
+ * at least RPC_SPARE_THREADS threads run no admitted call, and one of them
+ * soon waits again). */
+static void
+ensure_listener (rpc_server_t *s)
+{
+  pthread_mutex_lock (&s->mu);
+  bool start = s->listening == 0 && s->threads < s->max_threads;
+  if (start)
+    {
+      s->listening++;
+      s->threads++;
+    }
+  pthread_mutex_unlock (&s->mu);
+  if (start && !spawn_thread (s))
+    {
+      pthread_mutex_lock (&s->mu);
+      s->listening--;
+      s->threads--;
+      pthread_mutex_unlock (&s->mu);
+    }
+}
+
 static void *
 server_thread (void *arg)
 {
@@ -334,6 +476,7 @@ server_thread (void *arg)
     {
       grpc_event ev = grpc_completion_queue_next (s->cq, rpc_deadline_in_ms (250), NULL);
       sweep_waiting (s);
+      sweep_refusing (s, false);
       if (ev.type == GRPC_QUEUE_SHUTDOWN)
         break;
       if (ev.type != GRPC_OP_COMPLETE)
@@ -357,29 +500,40 @@ server_thread (void *arg)
       /* This thread goes to the call; another waits for the next one. */
       pthread_mutex_lock (&s->mu);
       s->listening--;
-      bool start = s->listening == 0;
+      /* Threads not running an admitted call: this one, those answering
+       * or refusing calls, those about to wait again. With enough of
+       * them, one is soon back waiting: no thread is started (so a flood
+       * of refused or reset calls costs at most RPC_ACCEPT_THREADS). */
+      size_t free_threads = s->threads - s->inflight;
+      bool need = s->listening == 0 && free_threads < RPC_ACCEPT_THREADS;
+      bool start = need && s->threads < s->max_threads;
+      if (need)
+        s->listening++; /* the thread to start, or this one if none may */
       if (start)
-        {
-          s->listening++;
-          s->threads++;
-        }
+        s->threads++;
       pthread_mutex_unlock (&s->mu);
-      if (start && !spawn_thread (s))
+      if (need && (!start || !spawn_thread (s)))
         {
           /* No other thread would wait for calls while this one runs (for
-           * as long as its call lasts): the call is refused instead, and
-           * this thread goes on waiting. */
+           * as long as its call lasts), and none may start (the cap, or
+           * pthread_create failed): the call is refused instead, and this
+           * thread goes on waiting. */
+          rpc_listener_charge (s->listener, slot->call);
           grpc_call_cancel_with_status (slot->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "no thread for the call", NULL);
           grpc_call_unref (slot->call);
           slot_free (slot);
-          pthread_mutex_lock (&s->mu);
-          s->threads--; /* the one that did not start; this one listens on */
-          pthread_mutex_unlock (&s->mu);
+          if (start)
+            {
+              pthread_mutex_lock (&s->mu);
+              s->threads--; /* the one that did not start */
+              pthread_mutex_unlock (&s->mu);
+            }
           continue;
         }
       rpc_call_t *c = call_accept (s, slot);
       if (c != NULL)
         {
+          ensure_listener (s);
           call_run (c);
           call_done (s, c);
         }
@@ -426,8 +580,23 @@ rpc_server_new (const rpc_opts_t *opts, rpc_server_t **out, err_t *err)
   s->max_open_calls = s->opts.max_open_calls > 0 ? s->opts.max_open_calls : RPC_DEFAULT_MAX_OPEN_CALLS;
   s->first_message_ms = s->opts.first_message_ms > 0 ? s->opts.first_message_ms : RPC_DEFAULT_FIRST_MESSAGE_MS;
 
+  s->max_threads = RPC_MAX_THREADS (s->max_calls);
+  s->opts.max_calls = s->max_calls;
+
+  /* gRPC core's own budget: memory for its transports (near it, it sends
+   * GOAWAY to connections without calls, then cancels streams) and threads
+   * (gRPC core 1.51 applies the thread budget only to the C++ synchronous
+   * server; this layer's own cap, max_threads, is the one that holds). */
+  s->quota = grpc_resource_quota_create ("rpc server");
+  grpc_resource_quota_resize (s->quota, RPC_MEMORY_QUOTA_BYTES);
+  grpc_resource_quota_set_max_threads (s->quota, (int) s->max_threads);
   rpc_channel_args_t args;
   rpc_channel_args_init (&args, &s->opts, true);
+  grpc_arg *q = &args.args[args.channel_args.num_args++];
+  q->type = GRPC_ARG_POINTER;
+  q->key = (char *) GRPC_ARG_RESOURCE_QUOTA;
+  q->value.pointer.p = s->quota;
+  q->value.pointer.vtable = grpc_resource_quota_arg_vtable ();
   s->max_message = args.max_message;
   s->server = grpc_server_create (&args.channel_args, NULL);
   s->cq = grpc_completion_queue_create_for_next (NULL);
@@ -500,13 +669,21 @@ rpc_server_start (rpc_server_t *s, const char *addr, int *bound_port, err_t *err
 {
   if (s->started)
     return err_make (err, EBUSY, "the server has already started");
-  grpc_server_credentials *creds = NULL;
-  if (server_credentials (s, &creds, err) < 0)
-    return -1;
-  int port = grpc_server_add_http2_port (s->server, addr, creds);
-  grpc_server_credentials_release (creds);
-  if (port == 0)
-    return err_make (err, EADDRINUSE, "cannot listen on `%s` (address in use or not valid)", addr);
+  /* Plaintext: the layer listens itself (listen.c), so that connections
+   * are capped; TLS: gRPC core does (it takes ready sockets only without
+   * TLS), uncapped. */
+  bool own = s->tls_cert_file == NULL && s->tls_key_file == NULL && strncmp (addr, "unix:", 5) != 0;
+  int port = 0;
+  if (!own)
+    {
+      grpc_server_credentials *creds = NULL;
+      if (server_credentials (s, &creds, err) < 0)
+        return -1;
+      port = grpc_server_add_http2_port (s->server, addr, creds);
+      grpc_server_credentials_release (creds);
+      if (port == 0)
+        return err_make (err, EADDRINUSE, "cannot listen on `%s` (address in use or not valid)", addr);
+    }
   grpc_server_start (s->server);
   s->started = true;
   pthread_mutex_lock (&s->mu);
@@ -525,6 +702,14 @@ rpc_server_start (rpc_server_t *s, const char *addr, int *bound_port, err_t *err
         slot_request (s, (long) i);
       if (d < 2)
         slot_request (s, -1);
+    }
+  if (own)
+    {
+      size_t max_conns = s->opts.max_connections > 0 ? s->opts.max_connections : RPC_DEFAULT_MAX_CONNECTIONS;
+      size_t per_peer = s->opts.max_connections_per_peer > 0 ? s->opts.max_connections_per_peer
+                                                             : RPC_DEFAULT_MAX_CONNECTIONS_PER_PEER;
+      if (rpc_listener_start (s->server, addr, max_conns, per_peer, &s->listener, &port, err) < 0)
+        return err->status == EADDRINUSE ? -1 : err_make (err, EADDRINUSE, "cannot listen: %s", err_msg (err));
     }
   if (bound_port != NULL)
     *bound_port = port;
@@ -613,6 +798,7 @@ rpc_server_shutdown (rpc_server_t *s, int64_t grace_ms)
       return;
     }
 
+  rpc_listener_stop (s->listener); /* no new connections */
   grpc_server_shutdown_and_notify (s->server, s->cq, &s->shutdown_tag);
   struct timespec until = mono_in (grace_ms);
 
@@ -632,6 +818,18 @@ rpc_server_shutdown (rpc_server_t *s, int64_t grace_ms)
   while (!s->shutdown_done || s->inflight > 0)
     pthread_cond_wait (&s->cv, &s->mu);
   pthread_mutex_unlock (&s->mu);
+  /* Refusals still under way are cancelled; their batches then complete. */
+  for (;;)
+    {
+      sweep_refusing (s, true);
+      pthread_mutex_lock (&s->mu);
+      size_t refusing = s->n_refusing;
+      pthread_mutex_unlock (&s->mu);
+      if (refusing == 0)
+        break;
+      struct timespec pause = {0, 5 * 1000 * 1000};
+      nanosleep (&pause, NULL);
+    }
 
   grpc_server_destroy (s->server);
   grpc_completion_queue_shutdown (s->cq);
@@ -649,6 +847,9 @@ rpc_server_destroy (rpc_server_t *s)
   if (s == NULL)
     return;
   rpc_server_shutdown (s, 0);
+  rpc_listener_free (s->listener);
+  if (s->quota != NULL)
+    grpc_resource_quota_unref (s->quota);
   grpc_completion_queue_destroy (s->cq);
   for (size_t i = 0; i < s->n_methods; i++)
     free (s->methods[i].path);

@@ -2,7 +2,9 @@
  * guard in front of it, and what every handler shares (see api.h). State:
  * the api_t made at registration, immutable afterwards. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "common/bearer.h"
 #include "common/cleanup.h"
@@ -93,8 +95,19 @@ admit (rpc_call_t *call, void *user, const char **message)
   cleanup_free char *auth = rpc_call_metadata (call, "authorization");
   if (!bearer_matches (auth, secret))
     {
-      log_fields (SEV_WARNING, json_pack ("{s:s}", "method", rpc_call_method (call)),
-                  "rejected a call with a missing or wrong bearer token");
+      /* Logged at most once a second (with the count since): anyone who
+       * reaches the port can send thousands a second. */
+      static atomic_llong last_ms, missed;
+      struct timespec ts;
+      clock_gettime (CLOCK_MONOTONIC, &ts);
+      long long now = (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000, last = atomic_load (&last_ms);
+      if (now - last >= 1000 && atomic_compare_exchange_strong (&last_ms, &last, now))
+        log_fields (SEV_WARNING,
+                    json_pack ("{s:s, s:I}", "method", rpc_call_method (call), "also_rejected",
+                               (json_int_t) atomic_exchange (&missed, 0)),
+                    "rejected a call with a missing or wrong bearer token");
+      else
+        atomic_fetch_add (&missed, 1);
       *message = "invalid or missing bearer token";
       return GRPC_STATUS_UNAUTHENTICATED;
     }
