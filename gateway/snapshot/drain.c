@@ -22,19 +22,28 @@ typedef struct drain_worker_s
 {
   drain_t *d;
   pthread_t thread;
-  atomic_bool stop; /* the deadline passed, or the sandbox is being deleted */
+  atomic_bool stop; /* its share or the grace ended, or the sandbox is being deleted */
+  /* under d->mu */
+  bool busy;        /* a persist is under way */
+  bool share_ended; /* it was stopped at the end of its share */
+  int64_t start_ms; /* when it began */
 } drain_worker_t;
 
+/* On the heap: workers still running past the grace and its margin are
+ * left behind (and free it, the last one) rather than joined. */
 struct drain_s
 {
   sbx_runtime_t *rt;
   snap_store_t *store;
-  sbx_info_t *list; /* the sandboxes live when the drain began */
+  sbx_info_t *list; /* the sandboxes live when the drain began, in the order they are persisted */
   size_t n;
+  int64_t deadline_ms;
   pthread_mutex_t mu;
-  pthread_cond_t cv; /* signalled when a worker ends */
+  pthread_cond_t cv; /* signalled when a worker takes a sandbox, ends one, or ends */
   size_t next;       /* the next sandbox of `list` to persist */
   size_t running;    /* workers that have not ended */
+  size_t started;    /* workers started */
+  unsigned refs;     /* the caller's, and each running worker's */
   bool over;         /* the deadline passed: no persist begins any more */
   snap_drain_result_t res;
   drain_worker_t workers[SNAP_DRAIN_WORKERS];
@@ -55,6 +64,46 @@ stop_worker (void *ctx, int status, const char *why)
   atomic_store (&((drain_worker_t *) ctx)->stop, true);
 }
 
+/* Asked by the export as it walks (also while it sends nothing). */
+static bool
+worker_stopped (void *ctx)
+{
+  return atomic_load (&((drain_worker_t *) ctx)->stop);
+}
+
+/* Persists run smallest first (the disk the sandbox uses; equal ones, the
+ * most recently used first): many small sandboxes are persisted before one
+ * large one takes a worker for long. */
+static int
+persist_order (const void *a, const void *b)
+{
+  const sbx_info_t *x = a, *y = b;
+  if (x->disk_used_bytes != y->disk_used_bytes)
+    return x->disk_used_bytes < y->disk_used_bytes ? -1 : 1;
+  if (x->last_used_ms != y->last_used_ms)
+    return x->last_used_ms > y->last_used_ms ? -1 : 1;
+  return strcmp (x->id, y->id);
+}
+
+/* When the persist of worker `w` must end, d->mu held: its share of what
+ * was left of the grace when it began, (deadline - start) * workers /
+ * (workers + sandboxes still waiting), at least SNAP_DRAIN_MIN_SHARE_MS,
+ * never past the deadline. The share grows as the queue empties: with
+ * nothing waiting, a persist may use the whole rest of the grace. */
+static int64_t
+share_end_locked (const drain_t *d, const drain_worker_t *w)
+{
+  int64_t left = d->deadline_ms - w->start_ms;
+  if (left <= 0)
+    return d->deadline_ms;
+  size_t waiting = d->over ? 0 : d->n - d->next;
+  size_t workers = d->started > 0 ? d->started : 1;
+  int64_t share = left * (int64_t) workers / (int64_t) (workers + waiting);
+  if (share < SNAP_DRAIN_MIN_SHARE_MS)
+    share = SNAP_DRAIN_MIN_SHARE_MS;
+  return share < left ? w->start_ms + share : d->deadline_ms;
+}
+
 /* Nobody follows a persist at shutdown but the log. */
 static int
 no_progress (void *ctx, uint64_t written, err_t *err)
@@ -71,11 +120,16 @@ take_next (drain_worker_t *w)
   drain_t *d = w->d;
   ssize_t i = -1;
   pthread_mutex_lock (&d->mu);
+  w->busy = false;
   if (!d->over && d->next < d->n)
     {
       i = (ssize_t) d->next++;
       atomic_store (&w->stop, false);
+      w->busy = true;
+      w->share_ended = false;
+      w->start_ms = snap_drain_now_ms ();
     }
+  pthread_cond_broadcast (&d->cv); /* the queue and this worker's share changed */
   pthread_mutex_unlock (&d->mu);
   return i;
 }
@@ -120,6 +174,7 @@ record (drain_worker_t *w, const char *id, int rc, snap_persisted_t *done, const
   bool gone = rc < 0 && sandbox_gone (d->rt, id, err);
   pthread_mutex_lock (&d->mu);
   bool late = d->over;
+  bool share_ended = w->share_ended;
   if (rc == 0)
     {
       d->res.persisted++;
@@ -137,7 +192,11 @@ record (drain_worker_t *w, const char *id, int rc, snap_persisted_t *done, const
                 json_pack ("{s:s, s:s, s:I}", "sandbox_id", id, "outcome", "deleted", "ms", (json_int_t) ms),
                 "sandbox deleted during shutdown: not persisted");
   else
-    log_failed (id, late ? "cancelled: the shutdown grace ended (SANDBOX_SHUTDOWN_GRACE_SECONDS)" : "failed",
+    log_failed (id,
+                late          ? "cancelled: the shutdown grace ended (SANDBOX_SHUTDOWN_GRACE_SECONDS)"
+                : share_ended ? "cancelled: it took longer than its share of the shutdown grace, which the "
+                                "sandboxes still waiting needed"
+                              : "failed",
                 err_msg (err), ms);
 }
 
@@ -169,6 +228,15 @@ skip_stale (drain_t *d, const char *id)
   return true;
 }
 
+static void
+drain_free (drain_t *d)
+{
+  pthread_cond_destroy (&d->cv);
+  pthread_mutex_destroy (&d->mu);
+  free (d->list);
+  free (d);
+}
+
 static void *
 worker_main (void *arg)
 {
@@ -183,7 +251,7 @@ worker_main (void *arg)
       int64_t t0 = snap_drain_now_ms ();
       snap_persisted_t done = {0};
       err_t err = ERR_INIT;
-      snap_canceller_t stop = {stop_worker, w};
+      snap_canceller_t stop = {stop_worker, w, worker_stopped};
       int rc = snap_persist (d->rt, d->store, id, no_progress, NULL, &stop, &w->stop, &done, &err);
       record (w, id, rc, &done, &err, snap_drain_now_ms () - t0);
       free (done.object);
@@ -192,7 +260,10 @@ worker_main (void *arg)
   pthread_mutex_lock (&d->mu);
   d->running--;
   pthread_cond_broadcast (&d->cv);
+  bool last = --d->refs == 0;
   pthread_mutex_unlock (&d->mu);
+  if (last)
+    drain_free (d);
   return NULL;
 }
 
@@ -209,12 +280,16 @@ start_workers (drain_t *d)
       atomic_init (&w->stop, false);
       pthread_mutex_lock (&d->mu);
       d->running++;
+      d->refs++;
+      d->started++;
       pthread_mutex_unlock (&d->mu);
       int rc = pthread_create (&w->thread, NULL, worker_main, w);
       if (rc != 0)
         {
           pthread_mutex_lock (&d->mu);
           d->running--;
+          d->refs--;
+          d->started--;
           pthread_mutex_unlock (&d->mu);
           log_msg (SEV_ERROR, "persist at shutdown: start a worker: %s", strerror (rc));
           break;
@@ -223,16 +298,51 @@ start_workers (drain_t *d)
   return k;
 }
 
-/* Waits for the workers until `deadline_ms`; past it, stops every persist
- * under way and any request of the store, and lets no other begin. */
-static void
-wait_or_stop (drain_t *d, int64_t deadline_ms)
+static struct timespec
+mono_ts (int64_t ms)
 {
-  struct timespec until = {(time_t) (deadline_ms / 1000), (long) (deadline_ms % 1000) * 1000000L};
+  return (struct timespec){(time_t) (ms / 1000), (long) (ms % 1000) * 1000000L};
+}
+
+/* Stops the persists that have used their share (share_end_locked), d->mu
+ * held; returns the earliest end of a share still running (or the
+ * deadline). */
+static int64_t
+stop_shares_locked (drain_t *d, int64_t now)
+{
+  int64_t wake = d->deadline_ms;
+  for (size_t k = 0; k < d->started; k++)
+    {
+      drain_worker_t *w = &d->workers[k];
+      if (!w->busy || w->share_ended)
+        continue;
+      int64_t end = share_end_locked (d, w);
+      if (now >= end && end < d->deadline_ms)
+        {
+          w->share_ended = true;
+          atomic_store (&w->stop, true);
+        }
+      else if (end < wake)
+        wake = end;
+    }
+  return wake;
+}
+
+/* Waits for the workers until the deadline, stopping each persist at the
+ * end of its share; past the deadline, stops every persist under way and
+ * any request of the store, and lets no other begin. */
+static void
+wait_or_stop (drain_t *d)
+{
   pthread_mutex_lock (&d->mu);
-  while (d->running > 0)
-    if (pthread_cond_timedwait (&d->cv, &d->mu, &until) == ETIMEDOUT)
-      break;
+  for (;;)
+    {
+      int64_t now = snap_drain_now_ms ();
+      if (d->running == 0 || now >= d->deadline_ms)
+        break;
+      struct timespec until = mono_ts (stop_shares_locked (d, now));
+      pthread_cond_timedwait (&d->cv, &d->mu, &until);
+    }
   bool late = d->running > 0 || d->next < d->n;
   if (late)
     {
@@ -247,6 +357,31 @@ wait_or_stop (drain_t *d, int64_t deadline_ms)
       if (d->store->ops->cancel_all != NULL)
         d->store->ops->cancel_all (d->store);
     }
+}
+
+/* Waits up to SNAP_DRAIN_STOP_MARGIN_MS past the deadline for the workers
+ * told to stop; those still running then are left behind (detached: the
+ * last frees the drain), each logged, so that the shutdown goes on. */
+static void
+join_or_leave (drain_t *d)
+{
+  struct timespec until = mono_ts (d->deadline_ms + SNAP_DRAIN_STOP_MARGIN_MS);
+  pthread_mutex_lock (&d->mu);
+  while (d->running > 0 && snap_drain_now_ms () < d->deadline_ms + SNAP_DRAIN_STOP_MARGIN_MS)
+    pthread_cond_timedwait (&d->cv, &d->mu, &until);
+  size_t left = d->running;
+  pthread_mutex_unlock (&d->mu);
+  if (left > 0)
+    log_fields (SEV_ERROR,
+                json_pack ("{s:I, s:i}", "persists", (json_int_t) left, "margin_ms", SNAP_DRAIN_STOP_MARGIN_MS),
+                "persist at shutdown: %zu persists did not stop within the margin after the grace; the shutdown goes "
+                "on without them",
+                left);
+  for (size_t k = 0; k < d->started; k++)
+    if (left > 0)
+      pthread_detach (d->workers[k].thread);
+    else
+      pthread_join (d->workers[k].thread, NULL);
 }
 
 /* Sandboxes whose persist never began: failed too, one line each. */
@@ -272,44 +407,59 @@ log_summary (const snap_drain_result_t *r)
 
 /* The workers' part: run them until they end or the deadline. */
 static void
-run_workers (drain_t *d, int64_t deadline_ms)
+run_workers (drain_t *d)
 {
-  pthread_condattr_t ca;
-  pthread_condattr_init (&ca);
-  pthread_condattr_setclock (&ca, CLOCK_MONOTONIC);
-  pthread_cond_init (&d->cv, &ca);
-  pthread_condattr_destroy (&ca);
-  size_t started = snap_drain_now_ms () < deadline_ms ? start_workers (d) : 0;
-  wait_or_stop (d, deadline_ms);
-  for (size_t k = 0; k < started; k++)
-    pthread_join (d->workers[k].thread, NULL);
-  pthread_cond_destroy (&d->cv);
+  if (snap_drain_now_ms () < d->deadline_ms)
+    start_workers (d);
+  wait_or_stop (d);
+  join_or_leave (d);
 }
 
 void
 snap_drain (sbx_runtime_t *rt, snap_store_t *store, int64_t deadline_ms, snap_drain_result_t *res)
 {
   int64_t t0 = snap_drain_now_ms ();
-  drain_t d = {.rt = rt, .store = store};
+  drain_t *d = calloc (1, sizeof *d);
+  if (d == NULL)
+    {
+      log_msg (SEV_ERROR, "persist at shutdown: out of memory (no sandbox is persisted)");
+      if (res != NULL)
+        *res = (snap_drain_result_t){0};
+      return;
+    }
+  *d = (drain_t){.rt = rt, .store = store, .deadline_ms = deadline_ms, .refs = 1};
   err_t err = ERR_INIT;
-  if (sbx_list (rt, &d.list, &d.n, &err) < 0)
+  if (sbx_list (rt, &d->list, &d->n, &err) < 0)
     {
       err_warn_release (&err, "persist at shutdown: list the sandboxes (none is persisted)");
-      d.n = 0;
+      d->n = 0;
     }
-  d.res.sandboxes = d.n;
+  if (d->n > 1)
+    qsort (d->list, d->n, sizeof *d->list, persist_order);
+  d->res.sandboxes = d->n;
   log_fields (SEV_INFO,
-              json_pack ("{s:I, s:i, s:I, s:s}", "sandboxes", (json_int_t) d.n, "workers", SNAP_DRAIN_WORKERS,
-                         "budget_ms", (json_int_t) (deadline_ms > t0 ? deadline_ms - t0 : 0), "store", store->kind),
+              json_pack ("{s:I, s:i, s:I, s:s, s:s}", "sandboxes", (json_int_t) d->n, "workers", SNAP_DRAIN_WORKERS,
+                         "budget_ms", (json_int_t) (deadline_ms > t0 ? deadline_ms - t0 : 0), "store", store->kind,
+                         "order", "smallest disk first"),
               "persisting every sandbox before shutdown");
-  pthread_mutex_init (&d.mu, NULL);
-  if (d.n > 0)
-    run_workers (&d, deadline_ms);
-  log_never_begun (&d);
-  pthread_mutex_destroy (&d.mu);
-  d.res.elapsed_ms = snap_drain_now_ms () - t0;
-  log_summary (&d.res);
-  free (d.list);
+  pthread_mutex_init (&d->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init (&ca);
+  pthread_condattr_setclock (&ca, CLOCK_MONOTONIC);
+  pthread_cond_init (&d->cv, &ca);
+  pthread_condattr_destroy (&ca);
+  if (d->n > 0)
+    run_workers (d);
+  pthread_mutex_lock (&d->mu);
+  d->over = true; /* a worker left behind begins nothing more */
+  log_never_begun (d);
+  d->res.elapsed_ms = snap_drain_now_ms () - t0;
+  snap_drain_result_t r = d->res;
+  bool last = --d->refs == 0;
+  pthread_mutex_unlock (&d->mu);
+  log_summary (&r);
+  if (last)
+    drain_free (d);
   if (res != NULL)
-    *res = d.res;
+    *res = r;
 }

@@ -2,7 +2,18 @@
  * (SANDBOX_PERSIST_ON_SHUTDOWN), a few at a time, before a deadline.
  *
  * snap_drain() lists the live sandboxes and persists each to the store
- * (snap_persist) on SNAP_DRAIN_WORKERS threads. At the deadline the
+ * (snap_persist) on SNAP_DRAIN_WORKERS threads, the smallest first (the
+ * disk each uses; equal ones, the most recently used first), so that one
+ * large sandbox does not starve many small ones.
+ *
+ * Each persist has its own share of the grace: what was left of it when
+ * the persist began, times the workers, divided by the workers plus the
+ * sandboxes still waiting (at least SNAP_DRAIN_MIN_SHARE_MS). A persist
+ * that outlives its share while others wait is cancelled (outcome failed,
+ * reason "share"), and its worker moves on; as the queue empties the
+ * shares grow, and with nothing waiting a persist may use all the grace
+ * left. A slow sandbox (much data, a slow store, a walk that finds
+ * nothing to send) never holds the others back. At the deadline the
  * persists still running are cancelled (the store makes an object visible
  * only once it is complete, so none is left half written), the store's
  * requests under way are cancelled, and sandboxes whose persist has not
@@ -23,8 +34,14 @@
  * stops its persist through the runtime, and nothing is committed for it:
  * that is the "deleted" outcome, not a failure.
  *
+ * The drain returns by the deadline plus SNAP_DRAIN_STOP_MARGIN_MS: the
+ * persists it stopped end within it (the export checks for cancellation
+ * in every loop; the store cancels its requests); one that does not is
+ * logged and left behind rather than joined.
+ *
  * Threading: called once, from the thread that shuts the gateway down; it
- * starts its workers and joins them before it returns. The runtime and the
+ * starts its workers and joins them (or, past the margin, detaches them)
+ * before it returns. The runtime and the
  * store are thread-safe.
  */
 #ifndef SBX_GATEWAY_SNAPSHOT_DRAIN_H
@@ -44,6 +61,14 @@
  * four, past which it gained nothing there. A remote store (GCS) may gain
  * from more at once (not measured), at the cost of more memory. */
 #define SNAP_DRAIN_WORKERS 4
+
+/* The least share of the grace a persist gets before it is stopped for the
+ * sandboxes still waiting (see snap_drain). */
+#define SNAP_DRAIN_MIN_SHARE_MS 1000
+
+/* How long past the grace the drain waits for the persists it stopped to
+ * end; one still running then is left behind, and the shutdown goes on. */
+#define SNAP_DRAIN_STOP_MARGIN_MS 2000
 
 typedef struct snap_drain_result_s
 {

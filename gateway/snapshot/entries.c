@@ -1,6 +1,8 @@
 /* snapshot/entries: one entry of an export at a time — metadata, extended
- * attributes, hard links, whiteouts, and regular files' contents, sparse
- * files as pax sparse entries (see export_internal.h). State: per export. */
+ * attributes, hard links (through the compact table of links.h), whiteouts,
+ * and regular files' contents, sparse files as pax sparse entries (see
+ * export_internal.h) — and the export's cancellation check, which each of
+ * their loops calls. State: per export. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -23,31 +25,37 @@ export_fail (export_t *x, const char *what)
   return err_make (x->err, e > 0 ? e : EIO, "%s: %s", what, archive_error_string (x->a));
 }
 
-const char *
-export_find_link (export_t *x, const struct stat *st)
+int
+export_check (export_t *x)
 {
-  for (size_t i = 0; i < x->n_links; i++)
-    if (x->links[i].ino == st->st_ino && x->links[i].dev == st->st_dev)
-      return x->links[i].path;
-  return NULL;
+  bool stop = x->abort != NULL && atomic_load (x->abort);
+  if (!stop && x->cancelled != NULL && x->checks++ % EXPORT_CANCEL_POLL == 0)
+    stop = x->cancelled (x->cancelled_ctx);
+  if (!stop)
+    return 0;
+  x->failed = true;
+  if (x->err->msg == NULL)
+    err_make (x->err, ECANCELED, "the export was cancelled");
+  return -1;
 }
 
 int
-export_remember_link (export_t *x, const struct stat *st, const char *path)
+export_dir_node (export_t *x, uint32_t *out)
 {
-  if (x->n_links == x->cap_links)
+  /* The deepest frame with a node (the root is node 0), then one node for
+   * each frame below it, named by its component of x->path. */
+  size_t d = x->depth - 1;
+  while (d > 0 && x->stack[d].node == 0)
+    d--;
+  for (d++; d < x->depth; d++)
     {
-      size_t cap = x->cap_links ? x->cap_links * 2 : 16;
-      link_t *l = realloc (x->links, cap * sizeof *l);
-      if (l == NULL)
-        return err_make (x->err, ENOMEM, "export: out of memory");
-      x->links = l;
-      x->cap_links = cap;
+      size_t start = x->stack[d - 1].len + (x->stack[d - 1].len > 0 ? 1 : 0);
+      if (snap_links_add_dir (&x->links, x->stack[d - 1].node, x->path + start, x->stack[d].len - start,
+                              &x->stack[d].node, x->err)
+          < 0)
+        return -1;
     }
-  char *p = strdup (path);
-  if (p == NULL)
-    return err_make (x->err, ENOMEM, "export: out of memory");
-  x->links[x->n_links++] = (link_t){st->st_dev, st->st_ino, p};
+  *out = x->stack[x->depth - 1].node;
   return 0;
 }
 
@@ -161,6 +169,8 @@ data_extents (export_t *x, int fd, off_t size, const char *path, extent_t **out,
   off_t pos = 0;
   while (pos < size)
     {
+      if (export_check (x) < 0)
+        return -1;
       off_t d = lseek (fd, pos, SEEK_DATA);
       if (d < 0 && errno == ENXIO)
         break; /* a hole to the end */
@@ -188,16 +198,22 @@ data_extents (export_t *x, int fd, off_t size, const char *path, extent_t **out,
   return 0;
 }
 
-/* Hands `len` bytes of hole to the archive (not read: see EXPORT_HOLE_CHUNK). */
+/* Hands `len` bytes of hole between two data regions to the archive (not
+ * read: see EXPORT_HOLE_CHUNK), checking for cancellation as it goes. */
 static int
 write_hole (export_t *x, off_t len)
 {
   while (len > 0)
     {
-      size_t n = (size_t) len < EXPORT_HOLE_CHUNK ? (size_t) len : EXPORT_HOLE_CHUNK;
-      if (archive_write_data (x->a, x->holes, n) < 0)
+      if (export_check (x) < 0)
+        return -1;
+      size_t n = (uint64_t) len < EXPORT_HOLE_CHUNK ? (size_t) len : EXPORT_HOLE_CHUNK;
+      la_ssize_t w = archive_write_data (x->a, x->holes, n);
+      if (w < 0)
         return export_fail (x, "write file data");
-      len -= (off_t) n;
+      if (w == 0)
+        return err_make (x->err, EIO, "write file data: the archive took none of a hole");
+      len -= (off_t) w;
     }
   return 0;
 }
@@ -208,6 +224,8 @@ write_data (export_t *x, int fd, off_t off, off_t len, const char *path)
 {
   while (len > 0)
     {
+      if (export_check (x) < 0)
+        return -1;
       size_t want = len < 1 << 20 ? (size_t) len : 1 << 20;
       ssize_t r = TEMP_FAILURE_RETRY (pread (fd, x->io, want, off));
       if (r < 0)
@@ -238,12 +256,19 @@ write_contents (export_t *x, struct archive_entry *e, int fd, off_t size, const 
   bool sparse = !(n == 1 && ext[0].off == 0 && ext[0].len == size) && size > 0;
   for (size_t i = 0; sparse && i < n; i++)
     archive_entry_sparse_add_entry (e, ext[i].off, ext[i].len);
+  /* All hole: an empty region at 0 makes it a sparse entry whose map holds
+   * no data (a region at the end would make the writer wait for the whole
+   * hole's bytes). */
   if (sparse && n == 0)
-    archive_entry_sparse_add_entry (e, size, 0); /* all hole: the map still says so */
+    archive_entry_sparse_add_entry (e, 0, 0);
   if (export_add_xattrs (x, e, fd, path) < 0 || export_write_entry (x, e, path) < 0)
     return -1;
   if (!sparse)
     return write_data (x, fd, 0, size, path);
+  /* The writer puts the sparse map out with the first data it is given:
+   * nothing, for a file without any. */
+  if (archive_write_data (x->a, x->holes, 0) < 0)
+    return export_fail (x, "write file data");
   off_t pos = 0;
   for (size_t i = 0; i < n; i++)
     {
@@ -251,7 +276,9 @@ write_contents (export_t *x, struct archive_entry *e, int fd, off_t size, const 
         return -1;
       pos = ext[i].off + ext[i].len;
     }
-  return write_hole (x, size - pos);
+  /* The hole after the last region is the map's to say (its real size):
+   * the writer expects no bytes for it. */
+  return 0;
 }
 
 int
@@ -262,10 +289,11 @@ export_write_file (export_t *x, int dirfd, const char *name, const char *path, c
   int rc = 0;
   if (st->st_nlink > 1)
     {
-      const char *first = export_find_link (x, st);
+      const link_rec_t *first = snap_links_find (&x->links, st->st_dev, st->st_ino);
       if (first != NULL)
         {
-          archive_entry_set_hardlink (e, first);
+          snap_links_path (&x->links, first, x->link_path, PATH_MAX + 1);
+          archive_entry_set_hardlink (e, x->link_path);
           archive_entry_set_size (e, 0);
           rc = export_write_entry (x, e, path);
           archive_entry_free (e);
@@ -286,7 +314,12 @@ export_write_file (export_t *x, int dirfd, const char *name, const char *path, c
       archive_entry_free (e);
       return 0;
     }
-  if (st->st_nlink > 1 && export_remember_link (x, st, path) < 0)
+  uint32_t dir = 0;
+  if (st->st_nlink > 1
+      && (export_dir_node (x, &dir) < 0
+          || snap_links_add (&x->links, st->st_dev, st->st_ino, dir,
+                             strrchr (path, '/') != NULL ? strrchr (path, '/') + 1 : path, x->err)
+                 < 0))
     {
       archive_entry_free (e);
       return -1;

@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -24,6 +25,9 @@
 
 #include "common/cleanup.h"
 #include "common/log.h"
+
+/* A hard-link table this large is given back to the system at the end. */
+#define EXPORT_TRIM_AFTER ((size_t) 1 << 20)
 
 /* The stream side runs on a thread of its own: the walk fills a buffer
  * while the previous one is hashed and handed to the sink (a gRPC send, a
@@ -292,17 +296,6 @@ close_cb (struct archive *a, void *ctx)
   return ARCHIVE_OK;
 }
 
-/* One directory on the walk's stack: its entries, sorted, and where the
- * walk is in them. The walk is iterative: however deep a sandbox nests its
- * directories, the stack is on the heap and bounded by PATH_MAX. */
-typedef struct frame_s
-{
-  int fd;     /* the directory, opened O_NOFOLLOW */
-  size_t len; /* length of its path in x->path */
-  char **names;
-  size_t n, next;
-} frame_t;
-
 static void
 frame_free (frame_t *f)
 {
@@ -337,7 +330,7 @@ list_dir (export_t *x, frame_t *f)
   struct dirent *de;
   int rc = 0;
   errno = 0;
-  while (rc == 0 && (de = readdir (d)) != NULL)
+  while (rc == 0 && (f->n % 4096 != 0 || (rc = export_check (x)) == 0) && (de = readdir (d)) != NULL)
     {
       if (strcmp (de->d_name, ".") == 0 || strcmp (de->d_name, "..") == 0)
         continue;
@@ -505,7 +498,9 @@ walk (export_t *x, int root)
             }
           stack[depth] = (frame_t){.fd = top_fd, .len = strlen (x->path)};
           top_fd = -1;
-          if ((rc = list_dir (x, &stack[depth++])) < 0)
+          x->stack = stack;
+          x->depth = ++depth;
+          if ((rc = list_dir (x, &stack[depth - 1])) < 0)
             break;
         }
       if (depth == 0)
@@ -514,10 +509,10 @@ walk (export_t *x, int root)
       if (f->next == f->n)
         {
           frame_free (f);
-          depth--;
+          x->depth = --depth;
           continue;
         }
-      if ((rc = export_entry (x, f, f->names[f->next++], &top_fd)) < 0)
+      if ((rc = export_check (x)) < 0 || (rc = export_entry (x, f, f->names[f->next++], &top_fd)) < 0)
         break;
       if (top_fd < 0)
         x->path[f->len] = '\0';
@@ -525,6 +520,8 @@ walk (export_t *x, int root)
   while (depth > 0)
     frame_free (&stack[--depth]);
   free (stack);
+  x->stack = NULL;
+  x->depth = 0;
   return rc;
 }
 
@@ -540,20 +537,24 @@ snap_export (const snap_layer_t *layer, const snap_export_opts_t *opts, size_t c
                 .id_base = layer->id_base,
                 .id_range = layer->id_range,
                 .overlay_xattrs = layer->userxattr ? "user.overlay." : "trusted.overlay.",
-                .opaque_xattr = layer->userxattr ? "user.overlay.opaque" : "trusted.overlay.opaque"};
+                .opaque_xattr = layer->userxattr ? "user.overlay.opaque" : "trusted.overlay.opaque",
+                .abort = opts->abort,
+                .cancelled = opts->cancelled,
+                .cancelled_ctx = opts->cancelled_ctx};
   cleanup_close int root = openat (layer->upper_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (root < 0)
     return err_make_sys (err, errno, "open the sandbox's layer");
   x.io = malloc (1 << 20);
   x.path = malloc (PATH_MAX + 1);
+  x.link_path = malloc (PATH_MAX + 1);
   void *holes = mmap (NULL, EXPORT_HOLE_CHUNK, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   x.holes = holes != MAP_FAILED ? holes : NULL;
   if (!opts->skip_digest)
     x.sha = EVP_MD_CTX_new ();
   x.a = archive_write_new ();
   int rc = -1;
-  if (x.io == NULL || x.path == NULL || x.holes == NULL || (x.sha == NULL && !opts->skip_digest) || x.a == NULL
-      || export_stream_start (&x, opts->abort) < 0)
+  if (x.io == NULL || x.path == NULL || x.link_path == NULL || x.holes == NULL
+      || (x.sha == NULL && !opts->skip_digest) || x.a == NULL || export_stream_start (&x, opts->abort) < 0)
     {
       err_make (err, ENOMEM, "export: out of memory");
       goto out;
@@ -608,10 +609,12 @@ out:
     EVP_MD_CTX_free (x.sha);
   free (x.io);
   free (x.path);
+  free (x.link_path);
   if (x.holes != NULL)
     munmap ((void *) x.holes, EXPORT_HOLE_CHUNK);
-  for (size_t i = 0; i < x.n_links; i++)
-    free (x.links[i].path);
-  free (x.links);
+  /* A large table's memory goes back to the system, not only to malloc's
+   * arenas (where another thread's allocations would keep it). */
+  if (snap_links_free (&x.links) >= EXPORT_TRIM_AFTER)
+    malloc_trim (0);
   return rc;
 }

@@ -17,6 +17,12 @@
  * and give them back later from any thread (snap_export_release); the
  * export reuses a buffer only once it is given back.
  *
+ * Holes cost no bytes and almost no time: a file's data regions are found
+ * with SEEK_DATA/SEEK_HOLE and written as a pax sparse entry; a hole after
+ * the last region is free, one between regions costs a call per 2 GiB.
+ * Every loop checks whether the export was told to stop. Hard links are
+ * tracked in a compact table of bounded size (links.h).
+ *
  * Threading: no shared state; one export per calling thread. Hold and
  * release may be called from any thread.
  */
@@ -70,6 +76,11 @@ typedef struct snap_export_opts_s
   /* Set from another thread to stop an export that waits for buffers its
    * sink still holds (a consumer that stopped taking bytes); may be NULL. */
   const atomic_bool *abort;
+  /* Asked now and then from the export's own thread, between entries and
+   * inside every loop (also those that send nothing, such as skipping a
+   * hole): true stops the export (ECANCELED). May be NULL. */
+  bool (*cancelled) (void *ctx);
+  void *cancelled_ctx;
 } snap_export_opts_t;
 
 /* Streams the layer's tree to `sink`. */

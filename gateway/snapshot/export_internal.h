@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "gateway/snapshot/export.h"
+#include "gateway/snapshot/links.h"
 
 #define OCI_WHITEOUT ".wh."
 #define OCI_OPAQUE ".wh..wh..opq"
@@ -23,13 +24,6 @@
  * reserved by the OCI layer format). Restore strips it (unpack.c). */
 #define ESCAPE_PREFIX ".wh..wh.u"
 #define ESCAPE_LEN (sizeof ESCAPE_PREFIX - 1)
-
-typedef struct link_s
-{
-  dev_t dev;
-  ino_t ino;
-  char *path;
-} link_t;
 
 /* Buffers going round between the walk and the stream thread. */
 #define EXPORT_BUFFERS 3
@@ -60,6 +54,18 @@ typedef struct export_stream_s
   pthread_t thread;
 } export_stream_t;
 
+/* One directory on the walk's stack: its entries, sorted, and where the
+ * walk is in them. The walk is iterative: however deep a sandbox nests its
+ * directories, the stack is on the heap and bounded by PATH_MAX. */
+typedef struct frame_s
+{
+  int fd;     /* the directory, opened O_NOFOLLOW */
+  size_t len; /* length of its path in x->path */
+  char **names;
+  size_t n, next;
+  uint32_t node; /* its node in the link table; 0 none yet (or the root) */
+} frame_t;
+
 typedef struct export_s
 {
   struct archive *a;
@@ -74,9 +80,16 @@ typedef struct export_s
   err_t *err;
   bool failed;
   /* tree side */
-  link_t *links;
-  size_t n_links, cap_links;
+  snap_links_t links;
+  frame_t *stack; /* the walk's directories, root first */
+  size_t depth;
+  char *link_path; /* a hard link's target being written (PATH_MAX + 1 bytes) */
   uint64_t entries;
+  /* cancellation */
+  const atomic_bool *abort;
+  bool (*cancelled) (void *ctx);
+  void *cancelled_ctx;
+  unsigned checks; /* export_check calls, to ask `cancelled` one time in EXPORT_CANCEL_POLL */
   uint8_t *io;
   char *path;           /* the entry being written (PATH_MAX + 1 bytes) */
   const uint8_t *holes; /* EXPORT_HOLE_CHUNK bytes, never touched */
@@ -86,9 +99,17 @@ typedef struct export_s
   const char *opaque_xattr;   /* its opaque mark */
 } export_t;
 
-/* Holes are handed to the archive from one untouched anonymous mapping:
- * the pax writer skips hole bytes without reading them. */
-#define EXPORT_HOLE_CHUNK ((size_t) 64 << 20)
+/* Holes between a file's data regions are handed to the archive from one
+ * untouched anonymous mapping (address space, no memory): the pax writer
+ * skips hole bytes without reading them. It takes at most INT_MAX bytes a
+ * call (libarchive's own limit), so a hole costs one call per 2 GiB (about
+ * 15 s per EiB on one core); a hole after the last data region costs
+ * nothing. */
+#define EXPORT_HOLE_CHUNK ((size_t) 0x7ffff000)
+
+/* export_check asks the caller's `cancelled` once in this many calls (the
+ * abort flag, an atomic, every time). */
+#define EXPORT_CANCEL_POLL 256
 
 /* export.c: the stream thread. start: 0 or -1 (out of memory); finish:
  * waits for what is queued, 0 or -1 when the sink failed (its error moved
@@ -97,10 +118,16 @@ int export_stream_start (export_t *x, const atomic_bool *abort);
 int export_stream_finish (export_t *x);
 void export_stream_release (export_t *x);
 
+/* export.c: 0, or -1 with ECANCELED in *x->err once the export was told to
+ * stop (its abort flag, or its caller's `cancelled`). Every loop of the
+ * walk calls it, also those that produce no output (holes, listings). */
+int export_check (export_t *x);
+/* The link-table node of the directory the walk is in (made, with its
+ * parents', when first asked). */
+int export_dir_node (export_t *x, uint32_t *out);
+
 /* entries.c */
 int export_fail (export_t *x, const char *what);
-const char *export_find_link (export_t *x, const struct stat *st);
-int export_remember_link (export_t *x, const struct stat *st, const char *path);
 void export_set_meta (const export_t *x, struct archive_entry *e, const char *path, const struct stat *st);
 /* Copies the extended attributes of `fd`, except overlay's own. */
 int export_add_xattrs (export_t *x, struct archive_entry *e, int fd, const char *path);

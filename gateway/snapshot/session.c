@@ -52,6 +52,11 @@ snap_export_stoppable (sbx_runtime_t *rt, const char *id, const snap_export_opts
   export_job_t j = {.opts = *opts, .sink = sink, .ctx = ctx, .res = res, .stop = stop};
   atomic_init (&j.aborted, false);
   j.opts.abort = &j.aborted;
+  if (stop != NULL && stop->cancelled != NULL)
+    {
+      j.opts.cancelled = stop->cancelled;
+      j.opts.cancelled_ctx = stop->ctx;
+    }
   return sbx_with_layer (rt, id, true, export_layer, &j, stop != NULL ? stop_export : NULL, &j, err);
 }
 

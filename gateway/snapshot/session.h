@@ -33,6 +33,10 @@ typedef struct snap_canceller_s
 {
   sbx_cancel_fn fn;
   void *ctx;
+  /* Asked now and then by the export itself, between entries and inside
+   * its loops (also those that send nothing): true (the caller went, its
+   * deadline passed) stops it with ECANCELED. May be NULL. */
+  bool (*cancelled) (void *ctx);
 } snap_canceller_t;
 
 /* As snap_export_sandbox, with `opts` (its `abort` is the export's own),

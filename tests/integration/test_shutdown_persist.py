@@ -211,3 +211,47 @@ def test_a_gcs_upload_stalled_at_the_grace_is_cancelled_and_no_object_appears(ga
             gcs.object_bytes(GCS_BUCKET, f"{PREFIX}stalled.tar")
         assert e.value.code == 404
         assert_nothing_left(gw)
+
+
+# --- slow sandboxes do not starve the others -----------------------------------------
+
+# A hole of 4 EiB before one byte: its export sends nothing for about a
+# minute (the archive skips a hole 2 GiB a step), on a page of disk.
+SLOW_FILE = "truncate -s 4E /root/gap && printf X >> /root/gap"
+SHARE_GRACE_S = 20
+
+
+def test_slow_persists_are_cut_at_their_share_and_every_other_sandbox_is_persisted(gateways, tmp_path):
+    """Four slow sandboxes use the least disk, so they go first and take all
+    four workers. They are stopped at the end of their share of the grace
+    (grace x 4 / 10 here) while the six others wait; those are then all
+    persisted, and the gateway exits within the grace and its margin."""
+    store = tmp_path / "store"
+    gw = gateways.gateway({"SANDBOX_SNAPSHOT_DIR": str(store),
+                           "SANDBOX_SHUTDOWN_GRACE_SECONDS": str(SHARE_GRACE_S)}, secret="s")
+    client = SandboxClient(gw)
+    slow = [f"slow-{i}" for i in range(4)]
+    others = [f"other-{i}" for i in range(6)]
+    for sid in slow:
+        client.launch(sid)
+        client.ok(sid, SLOW_FILE)
+    for sid in others:
+        client.launch(sid)
+        client.ok(sid, f"head -c 1048576 /dev/urandom > /root/data && echo {sid} > /root/id")
+    rc, took = sigterm_and_wait(gw, SHARE_GRACE_S + EXIT_MARGIN_S)
+    assert rc == 0
+    assert took < SHARE_GRACE_S + EXIT_MARGIN_S, f"the gateway took {took:.1f} s to exit"
+    done = outcomes(gw)
+    assert sorted(done) == sorted(slow + others)
+    for sid in others:
+        assert done[sid]["outcome"] == "persisted", done[sid]
+    # Cut at their share while others waited; one still running when the
+    # queue emptied may use the rest of the grace, and is cut at its end.
+    for sid in slow:
+        rec = done[sid]
+        assert rec["outcome"] == "failed" and ("share" in rec["reason"] or "grace ended" in rec["reason"]), rec
+    assert any("share" in done[sid]["reason"] for sid in slow), [done[sid] for sid in slow]
+    s = summary(gw)
+    assert (s["sandboxes"], s["persisted"], s["failed"]) == (10, 6, 4), s
+    assert stored_objects(store) == sorted(f"{PREFIX}{sid}.tar" for sid in others)
+    assert_nothing_left(gw)
