@@ -20,6 +20,10 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <unistd.h>
+#include <time.h>
+#include <stdlib.h>
+#include <pthread.h>
 
 #include "common/err.h"
 #include "common/log.h"
@@ -221,15 +225,56 @@ shut_down (gateway_t *g)
  * UNAVAILABLE "shutting down" meanwhile, and health keeps saying
  * NOT_SERVING. Launches in flight are stopped first, so that the list of
  * sandboxes to persist is final. */
-static void
+/* Returns false when persists were left behind (still running on the
+ * runtime): the runtime must then not be torn down under them. */
+static bool
 shut_down_persisting (gateway_t *g, int64_t signalled_ms)
 {
   int64_t deadline_ms = signalled_ms + g->cfg.grace_seconds * 1000;
   int64_t rest_ms = rpc_server_drain (g->server, g->cfg.grace_seconds * 1000 / 4);
   sbx_runtime_stop (g->rt);
-  snap_drain (g->rt, g->store, deadline_ms, NULL);
+  snap_drain_result_t res = {0};
+  snap_drain (g->rt, g->store, deadline_ms, &res);
   int64_t left_ms = deadline_ms - snap_drain_now_ms ();
   rpc_server_shutdown (g->server, rest_ms < left_ms ? rest_ms : (left_ms > 0 ? left_ms : 0));
+  return res.left_behind == 0;
+}
+
+/* Past the grace, the shutdown's own work (cancelling calls, deleting the
+ * sandboxes that are left, freeing) may take this long, plus
+ * GW_SHUTDOWN_MS_PER_SANDBOX for each sandbox live at the signal; then the
+ * gateway exits anyway (status 1). Its sandboxes' pid 1s end with it (they
+ * watch the gateway), and the next start removes what they leave. */
+#define GW_SHUTDOWN_MARGIN_MS 30000
+#define GW_SHUTDOWN_MS_PER_SANDBOX 50
+
+static void *
+shutdown_deadline_main (void *arg)
+{
+  int64_t ms = *(int64_t *) arg;
+  free (arg);
+  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
+  while (clock_nanosleep (CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+    ;
+  log_msg (SEV_ERROR, "shutdown: still running %d ms past the grace and its margin; exiting now",
+           GW_SHUTDOWN_MARGIN_MS);
+  _exit (1);
+}
+
+/* Arms the exit deadline of a shutdown signalled at `signalled_ms`. */
+static void
+arm_shutdown_deadline (const gateway_t *g, int64_t signalled_ms)
+{
+  int64_t *at = malloc (sizeof *at);
+  if (at == NULL)
+    return;
+  *at = signalled_ms + g->cfg.grace_seconds * 1000 + GW_SHUTDOWN_MARGIN_MS
+        + (int64_t) sbx_count (g->rt) * GW_SHUTDOWN_MS_PER_SANDBOX;
+  pthread_t t;
+  if (pthread_create (&t, NULL, shutdown_deadline_main, at) == 0)
+    pthread_detach (t);
+  else
+    free (at);
 }
 
 int
@@ -302,10 +347,17 @@ main (int argc, char **argv)
    * Watch, reflection), then anything still running is cancelled. The exit
    * status is 0 even when persists failed: each failure is logged as an
    * error, and a restart would not bring the sandboxes back. */
+  arm_shutdown_deadline (&g, signalled_ms);
   health_shutdown ();
-  if (g.cfg.persist_on_shutdown)
-    shut_down_persisting (&g, signalled_ms);
-  else
+  if (g.cfg.persist_on_shutdown && !shut_down_persisting (&g, signalled_ms))
+    {
+      /* A persist still runs on the runtime: tearing it down would free
+       * what that persist uses. Exit now; the sandboxes' pid 1s end with
+       * the gateway and the next start removes what is left. */
+      log_msg (SEV_ERROR, "shutdown: persists left behind; exiting without tearing the runtime down");
+      _exit (1);
+    }
+  if (!g.cfg.persist_on_shutdown)
     shut_down (&g);
   stop (&g);
   log_msg (SEV_INFO, "stopped");

@@ -95,12 +95,15 @@ struct rpc_call_s
   bool ahead; /* such a receive is in flight; its message lands in ahead_bb */
   grpc_byte_buffer *ahead_bb;
   int cancelled; /* written by RECV_CLOSE_ON_SERVER */
-  bool closed;   /* RECV_CLOSE_ON_SERVER has completed */
+  /* RECV_CLOSE_ON_SERVER has completed. Atomic, as peer_gone: a walk that
+   * sends nothing asks rpc_call_cancelled from its own thread while the
+   * stream's thread sends. */
+  _Atomic bool closed;
   bool md_sent;  /* initial metadata has gone out */
   bool finished; /* the status has gone out */
   bool half_closed;
   bool quick_half_close; /* rpc_call_quick_half_close */
-  bool peer_gone;
+  _Atomic bool peer_gone;
   grpc_byte_buffer *reply;
   /* Admission (server.c; `server->mu` guards the list and `waiting`). */
   bool open;           /* counts against max_open_calls */

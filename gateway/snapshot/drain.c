@@ -370,6 +370,7 @@ join_or_leave (drain_t *d)
   while (d->running > 0 && snap_drain_now_ms () < d->deadline_ms + SNAP_DRAIN_STOP_MARGIN_MS)
     pthread_cond_timedwait (&d->cv, &d->mu, &until);
   size_t left = d->running;
+  d->res.left_behind = left;
   pthread_mutex_unlock (&d->mu);
   if (left > 0)
     log_fields (SEV_ERROR,

@@ -74,10 +74,11 @@ typedef struct snap_drain_result_s
 {
   size_t sandboxes; /* live when the drain began */
   size_t persisted;
-  size_t deleted; /* gone meanwhile (deleted by a call in flight) */
-  size_t stale;   /* copies another gateway's snapshot has superseded: not persisted */
-  size_t failed;  /* failed, cancelled at the deadline, or never begun */
-  uint64_t bytes; /* stored in all */
+  size_t deleted;     /* gone meanwhile (deleted by a call in flight) */
+  size_t stale;       /* copies another gateway's snapshot has superseded: not persisted */
+  size_t failed;      /* failed, cancelled at the deadline, or never begun */
+  uint64_t bytes;     /* stored in all */
+  size_t left_behind; /* persists that did not stop within the margin (still running) */
   int64_t elapsed_ms;
 } snap_drain_result_t;
 
