@@ -220,14 +220,53 @@ expand_home (const char *host, char **out, err_t *err)
   return n < 0 ? err_make (err, ENOMEM, "out of memory") : 0;
 }
 
+/* `path` as written, absolute, without `.` or `..` components, repeated
+ * or trailing slashes: into *out (caller frees). Nesting is checked on
+ * this form too, so that a path a sandbox can later turn into a symlink
+ * (inside another volume, missing today) is refused whatever it resolves
+ * to. */
+static int
+normalize_host_path (const char *path, char **out, err_t *err)
+{
+  if (path[0] != '/')
+    return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: `%s` is not an absolute host path", path);
+  char *norm = malloc (strlen (path) + 2);
+  if (norm == NULL)
+    return err_make (err, ENOMEM, "out of memory");
+  size_t n = 0;
+  for (const char *p = path; *p != '\0';)
+    {
+      while (*p == '/')
+        p++;
+      size_t len = strcspn (p, "/");
+      if (len == 0)
+        break;
+      if ((len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.'))
+        {
+          free (norm);
+          return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: `%s`: no . or .. in a host path", path);
+        }
+      norm[n++] = '/';
+      memcpy (norm + n, p, len);
+      n += len;
+      p += len;
+    }
+  if (n == 0)
+    norm[n++] = '/';
+  norm[n] = '\0';
+  *out = norm;
+  return 0;
+}
+
 /* One SANDBOX_VOLUME_MOUNTS entry into its checked form
  * "realhost:sandbox[:ro][:uid=N:gid=M]" (*spec NULL: its host path is
  * missing, skipped with a warning). The host path is resolved once, here:
  * the runtime opens exactly that path, with no symlink in it. */
 static int
-parse_volume (char *tok, char **spec, err_t *err)
+parse_volume (char *tok, char **spec, char **lexical, err_t *err)
 {
   *spec = NULL;
+  *lexical = NULL;
   char *host = tok, *dst = strchr (tok, ':');
   if (dst == NULL)
     return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: `%s` is not host:sandbox[:ro][:uid=N[:gid=N]]", tok);
@@ -247,6 +286,8 @@ parse_volume (char *tok, char **spec, err_t *err)
     return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: `%s` is not an absolute sandbox path", dst);
   cleanup_free char *expanded = NULL;
   if (expand_home (host, &expanded, err) < 0)
+    return -1;
+  if (normalize_host_path (expanded, lexical, err) < 0)
     return -1;
   cleanup_free char *real = realpath (expanded, NULL);
   if (real == NULL)
@@ -292,13 +333,31 @@ volume_owner (const char *spec, const char *key)
   return u != NULL ? strtol (u + strlen (key), NULL, 10) : -1;
 }
 
+/* Whether host paths `a` and `b` of two volumes nest: one lies strictly
+ * inside the other. */
+static bool
+paths_nest (const char *a, const char *b)
+{
+  return strcmp (a, b) != 0 && (path_within (a, b) || path_within (b, a));
+}
+
 /* Refuses volumes whose host paths nest (a sandbox could replace the inner
  * one's path with a symlink through the outer, for every later launch),
- * and a volume that holds, or lies in, a path hidden from sandboxes (it
- * would show it). Equal host paths bound twice are fine. */
+ * compared as written (`lexical`, n of them, missing ones included: a
+ * missing inner path is where a sandbox would plant the link) and as
+ * resolved; a volume that holds, or lies in, a path hidden from sandboxes
+ * (it would show it) or holds the image; and an owner inside the
+ * sandboxes' id block. Equal host paths bound twice are fine. */
 static int
-check_volume_overlaps (const gw_config_t *c, err_t *err)
+check_volume_overlaps (const gw_config_t *c, char *const *lexical, size_t n, err_t *err)
 {
+  for (size_t i = 0; i < n; i++)
+    for (size_t j = i + 1; j < n; j++)
+      if (paths_nest (lexical[i], lexical[j]))
+        return err_make (err, EINVAL,
+                         "SANDBOX_VOLUME_MOUNTS: `%s` and `%s` nest; nested volumes are refused, also when one is "
+                         "missing (mount the outer one only, or two separate directories)",
+                         lexical[i], lexical[j]);
   char a[PATH_MAX + 1], b[PATH_MAX + 1];
   for (size_t i = 0; c->volumes[i] != NULL; i++)
     {
@@ -314,11 +373,15 @@ check_volume_overlaps (const gw_config_t *c, err_t *err)
                              k == 0 ? "uid=" : "gid=", owner, a, c->uid_base, block_end - 1);
         }
       for (size_t j = 0; c->volumes[j] != NULL; j++)
-        if (j != i && strcmp (volume_host (c->volumes[j], b, sizeof b), a) != 0 && path_within (b, a))
+        if (paths_nest (volume_host (c->volumes[j], b, sizeof b), a))
           return err_make (err, EINVAL,
-                           "SANDBOX_VOLUME_MOUNTS: `%s` lies inside the volume `%s`; nested volumes are refused "
-                           "(mount the outer one only, or two separate directories)",
-                           b, a);
+                           "SANDBOX_VOLUME_MOUNTS: `%s` and `%s` nest once resolved; nested volumes are refused", a,
+                           b);
+      for (size_t j = 0; j < n; j++)
+        if (paths_nest (lexical[j], a))
+          return err_make (err, EINVAL,
+                           "SANDBOX_VOLUME_MOUNTS: `%s` and `%s` (resolved) nest; nested volumes are refused",
+                           lexical[j], a);
       for (size_t m = 0; m < GW_MAX_MASKS && c->masks[m] != NULL; m++)
         {
           cleanup_free char *real = realpath (c->masks[m], NULL);
@@ -327,6 +390,12 @@ check_volume_overlaps (const gw_config_t *c, err_t *err)
             return err_make (err, EINVAL, "SANDBOX_VOLUME_MOUNTS: the volume `%s` overlaps %s `%s`", a,
                              c->mask_names[m], hidden);
         }
+      cleanup_free char *image = realpath (c->rootfs, NULL);
+      if (image != NULL && path_within (image, a))
+        return err_make (err, EINVAL,
+                         "SANDBOX_VOLUME_MOUNTS: the volume `%s` holds SANDBOX_ROOTFS `%s` (sandboxes would write "
+                         "every sandbox's image)",
+                         a, image);
     }
   return 0;
 }
@@ -338,24 +407,37 @@ parse_volumes (gw_config_t *c, err_t *err)
 {
   if (c->volume_mounts == NULL)
     return 0;
-  size_t n = 0;
+  size_t n = 0, n_lex = 0;
+  char *lexical[GW_MAX_VOLUME_ENTRIES];
+  int rc = 0;
   char *save = NULL;
-  for (char *tok = strtok_r (c->volume_mounts, ",", &save); tok != NULL; tok = strtok_r (NULL, ",", &save))
+  for (char *tok = strtok_r (c->volume_mounts, ",", &save); tok != NULL && rc == 0; tok = strtok_r (NULL, ",", &save))
     {
-      char *spec = NULL;
-      if (parse_volume (tok, &spec, err) < 0)
-        return -1;
-      if (spec == NULL)
+      char *spec = NULL, *lex = NULL;
+      if (n_lex == GW_MAX_VOLUME_ENTRIES)
+        rc = err_make (err, E2BIG, "SANDBOX_VOLUME_MOUNTS: more than %d entries", GW_MAX_VOLUME_ENTRIES);
+      else
+        {
+          rc = parse_volume (tok, &spec, &lex, err);
+          if (lex != NULL)
+            lexical[n_lex++] = lex;
+        }
+      if (rc < 0 || spec == NULL)
         continue;
       if (n == GW_MAX_VOLUMES)
         {
           free (spec);
-          return err_make (err, E2BIG, "SANDBOX_VOLUME_MOUNTS: more than %d mounts", GW_MAX_VOLUMES);
+          rc = err_make (err, E2BIG, "SANDBOX_VOLUME_MOUNTS: more than %d mounts", GW_MAX_VOLUMES);
+          continue;
         }
       c->volumes[n++] = spec;
     }
   c->volumes[n] = NULL;
-  return check_volume_overlaps (c, err);
+  if (rc == 0)
+    rc = check_volume_overlaps (c, lexical, n_lex, err);
+  for (size_t i = 0; i < n_lex; i++)
+    free (lexical[i]);
+  return rc;
 }
 
 /* SANDBOX_PERSIST_ON_SHUTDOWN: a boolean, or unset: on when the operator

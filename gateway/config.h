@@ -21,6 +21,8 @@
 
 /* Most SANDBOX_VOLUME_MOUNTS entries. */
 #define GW_MAX_VOLUMES SBX_MAX_VOLUMES
+/* Most SANDBOX_VOLUME_MOUNTS entries, missing host paths included. */
+#define GW_MAX_VOLUME_ENTRIES (2 * GW_MAX_VOLUMES)
 /* Host paths hidden inside sandboxes: state, snapshots, TLS key, credentials. */
 #define GW_MAX_MASKS 4
 /* Longest SANDBOX_GATEWAY_NAME: a DNS name's length. */

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/openat2.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -83,6 +84,49 @@ helper_mkdir_p (const char *path, mode_t mode, err_t *err)
       }
   if (mkdir (buf, mode) < 0 && errno != EEXIST)
     return err_make_sys (err, errno, "mkdir `%s`", buf);
+  return 0;
+}
+
+/* Resolution inside the sandbox's root (the caller's root, after
+ * enter_root): a link the sandbox planted resolves inside it, and never
+ * through /proc's magic links (/proc/self/fd/N would lead to a host tree
+ * this process still holds, as host root). */
+static int
+open_in_root (int dir, const char *path, int flags, mode_t mode)
+{
+  struct open_how how = {.flags = (uint64_t) (flags | O_CLOEXEC),
+                         .mode = (flags & O_CREAT) ? mode : 0,
+                         .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS};
+  return (int) syscall (SYS_openat2, dir, path, &how, sizeof how);
+}
+
+/* The directory `path` of the sandbox's root, made with its parents where
+ * missing (`mode`), resolved as open_in_root does: an O_PATH descriptor of
+ * it in *out. */
+static int
+mkdir_in_root (const char *path, mode_t mode, int *out, err_t *err)
+{
+  cleanup_close int dir = open ("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0)
+    return err_make_sys (err, errno, "open the sandbox's root");
+  char buf[PATH_MAX];
+  snprintf (buf, sizeof buf, "%s", path);
+  char *save = NULL;
+  for (char *name = strtok_r (buf, "/", &save); name != NULL; name = strtok_r (NULL, "/", &save))
+    {
+      int next = open_in_root (dir, name, O_PATH | O_DIRECTORY, 0);
+      if (next < 0 && errno == ENOENT)
+        {
+          if (mkdirat (dir, name, mode) < 0 && errno != EEXIST)
+            return err_make_sys (err, errno, "mkdir `%s` (in `%s`)", name, path);
+          next = open_in_root (dir, name, O_PATH | O_DIRECTORY, 0);
+        }
+      if (next < 0)
+        return err_make_sys (err, errno, "`%s` of `%s`", name, path);
+      close (dir);
+      dir = next;
+    }
+  *out = take_fd (&dir);
   return 0;
 }
 
@@ -348,21 +392,32 @@ attach_volumes (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
       struct stat st;
       if (fstat (refs->volumes[i], &st) < 0)
         return err_make_sys (err, errno, "volume `%s`", host);
+      /* The mount point, resolved in the sandbox's own view. */
+      cleanup_close int point = -1;
       if (S_ISDIR (st.st_mode))
         {
-          if (helper_mkdir_p (dst, 0755, err) < 0)
-            return -1;
+          if (mkdir_in_root (dst, 0755, &point, err) < 0)
+            return err_wrap (err, "volume mount point");
         }
       else
         {
           char parent[PATH_MAX];
           snprintf (parent, sizeof parent, "%s", dst);
-          *strrchr (parent, '/') = '\0';
-          if (parent[0] != '\0' && helper_mkdir_p (parent, 0755, err) < 0)
-            return -1;
-          cleanup_close int fd = open (dst, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+          char *name = strrchr (parent, '/');
+          *name++ = '\0';
+          cleanup_close int pdir = -1;
+          if (mkdir_in_root (parent, 0755, &pdir, err) < 0)
+            return err_wrap (err, "volume mount point");
+          cleanup_close int dirfd = open_in_root (pdir, ".", O_RDONLY | O_DIRECTORY, 0);
+          if (dirfd >= 0)
+            {
+              cleanup_close int made = open_in_root (dirfd, name, O_CREAT | O_WRONLY | O_NOFOLLOW, 0644);
+            }
+          point = open_in_root (pdir, name, O_PATH | O_NOFOLLOW, 0);
+          if (point < 0)
+            return err_make_sys (err, errno, "volume mount point `%s`", dst);
         }
-      if (move_mount (refs->volumes[i], "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+      if (move_mount (refs->volumes[i], "", point, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
         return err_make_sys (err, errno, "bind `%s` on `%s`", host, dst);
     }
   return 0;
@@ -564,8 +619,13 @@ helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *e
     return err_make_sys (err, errno, "unshare namespaces");
   if (mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     return err_make_sys (err, errno, "make mounts private");
-  if (mount_overlay (o, &refs, err) < 0 || capture_own (&refs, err) < 0 || detach_layers (err) < 0
-      || enter_root (BASE_ROOT, err) < 0 || populate_root (o, &refs, err) < 0)
+  if (mount_overlay (o, &refs, err) < 0 || capture_own (&refs, err) < 0 || detach_layers (err) < 0)
+    return -1;
+  /* The overlay holds the image now: this process's own reference to the
+   * host's tree goes before anything is resolved in the sandbox's view. */
+  close (refs.lower);
+  refs.lower = -1;
+  if (enter_root (BASE_ROOT, err) < 0 || populate_root (o, &refs, err) < 0)
     return -1;
   host_refs_release (&refs, o->n_volumes);
   const char *hn = o->hostname != NULL ? o->hostname : "sandbox";

@@ -771,9 +771,19 @@ test_nested_volumes_and_volumes_over_masks_are_refused (void **state)
   cleanup_free char *a = scratch_dir ("a");
   cleanup_free char *inner = scratch_dir ("a/inner");
   cleanup_free char *nested = fmt ("%s:/a,%s:/inner", a, inner);
-  expect_refused ("SANDBOX_VOLUME_MOUNTS", nested, "nested", EINVAL);
+  expect_refused ("SANDBOX_VOLUME_MOUNTS", nested, "nest", EINVAL);
   cleanup_free char *reversed = fmt ("%s:/inner,%s:/a", inner, a);
-  expect_refused ("SANDBOX_VOLUME_MOUNTS", reversed, "nested", EINVAL);
+  expect_refused ("SANDBOX_VOLUME_MOUNTS", reversed, "nest", EINVAL);
+  /* A missing inner path is where a sandbox would plant a link: refused too. */
+  cleanup_free char *missing = fmt ("%s:/a,%s/not-yet:/later", a, a);
+  expect_refused ("SANDBOX_VOLUME_MOUNTS", missing, "nest", EINVAL);
+  cleanup_free char *dotted = fmt ("%s/../a:/a", a);
+  expect_refused ("SANDBOX_VOLUME_MOUNTS", dotted, "SANDBOX_VOLUME_MOUNTS", EINVAL);
+  /* A volume holding the image. */
+  setenv ("SANDBOX_ROOTFS", inner, 1);
+  cleanup_free char *image = fmt ("%s:/a", a);
+  expect_refused ("SANDBOX_VOLUME_MOUNTS", image, "SANDBOX_ROOTFS", EINVAL);
+  unsetenv ("SANDBOX_ROOTFS");
   /* The same directory twice is not nesting. */
   cleanup_free char *twice = fmt ("%s:/one,%s:/two:ro", a, a);
   setenv ("SANDBOX_VOLUME_MOUNTS", twice, 1);
