@@ -3,8 +3,39 @@
 #include "gateway/snapshot/links.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* What every export's table holds now (SNAP_EXPORT_LINK_TOTAL_BYTES). */
+static _Atomic size_t all_tables_bytes;
+
+/* Takes `bytes` more for table `t` (its total moves from t->bytes to
+ * `bytes`) from the gateway-wide budget; 0, or -1 with *err. */
+static int
+charge (snap_links_t *t, size_t bytes, err_t *err)
+{
+  if (bytes <= t->bytes)
+    return 0;
+  size_t more = bytes - t->bytes;
+  if (atomic_fetch_add (&all_tables_bytes, more) + more > SNAP_EXPORT_LINK_TOTAL_BYTES)
+    {
+      atomic_fetch_sub (&all_tables_bytes, more);
+      return err_make (err, EAGAIN,
+                       "the exports under way hold the gateway's hard-link budget (%zu MiB, "
+                       "SNAP_EXPORT_LINK_TOTAL_BYTES); retry later",
+                       (size_t) SNAP_EXPORT_LINK_TOTAL_BYTES >> 20);
+    }
+  return 0;
+}
+
+/* Gives back what charge took beyond `bytes` (an allocation that failed). */
+static void
+uncharge (snap_links_t *t, size_t bytes)
+{
+  if (bytes > t->bytes)
+    atomic_fetch_sub (&all_tables_bytes, bytes - t->bytes);
+}
 
 static int
 over_budget (err_t *err)
@@ -28,9 +59,14 @@ grow (snap_links_t *t, void **p, size_t *cap, size_t need, size_t elem, err_t *e
   size_t bytes = t->bytes - *cap * elem + c * elem;
   if (bytes > SNAP_EXPORT_LINK_TABLE_BYTES)
     return over_budget (err);
+  if (charge (t, bytes, err) < 0)
+    return -1;
   void *g = realloc (*p, c * elem);
   if (g == NULL)
-    return err_make (err, ENOMEM, "export: out of memory (hard-link table)");
+    {
+      uncharge (t, bytes);
+      return err_make (err, ENOMEM, "export: out of memory (hard-link table)");
+    }
   *p = g;
   *cap = c;
   t->bytes = bytes;
@@ -83,9 +119,14 @@ rehash (snap_links_t *t, err_t *err)
   size_t bytes = t->bytes - t->n_slots * sizeof *t->slots + n * sizeof *t->slots;
   if (bytes > SNAP_EXPORT_LINK_TABLE_BYTES)
     return over_budget (err);
+  if (charge (t, bytes, err) < 0)
+    return -1;
   uint32_t *s = calloc (n, sizeof *s);
   if (s == NULL)
-    return err_make (err, ENOMEM, "export: out of memory (hard-link table)");
+    {
+      uncharge (t, bytes);
+      return err_make (err, ENOMEM, "export: out of memory (hard-link table)");
+    }
   for (size_t k = 0; k < t->n_recs; k++)
     {
       size_t i = hash_of (t->recs[k].dev, t->recs[k].ino) & (n - 1);
@@ -166,6 +207,7 @@ size_t
 snap_links_free (snap_links_t *t)
 {
   size_t held = t->bytes;
+  atomic_fetch_sub (&all_tables_bytes, held);
   free (t->slots);
   free (t->recs);
   free (t->nodes);

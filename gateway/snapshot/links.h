@@ -27,6 +27,9 @@
 /* Most memory the table of one export holds (its hash, records, directory
  * nodes and names, counted at their allocated capacity). */
 #define SNAP_EXPORT_LINK_TABLE_BYTES ((size_t) 48 << 20)
+/* What all exports' tables hold at once: four at their largest. Past it an
+ * export fails RESOURCE_EXHAUSTED (retry later) rather than grow. */
+#define SNAP_EXPORT_LINK_TOTAL_BYTES ((size_t) 192 << 20)
 
 typedef struct link_rec_s
 {
