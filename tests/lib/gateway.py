@@ -192,8 +192,13 @@ _instance_counter = itertools.count(1)
 UID_RANGE = 65536
 UID_LOCK_DIR = "/run/sandbox-gateway/uid-blocks"
 _UID_UNIT_SLOTS = 64
+# A gateway's slots when the test sets neither SANDBOX_UID_SLOTS nor SANDBOX_MAX.
+_UID_DEFAULT_SLOTS = 1024
+# Blocks this process gave out lately, kept out of the next choices (a
+# gateway just started may not hold its claim yet).
+_UID_RECENT = 8
 _UID_FIRST = 1 << 31
-_uid_recent: list[int] = []
+_uid_recent: list[tuple[int, int]] = []
 
 
 def _claimed_blocks() -> list[tuple[int, int]]:
@@ -212,14 +217,14 @@ def free_uid_block(slots: int = _UID_UNIT_SLOTS) -> int:
     unit = _UID_UNIT_SLOTS * UID_RANGE
     units = -(-slots // _UID_UNIT_SLOTS)
     n = (4294967295 - _UID_FIRST) // unit - units + 1
-    taken = _claimed_blocks() + [(b, b + unit * units - 1) for b in _uid_recent]
+    taken = _claimed_blocks() + list(_uid_recent)
     start = int.from_bytes(os.urandom(4), "little") % n
     for i in range(n):
         base = _UID_FIRST + ((start + i) % n) * unit
         last = base + slots * UID_RANGE - 1
         if not any(base <= t_last and t_first <= last for t_first, t_last in taken):
-            _uid_recent.append(base)
-            del _uid_recent[:-64]
+            _uid_recent.append((base, last))
+            del _uid_recent[:-_UID_RECENT]
             return base
     raise RuntimeError(f"no free uid block for {slots} ranges under {UID_LOCK_DIR}")
 
@@ -248,7 +253,9 @@ def gateway_env(env: Optional[Mapping[str, Optional[str]]] = None,
         # A small block of its own; as many ranges as SANDBOX_MAX asks.
         slots = extra.get("SANDBOX_UID_SLOTS")
         if slots is None:
-            wanted = extra.get("SANDBOX_MAX") or "0"
+            # Without SANDBOX_MAX the gateway sizes it from memory, capped
+            # by the pool: room for what tests launch on one gateway.
+            wanted = extra.get("SANDBOX_MAX") or str(_UID_DEFAULT_SLOTS)
             slots = str(max(_UID_UNIT_SLOTS, int(wanted) if wanted.isdigit() else 0))
             extra["SANDBOX_UID_SLOTS"] = slots
         if slots.isdigit() and int(slots) > 0:

@@ -411,15 +411,20 @@ def test_a_server_cannot_misplace_its_pid_line(walked, victim, bystander, placem
         _set_groups(walked, victim, 60000, "aaaa")
         assert _nspid_end(host) > 4096 * 64
     else:
+        # A group is its host gid and a space in the Groups line (the
+        # width of the sandbox's ids on the host), a name byte is 1.
+        with open(f"/proc/{host}/status") as f:
+            gid = next(int(line.split()[1]) for line in f if line.startswith("Gid:"))
+        per = len(str(gid + 1)) + 1
         groups, name = 0, 4
         for _ in range(4):
             gap = 4095 - _nspid_end(host)  # the bytes a read of 4095 leaves past the pid
             if gap == 0:
                 break
-            more, extra = divmod(gap, 8)  # a group is 8 bytes of the Groups line, a name byte 1
+            more, extra = divmod(gap, per)
             groups, name = groups + more, name + extra
             if name > 15:
-                groups, name = groups + 1, name - 8
+                groups, name = groups + 1, name - per
             _set_groups(walked, victim, groups, "a" * name)
         assert _nspid_end(host) == 4095, "could not place the NSpid line"
     with _bystander(walked, bystander), RssSampler(walked.gw) as rss:
