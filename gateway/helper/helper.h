@@ -139,7 +139,9 @@ int helper_probe (const helper_opts_t *o);
 
 /* holder.c: serves the gateway's requests, a connection each on the
  * listening socket `ctl`, until the sandbox is deleted or `lifeline` (a
- * pidfd of the gateway) says the gateway has gone. */
-void helper_holder_loop (int ctl, int lifeline, const sbx_confine_t *confine) __attribute__ ((noreturn));
+ * pidfd of the gateway) says the gateway has gone. `memcg` (or -1): the
+ * `tasks` file of the sandbox's memory group, where every process the
+ * holder starts goes (the holder itself is not in it: launch.c). */
+void helper_holder_loop (int ctl, int lifeline, int memcg, const sbx_confine_t *confine) __attribute__ ((noreturn));
 
 #endif

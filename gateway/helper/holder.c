@@ -46,6 +46,13 @@ typedef struct running_s
 static running_t *running;
 static size_t n_running, cap_running;
 
+/* The `tasks` file of the sandbox's memory group, or -1 (cgroup v2): the
+ * holder is not in that group (launch.c), everything it starts is put
+ * there before it runs anything of the sandbox's, so that the sandbox's
+ * memory is charged to the sandbox and its OOM killer chooses among the
+ * sandbox's processes only. */
+static int memcg = -1;
+
 /* The signals whose disposition is not the default in the holder (read
  * once: it never changes them): what a command resets. */
 static int held_signals[NSIG];
@@ -113,6 +120,16 @@ command_child (void *arg)
   if (TEMP_FAILURE_RETRY (write (fds[4], "0", 1)) != 1)
     {
       err_make_sys (&err, errno, "join the exec's cgroup");
+      goto fail;
+    }
+  /* Into the sandbox's memory group, which the holder is not in: what the
+   * command uses from its exec on is charged to the sandbox, and it is
+   * among what the sandbox's OOM killer may choose. (Until the exec, its
+   * page faults are the holder's: they share the memory, at most
+   * CHILD_STACK of it.) */
+  if (memcg >= 0 && TEMP_FAILURE_RETRY (write (memcg, "0", 1)) != 1)
+    {
+      err_make_sys (&err, errno, "join the sandbox's memory cgroup");
       goto fail;
     }
   sigset_t none;
@@ -290,16 +307,24 @@ serve_file_request (int ctl, const sbx_confine_t *confine, char *buf, size_t len
   if (pid == 0)
     {
       close (ctl);
+      /* Into the sandbox's memory group before it touches anything of the
+       * sandbox's (what it writes there is the sandbox's); it does not run
+       * outside it. */
+      if (memcg >= 0 && TEMP_FAILURE_RETRY (write (memcg, "0", 1)) != 1)
+        _exit (1); /* the gateway sees the stream end without an answer */
       helper_file_child (confine, buf, len, fds);
     }
   if (pid > 0)
     {
-      /* Into its cgroup from here too (it also joins by itself): a child
+      /* Into its cgroups from here too (it also joins by itself): a child
        * stopped from inside the sandbox before it got there is still
-       * within reach of the call's cancellation. */
+       * within reach of the call's cancellation, and charged to the
+       * sandbox. */
       char num[16];
       int nlen = snprintf (num, sizeof num, "%d", (int) pid);
       (void) !write (fds[2], num, (size_t) nlen);
+      if (memcg >= 0)
+        (void) !write (memcg, num, (size_t) nlen);
       running[n_running++] = (running_t){pid, fds[1]};
     }
   for (size_t i = 0; i < SBX_FILE_FDS; i++)
@@ -450,8 +475,9 @@ trim_memory (char *scratch, size_t size)
  * the sandbox is deleted. Signals from inside the sandbox cannot reach it:
  * it handles none (SIGCHLD is taken through a signalfd). */
 void
-helper_holder_loop (int ctl, int lifeline, const sbx_confine_t *confine_in)
+helper_holder_loop (int ctl, int lifeline, int memcg_in, const sbx_confine_t *confine_in)
 {
+  memcg = memcg_in;
   /* What every child would apply and inherit, applied here once. Should it
    * fail, the children apply all of it themselves, as they did before. */
   sbx_confine_t confine_held = *confine_in, *confine = &confine_held;

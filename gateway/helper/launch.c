@@ -200,6 +200,43 @@ make_layer (const helper_opts_t *o, sbx_cg_layout_t *cg, err_t *err)
   return rc == 0 && restore_done (err) < 0 ? -1 : rc;
 }
 
+/* Keeps the OOM killer off the holder (pid 1: the sandbox ends with it):
+ * on cgroup v1 the holder moves out of the sandbox's memory group, into
+ * the holders' group (cgroup.h), once its set-up is done, and the
+ * processes it starts move back in before they run anything of the
+ * sandbox's (holder.c). The OOM killer of the sandbox's limit then only
+ * sees the sandbox's own processes, however small they are next to the
+ * holder (processes that pin memory in no one's rss: pipes, socket
+ * buffers, closed tmpfs files held open). The kernel memory the set-up
+ * made (mounts, namespaces) stays charged to the sandbox; after the move
+ * only the holder's own pages and the kernel's records of the processes
+ * it starts are charged to the holders' group.
+ *
+ * Called after the set-up, when the holder is inside the sandbox's cgroup
+ * namespace (rooted at the sandbox's groups, so its commands see
+ * themselves at the root) and user namespace: `holders` was opened by the
+ * host's root, which is whom cgroup v1 checks the move against. Closed
+ * here: nothing in the sandbox may ever reach it (it would move a process
+ * out from under the sandbox's limit). -1: no holders' group (cgroup v2,
+ * where a move cannot be per controller; only the detection of a dead
+ * holder applies there, see docs/runtime.md). oom_score_adj is no
+ * substitute: lowering it takes CAP_SYS_RESOURCE, which a gateway may
+ * lack, and every command would inherit the lowered score (a command's
+ * own reset would reach the holder too, which shares its memory until the
+ * command execs). */
+static int
+leave_memcg (int holders, err_t *err)
+{
+  if (holders < 0)
+    return 0;
+  bool moved = TEMP_FAILURE_RETRY (write (holders, "0", 1)) == 1;
+  int saved = errno;
+  close (holders);
+  if (!moved)
+    return err_make_sys (err, saved, "move the sandbox's pid 1 into the holders' memory group");
+  return 0;
+}
+
 /* In the forked holder: sets the sandbox up, says READY on `sync`, then
  * serves the gateway's requests for the sandbox's life. `lifeline` is a
  * pidfd of the gateway: the sandbox ends with it. */
@@ -209,11 +246,15 @@ holder_main (const helper_opts_t *o, const sbx_cg_layout_t *cg, const sbx_confin
   close (helper_report_fd);
   err_t cerr = ERR_INIT;
   int ctl = helper_ctl_fd;
+  /* The moves out of and back into the sandbox's memory group, opened
+   * while the host's cgroup tree is in reach (see leave_memcg). */
+  int memcg = -1, holders = -1;
   /* The sandbox's pid 1 leads a session of its own: nothing inside shares
    * a session or process group with the helper, the gateway or the shim. */
   if (setsid () < 0)
     err_make_sys (&cerr, errno, "setsid");
-  if (cerr.status != 0 || helper_holder_setup (o, cg, &cerr) < 0)
+  if (cerr.status != 0 || sbx_cg_open_holder_moves (cg, o->id, &memcg, &holders, &cerr) < 0
+      || helper_holder_setup (o, cg, &cerr) < 0 || leave_memcg (holders, &cerr) < 0)
     {
       helper_report_err (sync, &cerr);
       _exit (1);
@@ -232,35 +273,17 @@ holder_main (const helper_opts_t *o, const sbx_cg_layout_t *cg, const sbx_confin
       memset (helper_args_start, 0, helper_args_len);
       snprintf (helper_args_start, helper_args_len, "sandbox-init");
     }
-  /* fd 3: the control socket; fd 4: the lifeline (by way of high numbers:
-   * either may already be 3 or 4, and dup3 refuses a descriptor onto
-   * itself). */
+  /* fd 3: the control socket; fd 4: the lifeline; fd 5: the sandbox's
+   * memory group, where the holder puts every process it starts (none on
+   * cgroup v2). By way of high numbers: any may already be 3, 4 or 5, and
+   * dup3 refuses a descriptor onto itself. */
   int c = fcntl (ctl, F_DUPFD_CLOEXEC, 16), l = fcntl (lifeline, F_DUPFD_CLOEXEC, 16);
-  if (c < 0 || l < 0 || dup3 (c, 3, O_CLOEXEC) < 0 || dup3 (l, 4, O_CLOEXEC) < 0)
+  int m = memcg >= 0 ? fcntl (memcg, F_DUPFD_CLOEXEC, 16) : -1;
+  if (c < 0 || l < 0 || (memcg >= 0 && m < 0) || dup3 (c, 3, O_CLOEXEC) < 0 || dup3 (l, 4, O_CLOEXEC) < 0
+      || (m >= 0 && dup3 (m, 5, O_CLOEXEC) < 0))
     _exit (1);
-  syscall (SYS_close_range, 5, ~0U, 0);
-  helper_holder_loop (3, 4, confine);
-}
-
-/* Keeps the OOM killer off the holder (pid 1: the sandbox ends with it):
- * a sandbox that fills its memory loses its own processes instead. Set
- * from here, with CAP_SYS_RESOURCE of the host, through the legacy
- * `oom_adj` (-17 is -1000): unlike a privileged write of `oom_score_adj`
- * it leaves the floor the holder's children may lower themselves to at 0,
- * so a command (which resets itself to 0, see holder.c) can never shield
- * itself. Best effort: a kernel without the file leaves the holder as it
- * was. */
-static void
-shield_from_oom (pid_t pid)
-{
-  char path[64];
-  snprintf (path, sizeof path, "/proc/%d/oom_adj", (int) pid);
-  int fd = open (path, O_WRONLY | O_CLOEXEC);
-  if (fd >= 0)
-    {
-      (void) !write (fd, "-17", 3);
-      close (fd);
-    }
+  syscall (SYS_close_range, m >= 0 ? 6 : 5, ~0U, 0);
+  helper_holder_loop (3, 4, m >= 0 ? 5 : -1, confine);
 }
 
 /* Waits for the holder's word and hands the sandbox's disk to the gateway.
@@ -282,7 +305,6 @@ hand_over (pid_t *pid, int sync, err_t *err)
       helper_report (helper_report_fd, SBX_REPORT_ERROR, r.status, 0, 0, r.text);
       return 1; /* *pid is killed and reaped by the caller's scope */
     }
-  shield_from_oom (*pid);
   sbx_report_t ready;
   memset (&ready, 0, sizeof ready);
   ready.type = SBX_REPORT_READY;

@@ -176,6 +176,13 @@ sbx_cg_prepare (const sbx_cg_layout_t *l, err_t *err)
       if (write_file (path, "+pids +memory +cpu", err) < 0)
         return -1;
     }
+  if (sbx_cg_holders_possible (l))
+    {
+      char path[300];
+      path_of (path, sizeof path, l->roots[l->memory], SBX_CG_HOLDERS, NULL, NULL);
+      if (mkdir_ok (path, err) < 0)
+        return -1;
+    }
   return 0;
 }
 
@@ -676,9 +683,35 @@ sbx_cg_spares_remove (const sbx_cg_layout_t *l)
     return;
   struct dirent *e;
   while ((e = readdir (d)) != NULL)
-    if (strncmp (e->d_name, SBX_CG_SPARE_PREFIX, strlen (SBX_CG_SPARE_PREFIX)) == 0)
-      unlinkat (dirfd (d), e->d_name, AT_REMOVEDIR);
+    if (strncmp (e->d_name, SBX_CG_SPARE_PREFIX, strlen (SBX_CG_SPARE_PREFIX)) == 0
+        || strcmp (e->d_name, SBX_CG_HOLDERS) == 0)
+      unlinkat (dirfd (d), e->d_name, AT_REMOVEDIR); /* EBUSY: a holder lives on */
   closedir (d);
+}
+
+bool
+sbx_cg_holders_possible (const sbx_cg_layout_t *l)
+{
+  return !l->v2 && l->memory >= 0;
+}
+
+int
+sbx_cg_open_holder_moves (const sbx_cg_layout_t *l, const char *id, int *into_sandbox, int *into_holders, err_t *err)
+{
+  *into_sandbox = *into_holders = -1;
+  if (!sbx_cg_holders_possible (l))
+    return 0;
+  char path[300];
+  path_of (path, sizeof path, l->roots[l->memory], id, NULL, "tasks");
+  cleanup_close int sandbox = open (path, O_WRONLY | O_CLOEXEC);
+  if (sandbox < 0)
+    return err_make_sys (err, errno, "open `%s`", path);
+  path_of (path, sizeof path, l->roots[l->memory], SBX_CG_HOLDERS, NULL, "tasks");
+  *into_holders = open (path, O_WRONLY | O_CLOEXEC);
+  if (*into_holders < 0)
+    return err_make_sys (err, errno, "open `%s`", path);
+  *into_sandbox = take_fd (&sandbox);
+  return 0;
 }
 
 char **

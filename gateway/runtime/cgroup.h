@@ -58,7 +58,8 @@ typedef struct sbx_cg_limits_s
  * costs a (slow) cgroup move per launch. */
 int sbx_cg_detect (const char *mount, const char *group, bool cpu, sbx_cg_layout_t *out, err_t *err);
 
-/* Creates <root>/<group> (and on v2 enables the controllers). */
+/* Creates <root>/<group> (and on v2 enables the controllers; on v1 makes
+ * the holders' group, below). */
 int sbx_cg_prepare (const sbx_cg_layout_t *l, err_t *err);
 
 /* Creates the sandbox's group with its limits. `spare` (or NULL): the name
@@ -78,8 +79,30 @@ bool sbx_cg_spares_possible (const sbx_cg_layout_t *l);
 int sbx_cg_spare_make (const sbx_cg_layout_t *l, unsigned n, err_t *err);
 /* Removes spare group n. */
 void sbx_cg_spare_remove (const sbx_cg_layout_t *l, unsigned n);
-/* Removes every spare group (at start-up and shutdown). */
+/* Removes every spare group, and the holders' group (below) when no holder
+ * is left in it (at start-up and shutdown). */
 void sbx_cg_spares_remove (const sbx_cg_layout_t *l);
+
+/* The holders' memory group, <memory root>/<group>/.holders (cgroup v1
+ * only: v2 places a process in all controllers at once). Every sandbox's
+ * pid 1 moves there once its set-up is done, and every process it starts
+ * moves into the sandbox's own memory group before it runs anything of the
+ * sandbox's: the OOM killer of a sandbox's memory limit chooses among the
+ * processes of its group, so a sandbox out of memory loses its own
+ * processes, never its pid 1 (which would end the sandbox). Made by
+ * sbx_cg_prepare; the name starts with a dot: never a sandbox id. What is
+ * charged there is each holder's own memory after its set-up (its heap,
+ * the stack a command runs on until its exec) and the kernel's records of
+ * the processes it starts directly; see docs/runtime.md. */
+#define SBX_CG_HOLDERS ".holders"
+bool sbx_cg_holders_possible (const sbx_cg_layout_t *l);
+/* For sandbox `id`: opens the file that moves a process into the sandbox's
+ * memory group (*into_sandbox: write a pid, or "0" for the writer) and the
+ * one that moves the writer into the holders' group (*into_holders), both
+ * `tasks` (the movers are single-threaded) and O_CLOEXEC. Both -1 (and 0
+ * returned) when the layout has no holders' group. */
+int sbx_cg_open_holder_moves (const sbx_cg_layout_t *l, const char *id, int *into_sandbox, int *into_holders,
+                              err_t *err);
 /* As sbx_cg_remove (sub NULL), but the sandbox's memory group becomes
  * spare n instead of going: taking a memory cgroup offline costs the
  * kernel a walk over every memory-aware list on the machine (two per

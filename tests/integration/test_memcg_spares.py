@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.lib.client import new_id
-from tests.lib.gateway import SPARE_MEMCGS, SPARE_PREFIX, cgroup_pids, gateway_client
+from tests.lib.gateway import HOLDERS_MEMCG, SPARE_MEMCGS, SPARE_PREFIX, cgroup_pids, gateway_client
 
 MEMORY_MB = 128
 MEMORY_ROOT = Path("/sys/fs/cgroup/memory")
@@ -81,7 +81,9 @@ def test_a_deleted_sandboxs_group_serves_the_next_with_nothing_of_it(client):
     assert oom_kills(b_dir) >= 1  # the kernel's counter keeps its history...
     res = client.exec(b, ["true"])
     assert res.code == 0 and not res.exit.oom_killed, res.describe()  # ...which is not the new tenant's
-    # Only the new sandbox's processes, under the same limit.
+    # Only the new sandbox's processes, under the same limit (its pid 1
+    # lives in the holders' group: a process of its own to see).
+    client.ok(b, "setsid sleep 1000 >/dev/null 2>&1 &")
     procs = {int(p) for p in (b_dir / "cgroup.procs").read_text().split()}
     assert procs and procs <= cgroup_pids(client.gw, b), (procs, cgroup_pids(client.gw, b))
     assert int((b_dir / "memory.limit_in_bytes").read_text()) == MEMORY_MB * 1024 * 1024
@@ -102,7 +104,9 @@ def test_spares_stay_bounded_through_churn(client):
     assert len(found) <= SPARE_MEMCGS, found
     for p in found:
         assert (p / "cgroup.procs").read_text() == "", p
-    # Every spare is a directory of the group: none under another name.
+    # Every spare is a directory of the group: none under another name
+    # (besides the holders' group, which holds no process now).
     names = {p.name for p in group_dir(client, "").iterdir() if p.is_dir()}
-    assert all(n.startswith(SPARE_PREFIX) for n in names), names
+    assert all(n.startswith(SPARE_PREFIX) or n == HOLDERS_MEMCG for n in names), names
+    assert (group_dir(client, HOLDERS_MEMCG) / "cgroup.procs").read_text() == ""
     assert os.path.isdir(group_dir(client, ""))

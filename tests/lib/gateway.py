@@ -30,6 +30,9 @@ from tests.lib.shim import Shim, start_shim
 # The gateway's spare memory cgroups (gateway/runtime/cgroup.h, internal.h).
 SPARE_PREFIX = ".spare-"
 SPARE_MEMCGS = 16
+# The memory cgroup of the gateway's sandboxes' pid 1s (cgroup v1; made
+# with the gateway's group, removed at shutdown).
+HOLDERS_MEMCG = ".holders"
 
 
 def _is_listening(rec: dict) -> bool:
@@ -127,7 +130,8 @@ class Gateway(ManagedProcess):
         """Mounts below the state directory and cgroups of this instance that
         still exist: after a clean delete or shutdown there are none. While
         it runs, its spare memory cgroups (made ahead of launches, at most
-        SPARE_MEMCGS, and holding no process) are its own, not leftovers."""
+        SPARE_MEMCGS, and holding no process) and its holders' memory
+        cgroup are its own, not leftovers."""
         found = []
         spares = []
         if self.state_dir:
@@ -143,6 +147,8 @@ class Gateway(ManagedProcess):
                     for p in g.iterdir():
                         if p.is_dir() and self.alive() and p.name.startswith(SPARE_PREFIX):
                             spares.append(p)
+                        elif p.is_dir() and self.alive() and p.name == HOLDERS_MEMCG:
+                            continue
                         elif p.is_dir():
                             found.append(f"cgroup {p}")
         assert len(spares) <= SPARE_MEMCGS, spares
