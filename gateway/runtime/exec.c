@@ -135,11 +135,14 @@ sbx_exec_buffered_bytes (void)
 static sbx_outbuf_t *
 outbuf_new (size_t size, size_t charge, size_t limit)
 {
-  size_t held = atomic_load (&exec_charged);
-  do
-    if (charge > 0 && (charge > limit || held > limit - charge))
-      return NULL;
-  while (!atomic_compare_exchange_weak (&exec_charged, &held, held + charge));
+  if (charge > 0)
+    {
+      size_t held = atomic_load (&exec_charged);
+      do
+        if (charge > limit || held > limit - charge)
+          return NULL;
+      while (!atomic_compare_exchange_weak (&exec_charged, &held, held + charge));
+    }
   sbx_outbuf_t *b = malloc (sizeof *b + size);
   if (b == NULL)
     {

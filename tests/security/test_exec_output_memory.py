@@ -29,7 +29,7 @@ CALLS = 150
 TOTAL_MIB = 4
 # What one unread exec may cost beyond the total: its thread and gRPC call
 # (~34 KiB measured), its first buffer in flight (16 KiB) and what gRPC
-# holds of it (~85 KiB measured in all). Before the bound: ~300 KiB each.
+# holds of it (75-85 KiB measured in all). Before the bound: ~300 KiB each.
 PER_CALL_KIB = 128
 MARGIN_MIB = 4
 # Messages the client reads of each call before it stops: enough for the
