@@ -20,7 +20,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 50
+#define N_VARS 51
 
 /* The table of variables, with targets in *c. */
 static void
@@ -160,6 +160,10 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        NULL, false},
       {"SANDBOX_MAX_WATCHES", CFG_INT, "16", "most Watch calls (file change streams) running at once on one sandbox",
        1, 1024, &c->max_watches, NULL, false},
+      {"SANDBOX_EXEC_BUFFER_TOTAL_MB", CFG_INT, "64",
+       "output buffers all Exec and Run calls together hold beyond each one's first 16 KiB, in MiB; at it they read "
+       "16 KiB at a time (a call's buffers grow up to 256 KiB only while its client keeps reading)",
+       1, 65536, &c->exec_buffer_total_mb, NULL, false},
   };
   _Static_assert(sizeof table / sizeof table[0] == N_VARS, "N_VARS matches the table");
   memcpy (vars, table, sizeof table);
@@ -733,6 +737,7 @@ gw_config_runtime (const gw_config_t *c, sbx_config_t *out)
       .process_retain = c->process_retain,
       .process_buffer_bytes = c->process_buffer_bytes,
       .max_watches = c->max_watches,
+      .exec_buffer_total_bytes = c->exec_buffer_total_mb * 1024 * 1024,
       .idle_counts_processes = c->idle_counts_processes,
   };
 }

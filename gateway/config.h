@@ -79,6 +79,7 @@ typedef struct gw_config_s
   long process_retain;
   long process_buffer_bytes;
   long max_watches;
+  long exec_buffer_total_mb;
   bool idle_counts_processes;
 
   /* Derived by gw_config_load. */

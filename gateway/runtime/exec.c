@@ -40,6 +40,13 @@
 /* Pipe buffers: fewer wake-ups for a chatty command. */
 #define EXEC_STDOUT_PIPE (1024 * 1024)
 #define EXEC_STDERR_PIPE (256 * 1024)
+/* An exec's first output buffer, its own whatever other execs hold: its
+ * reads are never smaller. While its client keeps up, later buffers double
+ * up to SBX_EXEC_CHUNK, charged to the gateway's total (see bufs_get). */
+#define EXEC_BUF_FIRST (16 * 1024)
+/* How long the pipes wait when no buffer is free (the first one still
+ * held by gRPC for a moment after its send, the total reached). */
+#define EXEC_BUF_RETRY_MS 10
 
 static const char *const default_env[] = {
     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -82,8 +89,16 @@ build_env (char *const *extra, bool pty)
 struct sbx_outbuf_s
 {
   atomic_int refs;
+  size_t cap;     /* bytes in data */
+  size_t charged; /* of those, counted in exec_charged (given back when freed) */
   uint8_t data[];
 };
+
+/* Bytes of exec output buffers beyond each exec's first one, in the whole
+ * gateway: held to sbx_config_t.exec_buffer_total_bytes. A buffer may
+ * outlive its exec and the runtime (gRPC drops its last reference), so the
+ * count is the process's, not a runtime's. */
+static atomic_size_t exec_charged;
 
 static sbx_outbuf_t *
 outbuf_of (const uint8_t *data)
@@ -102,7 +117,42 @@ sbx_exec_release (const uint8_t *data)
 {
   sbx_outbuf_t *b = outbuf_of (data);
   if (atomic_fetch_sub (&b->refs, 1) == 1)
-    free (b);
+    {
+      if (b->charged > 0)
+        atomic_fetch_sub (&exec_charged, b->charged);
+      free (b);
+    }
+}
+
+size_t
+sbx_exec_buffered_bytes (void)
+{
+  return atomic_load (&exec_charged);
+}
+
+/* A new buffer of `size` bytes, `charge` of them counted against `limit`
+ * in exec_charged: NULL when they would pass it, or out of memory. */
+static sbx_outbuf_t *
+outbuf_new (size_t size, size_t charge, size_t limit)
+{
+  if (charge > 0)
+    {
+      size_t held = atomic_load (&exec_charged);
+      do
+        if (charge > limit || held > limit - charge)
+          return NULL;
+      while (!atomic_compare_exchange_weak (&exec_charged, &held, held + charge));
+    }
+  sbx_outbuf_t *b = malloc (sizeof *b + size);
+  if (b == NULL)
+    {
+      atomic_fetch_sub (&exec_charged, charge);
+      return NULL;
+    }
+  atomic_init (&b->refs, 1);
+  b->cap = size;
+  b->charged = charge;
+  return b;
 }
 
 uint8_t *
@@ -114,10 +164,9 @@ sbx_outbufs_get (sbx_outbufs_t *p, size_t size)
   size_t slot = 0;
   while (slot < SBX_OUTBUFS - 1 && p->b[slot] != NULL)
     slot++;
-  sbx_outbuf_t *b = malloc (sizeof *b + size);
+  sbx_outbuf_t *b = outbuf_new (size, 0, 0);
   if (b == NULL)
     return NULL;
-  atomic_init (&b->refs, 1);
   if (p->b[slot] != NULL)
     sbx_exec_release (p->b[slot]->data);
   p->b[slot] = b;
@@ -162,9 +211,67 @@ typedef struct exec_run_s
   bool started_seen; /* the STARTED report came (or never will) */
   bool sink_busy;    /* an asynchronous sink (sink->ready) has not taken the last output yet */
   char start_error[sizeof ((sbx_report_t *) 0)->text];
-  sbx_outbufs_t bufs;    /* output is read into these (SBX_EXEC_CHUNK each) */
+  /* Output is read into these: `first` (EXEC_BUF_FIRST bytes), or while
+   * the client keeps up one of `grown` (`want` bytes each, charged). */
+  sbx_outbuf_t *first;
+  sbx_outbuf_t *grown[SBX_OUTBUFS];
+  size_t want;
+  bool buf_wait;         /* no buffer was free: the pipes wait EXEC_BUF_RETRY_MS */
   sbx_cg_counters_t ctr; /* the limit-event counters, opened while the command starts */
 } exec_run_t;
+
+/* Gives back the grown buffers no sink holds, and starts small again: the
+ * client stalled, or the command is quiet. What a stalled exec holds is
+ * then the one message in flight. */
+static void
+bufs_trim (exec_run_t *x)
+{
+  for (size_t i = 0; i < SBX_OUTBUFS; i++)
+    if (x->grown[i] != NULL && atomic_load (&x->grown[i]->refs) == 1)
+      {
+        sbx_exec_release (x->grown[i]->data);
+        x->grown[i] = NULL;
+      }
+  x->want = EXEC_BUF_FIRST;
+}
+
+/* A buffer no sink holds, to read output into: one of `want` bytes when
+ * one is free or the gateway's total has room for a new one, else the
+ * first (reads go on, smaller); NULL when none is free. */
+static sbx_outbuf_t *
+bufs_get (exec_run_t *x)
+{
+  if (x->want > EXEC_BUF_FIRST)
+    {
+      size_t empty = SBX_OUTBUFS;
+      for (size_t i = 0; i < SBX_OUTBUFS; i++)
+        {
+          sbx_outbuf_t *b = x->grown[i];
+          if (b != NULL && atomic_load (&b->refs) == 1 && b->cap == x->want)
+            return b;
+          if (b != NULL && atomic_load (&b->refs) == 1)
+            {
+              /* Free, and outgrown: its room goes back. */
+              sbx_exec_release (b->data);
+              x->grown[i] = b = NULL;
+            }
+          if (b == NULL && empty == SBX_OUTBUFS)
+            empty = i;
+        }
+      size_t total = (size_t) x->rt->cfg.exec_buffer_total_bytes;
+      sbx_outbuf_t *b = empty < SBX_OUTBUFS ? outbuf_new (x->want, x->want, total) : NULL;
+      if (b != NULL)
+        return x->grown[empty] = b;
+    }
+  if (x->first == NULL)
+    x->first = outbuf_new (EXEC_BUF_FIRST, 0, 0);
+  if (x->first != NULL && atomic_load (&x->first->refs) == 1)
+    return x->first;
+  for (size_t i = 0; i < SBX_OUTBUFS; i++)
+    if (x->grown[i] != NULL && atomic_load (&x->grown[i]->refs) == 1)
+      return x->grown[i];
+  return NULL;
+}
 
 static void
 exec_run_close (exec_run_t *x)
@@ -173,7 +280,17 @@ exec_run_close (exec_run_t *x)
   for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
     if (*fds[i] >= 0)
       close (take_fd (fds[i]));
-  sbx_outbufs_free (&x->bufs);
+  for (size_t i = 0; i < SBX_OUTBUFS; i++)
+    if (x->grown[i] != NULL)
+      {
+        sbx_exec_release (x->grown[i]->data);
+        x->grown[i] = NULL;
+      }
+  if (x->first != NULL)
+    {
+      sbx_exec_release (x->first->data);
+      x->first = NULL;
+    }
 }
 
 static int
@@ -426,15 +543,22 @@ on_stdin (exec_run_t *x)
 static void
 on_output (exec_run_t *x, pump_t *p, bool *got)
 {
-  uint8_t *buf = sbx_outbufs_get (&x->bufs, SBX_EXEC_CHUNK);
-  if (buf == NULL)
-    return; /* out of memory: try again on the next round */
-  ssize_t n = TEMP_FAILURE_RETRY (read (p->fd, buf, SBX_EXEC_CHUNK));
+  sbx_outbuf_t *b = bufs_get (x);
+  if (b == NULL)
+    {
+      x->buf_wait = true; /* held a moment longer, or out of memory: the next round */
+      return;
+    }
+  ssize_t n = TEMP_FAILURE_RETRY (read (p->fd, b->data, b->cap));
   if (n > 0)
     {
       *got = true;
       p->owed = (size_t) n < p->owed ? p->owed - (size_t) n : 0;
-      if (x->sink->output (x->sink->ctx, p->stream, buf, (size_t) n) < 0)
+      /* It filled the buffer: more is waiting, and the client took the
+       * last message (no read happens before): the next buffer doubles. */
+      if ((size_t) n == b->cap && b->cap == x->want && x->want < SBX_EXEC_CHUNK)
+        x->want *= 2;
+      if (x->sink->output (x->sink->ctx, p->stream, b->data, (size_t) n) < 0)
         x->consumer_gone = true;
       x->sink_busy = x->sink->ready != NULL;
     }
@@ -460,16 +584,26 @@ pump_once (exec_run_t *x, int64_t now, err_t *err)
       x->consumer_gone = r < 0;
       x->sink_busy = r == 0;
       if (r == 0)
-        wait = 0;
+        {
+          wait = 0;
+          bufs_trim (x); /* the client is slow: hold only what is in flight */
+        }
     }
-  /* A streamed run's caller hears of the start before any output. */
-  bool hold = (x->req->stdin_stream && !x->started_seen) || (x->sink_busy && !x->consumer_gone);
+  /* A streamed run's caller hears of the start before any output; no
+   * output is read without a buffer to read it into. */
+  bool hold = (x->req->stdin_stream && !x->started_seen) || (x->sink_busy && !x->consumer_gone) || x->buf_wait;
+  if (x->buf_wait && wait > EXEC_BUF_RETRY_MS)
+    wait = EXEC_BUF_RETRY_MS;
+  x->buf_wait = false;
   for (int i = 0; i < 2; i++)
     p[np++] = (struct pollfd){.fd = hold ? -1 : x->pumps[i].fd, .events = POLLIN}; /* fd -1: ignored */
   p[np++] = (struct pollfd){.fd = x->exited ? -1 : x->report_fd, .events = POLLIN};
   p[np++] = (struct pollfd){.fd = x->stdin_fd, .events = POLLOUT};
-  if (TEMP_FAILURE_RETRY (poll (p, (nfds_t) np, (int) wait)) < 0)
+  int ready = TEMP_FAILURE_RETRY (poll (p, (nfds_t) np, (int) wait));
+  if (ready < 0)
     return err_make_sys (err, errno, "exec: poll");
+  if (ready == 0 && !hold && wait >= EXEC_POLL_MS)
+    bufs_trim (x); /* a quiet round: nothing is kept for output that may not come */
   bool got = false;
   for (int i = 0; i < 2; i++)
     if (p[i].revents != 0 && !(p[i].revents & POLLIN))
@@ -534,11 +668,11 @@ describe_end (exec_run_t *x, uint32_t timeout)
   if (x->start_error[0] != '\0' && can_send)
     {
       /* In one of the exec's buffers: the sink may keep it. */
-      uint8_t *line = sbx_outbufs_get (&x->bufs, SBX_EXEC_CHUNK);
-      if (line != NULL)
+      sbx_outbuf_t *b = bufs_get (x);
+      if (b != NULL)
         {
-          int len = snprintf ((char *) line, SBX_EXEC_CHUNK, "sandbox: %s\n", x->start_error);
-          x->sink->output (x->sink->ctx, 2, line, (size_t) len);
+          int len = snprintf ((char *) b->data, b->cap, "sandbox: %s\n", x->start_error);
+          x->sink->output (x->sink->ctx, 2, b->data, (size_t) len < b->cap ? (size_t) len : b->cap - 1);
         }
       snprintf (res->message, sizeof res->message, "%.*s", (int) sizeof res->message - 1, x->start_error);
     }
@@ -668,6 +802,7 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
                   .stdin_fd = -1,
                   .stream_fd = -1,
                   .report_fd = -1,
+                  .want = EXEC_BUF_FIRST,
                   .ctr = {.fds = {{-1, -1}, {-1, -1}}}};
   pthread_mutex_lock (&rt->mu);
   snprintf (x.group, sizeof x.group, "exec-%u", ++s->exec_seq);

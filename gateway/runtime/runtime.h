@@ -61,6 +61,9 @@ typedef struct sbx_config_s
   long process_buffer_bytes;  /* SANDBOX_PROCESS_BUFFER_BYTES: output kept per stream */
   bool idle_counts_processes; /* SANDBOX_IDLE_TTL_COUNTS_PROCESSES */
   long max_watches;           /* SANDBOX_MAX_WATCHES: Watch calls running per sandbox */
+  /* SANDBOX_EXEC_BUFFER_TOTAL_MB, in bytes: the output buffers all execs
+   * hold beyond each one's first (16 KiB); at it they read into that one. */
+  long exec_buffer_total_bytes;
 } sbx_config_t;
 
 typedef struct sbx_runtime_s sbx_runtime_t;
@@ -224,6 +227,9 @@ typedef struct sbx_exec_sink_s
  * sbx_exec_release (any thread): the exec then reads into another one. */
 void sbx_exec_hold (const uint8_t *data);
 void sbx_exec_release (const uint8_t *data);
+/* Bytes of exec output buffers counted against
+ * sbx_config_t.exec_buffer_total_bytes, in the whole process. */
+size_t sbx_exec_buffered_bytes (void);
 
 struct sbx_exec_result_s
 {
