@@ -318,17 +318,6 @@ path_within (const char *path, const char *dir)
   return strncmp (path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
 }
 
-/* The host path of a checked volume spec, into buf. */
-static const char *
-volume_host (const char *spec, char *buf, size_t cap)
-{
-  snprintf (buf, cap, "%s", spec);
-  char *colon = strchr (buf, ':');
-  if (colon != NULL)
-    *colon = '\0';
-  return buf;
-}
-
 /* The owner id a checked volume spec names (`:uid=` or `:gid=`), or -1. */
 static long
 volume_owner (const char *spec, const char *key)
@@ -365,7 +354,7 @@ check_volume_overlaps (const gw_config_t *c, char *const *lexical, size_t n, err
   char a[PATH_MAX + 1], b[PATH_MAX + 1];
   for (size_t i = 0; c->volumes[i] != NULL; i++)
     {
-      volume_host (c->volumes[i], a, sizeof a);
+      sbx_volume_host (c->volumes[i], a, sizeof a);
       long block_end = c->uid_base + c->uid_slots * c->uid_range;
       for (int k = 0; k < 2; k++)
         {
@@ -377,7 +366,7 @@ check_volume_overlaps (const gw_config_t *c, char *const *lexical, size_t n, err
                              k == 0 ? "uid=" : "gid=", owner, a, c->uid_base, block_end - 1);
         }
       for (size_t j = 0; c->volumes[j] != NULL; j++)
-        if (paths_nest (volume_host (c->volumes[j], b, sizeof b), a))
+        if (paths_nest (sbx_volume_host (c->volumes[j], b, sizeof b), a))
           return err_make (err, EINVAL,
                            "SANDBOX_VOLUME_MOUNTS: `%s` and `%s` nest once resolved; nested volumes are refused", a,
                            b);

@@ -198,12 +198,11 @@ rpc_call_max_message (const rpc_call_t *c)
   return c->server->max_message;
 }
 
-int
-rpc_call_send_wait (rpc_call_t *c, err_t *err)
+/* The send in flight has completed with `ev`: its buffer goes; a failed
+ * one means the client is gone. */
+static int
+send_done (rpc_call_t *c, grpc_event ev, err_t *err)
 {
-  if (!c->sending)
-    return 0;
-  grpc_event ev = grpc_completion_queue_pluck (c->cq, &c->send_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
   c->sending = false;
   grpc_byte_buffer_destroy (c->send_bb);
   c->send_bb = NULL;
@@ -216,6 +215,15 @@ rpc_call_send_wait (rpc_call_t *c, err_t *err)
 }
 
 int
+rpc_call_send_wait (rpc_call_t *c, err_t *err)
+{
+  if (!c->sending)
+    return 0;
+  return send_done (c, grpc_completion_queue_pluck (c->cq, &c->send_tag, gpr_inf_future (GPR_CLOCK_REALTIME), NULL),
+                    err);
+}
+
+int
 rpc_call_send_wait_for (rpc_call_t *c, int64_t wait_ms, err_t *err)
 {
   if (!c->sending)
@@ -223,15 +231,7 @@ rpc_call_send_wait_for (rpc_call_t *c, int64_t wait_ms, err_t *err)
   grpc_event ev = grpc_completion_queue_pluck (c->cq, &c->send_tag, rpc_deadline_in_ms (wait_ms), NULL);
   if (ev.type == GRPC_QUEUE_TIMEOUT)
     return 0;
-  c->sending = false;
-  grpc_byte_buffer_destroy (c->send_bb);
-  c->send_bb = NULL;
-  if (ev.type != GRPC_OP_COMPLETE || !ev.success)
-    {
-      c->peer_gone = true;
-      return err_make (err, ECANCELED, "%s: the client has gone", c->path);
-    }
-  return 1;
+  return send_done (c, ev, err) < 0 ? -1 : 1;
 }
 
 /* The operations that send `bb` (the initial metadata first, if still

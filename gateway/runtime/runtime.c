@@ -85,9 +85,8 @@ make_launch_fds (sbx_runtime_t *rt, err_t *err)
   return make_by_helper (rt, filter, "the sandboxes' seccomp filter", &rt->filter_fd, err);
 }
 
-/* The host part of a volume spec ("host:sandbox[:…]"), into buf. */
-static const char *
-volume_host (const char *spec, char *buf, size_t cap)
+const char *
+sbx_volume_host (const char *spec, char *buf, size_t cap)
 {
   snprintf (buf, cap, "%s", spec);
   char *colon = strchr (buf, ':');
@@ -108,7 +107,7 @@ open_volumes (sbx_runtime_t *rt, err_t *err)
       if (i == SBX_MAX_VOLUMES)
         return err_make (err, E2BIG, "SANDBOX_VOLUME_MOUNTS: more than %d mounts", SBX_MAX_VOLUMES);
       char host[PATH_MAX + 1];
-      volume_host (rt->cfg.volumes[i], host, sizeof host);
+      sbx_volume_host (rt->cfg.volumes[i], host, sizeof host);
       struct open_how how
           = {.flags = O_PATH | O_CLOEXEC | O_NOFOLLOW, .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
       int fd = (int) syscall (SYS_openat2, AT_FDCWD, host, &how, sizeof how);

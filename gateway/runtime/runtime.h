@@ -373,6 +373,10 @@ int sbx_file_send_end (sbx_file_t *f, err_t *err);
  * NULL is ignored. */
 void sbx_file_close (sbx_file_t *f);
 
+/* The host path of a volume spec ("host:sandbox[:…]"), copied into buf
+ * (cap bytes, truncated): buf. */
+const char *sbx_volume_host (const char *spec, char *buf, size_t cap);
+
 /* Number of live sandboxes (launching ones included). */
 size_t sbx_count (sbx_runtime_t *rt);
 

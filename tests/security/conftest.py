@@ -12,6 +12,7 @@ README.md for the list).
 from __future__ import annotations
 
 import secrets
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -37,6 +38,19 @@ def gateway(gateway_secret):
 def box(sbx):
     """One sandbox shared by a module's tests (tests use names of their own)."""
     return sbx.launch().sandbox_id
+
+
+@pytest.fixture
+def shared():
+    """A host directory any sandbox may write (sticky, as /tmp), for a
+    volume; removed after the test."""
+    path = Path(f"/tmp/sgw-volume-{secrets.token_hex(6)}")
+    path.mkdir()
+    path.chmod(0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

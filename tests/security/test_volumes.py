@@ -14,7 +14,6 @@ import secrets
 import shutil
 import stat
 import struct
-import subprocess
 from pathlib import Path
 
 import grpc
@@ -29,17 +28,6 @@ RANGE = 65536
 OWNER = 4242
 
 
-@pytest.fixture
-def shared():
-    """A host directory any sandbox may write (sticky, as /tmp), removed
-    after the test."""
-    path = Path(f"/tmp/sgw-volume-{secrets.token_hex(6)}")
-    path.mkdir()
-    path.chmod(0o1777)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def sandbox_base(sbx, sid: str) -> int:

@@ -19,16 +19,6 @@ from tests.lib.gateway import gateway_client
 from tests.lib.procs import ProcessStartError
 
 
-@pytest.fixture
-def shared():
-    """A host directory any sandbox may write (sticky, as /tmp)."""
-    path = Path(f"/tmp/sgw-volume-{secrets.token_hex(6)}")
-    path.mkdir()
-    path.chmod(0o1777)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
