@@ -226,7 +226,7 @@ def free_uid_block(slots: int = _UID_UNIT_SLOTS) -> int:
     taken = _claimed_blocks() + list(_uid_recent)
     start = int.from_bytes(os.urandom(4), "little") % n
     for i in range(n):
-        base = _UID_FIRST + ((start + i) % n) * unit
+        base = _UID_FIRST + (((start + i) % n) // units * units) * unit  # aligned: same-size blocks never overlap in part
         last = base + slots * UID_RANGE - 1
         if not any(base <= t_last and t_first <= last for t_first, t_last in taken):
             _uid_recent.append((base, last))
