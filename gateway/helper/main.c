@@ -1,12 +1,13 @@
 /* sandbox-helper: the single-threaded program that makes a sandbox.
  *
  * The gateway is multi-threaded, so it never forks to do namespace, mount
- * or cgroup work itself: it spawns this helper (posix_spawn) with a report
- * socket as fd 3 and reads typed reports (runtime/wire.h). The helper creates
- * the sandbox's cgroups and its disk (a size-limited tmpfs holding the
- * overlay's upper and work directories, in the host's mount namespace so
- * snapshots can read it), unpacks a snapshot into it when restoring (with
- * sandbox-unpack), then forks the holder: pid 1 of new pid, mount, network,
+ * or cgroup work itself: it spawns this helper (runtime/spawn.c) with a
+ * report socket as fd 3 and reads typed reports (runtime/wire.h). The helper
+ * creates the sandbox's cgroups and its disk (a size-limited tmpfs holding
+ * the overlay's upper and work directories, a detached mount in no mount
+ * table, whose descriptor goes to the gateway for snapshots), unpacks a
+ * snapshot into it when restoring (with sandbox-unpack), then forks the
+ * holder: pid 1 of new pid, mount, network,
  * ipc, uts and cgroup namespaces, whose root is an overlay of the image
  * under that upper layer, with a fresh /proc (sensitive parts read-only or
  * masked), a minimal /dev, no /sys and no host mount visible. It reports
@@ -16,8 +17,9 @@
  * request (serve_request): it forks each one from inside the sandbox into
  * the exec's own cgroup (so a timeout kills all it started), where it cuts
  * its capabilities, and reports how it ended. The bounding set,
- * no_new_privs and the seccomp filter (compiled once at launch) each
- * command inherits from the holder, which took them on once.
+ * no_new_privs and the seccomp filter (compiled once, when the gateway
+ * starts: `sandbox-helper filter`) each command inherits from the holder,
+ * which took them on once.
  *
  * Every failure is reported as errno + text; the gateway tears down what a
  * failed launch made.
