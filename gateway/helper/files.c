@@ -491,13 +491,13 @@ void
 helper_file_child (const sbx_confine_t *confine, char *buf, size_t len, const int *fds)
 {
   err_t err = ERR_INIT;
-  file_sock = fds[0];
-  close (fds[1]); /* the report socket: the holder reports the exit */
+  file_sock = fds[SBX_FILE_SLOT_STREAM];
+  close (fds[SBX_FILE_SLOT_REPORT]); /* the report socket: the holder reports the exit */
   /* Its own session, and its cgroup: a cancelled call kills it there. */
   setsid ();
-  bool joined = TEMP_FAILURE_RETRY (write (fds[2], "0", 1)) == 1;
+  bool joined = TEMP_FAILURE_RETRY (write (fds[SBX_FILE_SLOT_PROCS], "0", 1)) == 1;
   int join_errno = errno;
-  close (fds[2]);
+  close (fds[SBX_FILE_SLOT_PROCS]);
   sigset_t none;
   sigemptyset (&none);
   sigprocmask (SIG_SETMASK, &none, NULL);

@@ -59,8 +59,8 @@ extern int helper_report_fd;
 extern char *helper_args_start;
 extern size_t helper_args_len;
 
-/* main.c: one typed report on `fd`. */
-void helper_report (int fd, int type, int status, int a, int b, const char *text);
+/* main.c: an ERROR report of *err on `fd` (the other reports: wire.h's
+ * writers). */
 void helper_report_err (int fd, const err_t *err);
 /* Ends a helper that makes one thing for the gateway (base, filter): ERROR
  * with *err (then released) when it is set, else READY with descriptor

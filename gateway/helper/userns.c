@@ -220,6 +220,6 @@ helper_probe (const helper_opts_t *o)
       err_release (&err);
       return 1;
     }
-  helper_report (helper_report_fd, SBX_REPORT_READY, 0, 0, 0, NULL);
+  sbx_report_ready (helper_report_fd, 0, -1);
   return 0;
 }

@@ -380,7 +380,10 @@ start_command (exec_run_t *x, const char *state, err_t *err)
   x->started = sbx_mono_ms ();
   /* The holder forks the command inside the sandbox with these as its
    * stdin, stdout, stderr, report socket and cgroup. */
-  int pass[SBX_EXEC_FDS] = {in[0], out[1], errp[1], rep[1], procs_fd};
+  int pass[SBX_EXEC_FDS] = {
+      [SBX_EXEC_SLOT_STDIN] = in[0],   [SBX_EXEC_SLOT_STDOUT] = out[1],  [SBX_EXEC_SLOT_STDERR] = errp[1],
+      [SBX_EXEC_SLOT_REPORT] = rep[1], [SBX_EXEC_SLOT_PROCS] = procs_fd,
+  };
   cleanup_close int ctl = sbx_connect_holder (state, req->id, err);
   if (ctl < 0)
     return -1;
@@ -457,13 +460,14 @@ static void
 on_report (exec_run_t *x)
 {
   sbx_report_t r;
-  int got[2] = {-1, -1};
-  int g = sbx_read_report (x->report_fd, &r, 0, got, 2);
+  int got[SBX_REPORT_MAX_FDS] = {-1, -1};
+  int g = sbx_read_report (x->report_fd, &r, 0, got, SBX_REPORT_MAX_FDS);
   if (g == 1 && r.type == SBX_REPORT_STARTED)
     {
       x->started_seen = true;
-      int k = 0, pidfd = (r.b & 1) ? got[k++] : -1, master = (r.b & 2) ? got[k++] : -1;
-      sbx_exec_started_t st = {.pid = r.a, .pidfd = pidfd, .stdin_fd = x->stream_fd, .pty_fd = -1};
+      int pidfd, master;
+      sbx_report_started_fds (&r, got, &pidfd, &master);
+      sbx_exec_started_t st = {.pid = r.u.started.pid, .pidfd = pidfd, .stdin_fd = x->stream_fd, .pty_fd = -1};
       x->stream_fd = -1;
       if (master >= 0)
         {
@@ -490,7 +494,7 @@ on_report (exec_run_t *x)
         }
       return;
     }
-  for (size_t i = 0; i < 2; i++)
+  for (size_t i = 0; i < SBX_REPORT_MAX_FDS; i++)
     if (got[i] >= 0)
       close (got[i]);
   if (g == 1 && r.type == SBX_REPORT_ERROR)
@@ -500,8 +504,8 @@ on_report (exec_run_t *x)
     }
   else if (g == 1 && r.type == SBX_REPORT_EXIT)
     {
-      x->res->exit_code = r.a;
-      x->res->signal = r.b;
+      x->res->exit_code = r.u.exit.code;
+      x->res->signal = r.u.exit.signal;
       x->exited = true;
     }
   else if (g <= 0)

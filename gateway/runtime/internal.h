@@ -224,12 +224,6 @@ int sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int
  * it could not be started. */
 int sbx_run_helper_once (sbx_runtime_t *rt, const char *const *argv, bool volumes, int timeout_ms, sbx_report_t *r,
                          int *fd, int *got, err_t *err);
-/* Most descriptors a report carries (READY: the sandbox's disk; STARTED: a pidfd and a terminal). */
-#define SBX_REPORT_MAX_FDS 2
-/* Waits up to timeout_ms for one report, and the descriptors it carries
- * (fds[0..max_fds), -1 where none came). 1 got one, 0 EOF, -1 timeout or
- * error. */
-int sbx_read_report (int sock, sbx_report_t *r, int timeout_ms, int *fds, size_t max_fds);
 /* waitpid, retrying EINTR. */
 void sbx_reap (pid_t pid);
 /* Removes a tree on the host, not crossing mounts nor following links. */

@@ -313,7 +313,7 @@ take_ready (sbx_runtime_t *rt, sbx_t *s, int got, const sbx_report_t *r, const i
   if (disk_fd < 0)
     return err_make (err, EIO, "launch `%s`: the helper sent no disk", s->id);
   s->disk_fd = sbx_fd_keep (take_fd (&disk_fd));
-  s->holder = r->a;
+  s->holder = r->u.ready.holder_pid;
   return s->allow_egress ? sbx_net_start (rt, s, err) : 0;
 }
 
