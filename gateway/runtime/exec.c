@@ -26,8 +26,6 @@
 #include "common/log.h"
 #include "gateway/runtime/internal.h"
 
-/* How long a call waits for the sandbox's pid 1 to take its request. */
-#define SBX_HOLDER_CONNECT_MS 15000
 /* Longest wait between looks at cancellation. */
 #define EXEC_POLL_MS 100
 /* After the exit report: how long output may still arrive, how long more
@@ -48,142 +46,6 @@
  * held by gRPC for a moment after its send, the total reached). */
 #define EXEC_BUF_RETRY_MS 10
 
-static const char *const default_env[] = {
-    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "HOME=/root",
-    "LANG=C.UTF-8",
-    "TERM=dumb",
-};
-#define TERM_ON_A_PTY "TERM=xterm-256color"
-
-/* Builds the command's environment: defaults overridden by the request. */
-static char **
-build_env (char *const *extra, bool pty)
-{
-  size_t n_extra = 0;
-  while (extra != NULL && extra[n_extra] != NULL)
-    n_extra++;
-  size_t n_def = sizeof default_env / sizeof default_env[0];
-  char **env = calloc (n_def + n_extra + 1, sizeof *env);
-  if (env == NULL)
-    return NULL;
-  size_t k = 0;
-  for (size_t i = 0; i < n_def; i++)
-    {
-      size_t klen = strcspn (default_env[i], "=") + 1;
-      bool overridden = false;
-      for (size_t j = 0; j < n_extra && !overridden; j++)
-        overridden = strncmp (extra[j], default_env[i], klen) == 0;
-      if (!overridden)
-        env[k++]
-            = pty && strncmp (default_env[i], "TERM=", 5) == 0 ? (char *) TERM_ON_A_PTY : (char *) default_env[i];
-    }
-  for (size_t j = 0; j < n_extra; j++)
-    env[k++] = extra[j];
-  env[k] = NULL;
-  return env;
-}
-
-/* An output buffer, lent to a sink (sbx_exec_hold): its reader holds one
- * reference to each of its own, a sink one per message in flight. */
-struct sbx_outbuf_s
-{
-  atomic_int refs;
-  size_t cap;     /* bytes in data */
-  size_t charged; /* of those, counted in exec_charged (given back when freed) */
-  uint8_t data[];
-};
-
-/* Bytes of exec output buffers beyond each exec's first one, in the whole
- * gateway: held to sbx_config_t.exec_buffer_total_bytes. A buffer may
- * outlive its exec and the runtime (gRPC drops its last reference), so the
- * count is the process's, not a runtime's. */
-static atomic_size_t exec_charged;
-
-static sbx_outbuf_t *
-outbuf_of (const uint8_t *data)
-{
-  return (sbx_outbuf_t *) (void *) ((uint8_t *) data - offsetof (sbx_outbuf_t, data));
-}
-
-void
-sbx_exec_hold (const uint8_t *data)
-{
-  atomic_fetch_add (&outbuf_of (data)->refs, 1);
-}
-
-void
-sbx_exec_release (const uint8_t *data)
-{
-  sbx_outbuf_t *b = outbuf_of (data);
-  if (atomic_fetch_sub (&b->refs, 1) == 1)
-    {
-      if (b->charged > 0)
-        atomic_fetch_sub (&exec_charged, b->charged);
-      free (b);
-    }
-}
-
-size_t
-sbx_exec_buffered_bytes (void)
-{
-  return atomic_load (&exec_charged);
-}
-
-/* A new buffer of `size` bytes, `charge` of them counted against `limit`
- * in exec_charged: NULL when they would pass it, or out of memory. */
-static sbx_outbuf_t *
-outbuf_new (size_t size, size_t charge, size_t limit)
-{
-  if (charge > 0)
-    {
-      size_t held = atomic_load (&exec_charged);
-      do
-        if (charge > limit || held > limit - charge)
-          return NULL;
-      while (!atomic_compare_exchange_weak (&exec_charged, &held, held + charge));
-    }
-  sbx_outbuf_t *b = malloc (sizeof *b + size);
-  if (b == NULL)
-    {
-      atomic_fetch_sub (&exec_charged, charge);
-      return NULL;
-    }
-  atomic_init (&b->refs, 1);
-  b->cap = size;
-  b->charged = charge;
-  return b;
-}
-
-uint8_t *
-sbx_outbufs_get (sbx_outbufs_t *p, size_t size)
-{
-  for (size_t i = 0; i < SBX_OUTBUFS; i++)
-    if (p->b[i] != NULL && atomic_load (&p->b[i]->refs) == 1)
-      return p->b[i]->data;
-  size_t slot = 0;
-  while (slot < SBX_OUTBUFS - 1 && p->b[slot] != NULL)
-    slot++;
-  sbx_outbuf_t *b = outbuf_new (size, 0, 0);
-  if (b == NULL)
-    return NULL;
-  if (p->b[slot] != NULL)
-    sbx_exec_release (p->b[slot]->data);
-  p->b[slot] = b;
-  return b->data;
-}
-
-void
-sbx_outbufs_free (sbx_outbufs_t *p)
-{
-  for (size_t i = 0; i < SBX_OUTBUFS; i++)
-    if (p->b[i] != NULL)
-      {
-        sbx_exec_release (p->b[i]->data);
-        p->b[i] = NULL;
-      }
-}
-
 typedef struct pump_s
 {
   int fd;
@@ -192,7 +54,7 @@ typedef struct pump_s
 } pump_t;
 
 /* One exec in flight. */
-typedef struct exec_run_s
+typedef struct sbx_exec_s
 {
   sbx_runtime_t *rt;
   sbx_t *s;
@@ -259,12 +121,12 @@ bufs_get (exec_run_t *x)
             empty = i;
         }
       size_t total = (size_t) x->rt->cfg.exec_buffer_total_bytes;
-      sbx_outbuf_t *b = empty < SBX_OUTBUFS ? outbuf_new (x->want, x->want, total) : NULL;
+      sbx_outbuf_t *b = empty < SBX_OUTBUFS ? sbx_outbuf_new (x->want, x->want, total) : NULL;
       if (b != NULL)
         return x->grown[empty] = b;
     }
   if (x->first == NULL)
-    x->first = outbuf_new (EXEC_BUF_FIRST, 0, 0);
+    x->first = sbx_outbuf_new (EXEC_BUF_FIRST, 0, 0);
   if (x->first != NULL && atomic_load (&x->first->refs) == 1)
     return x->first;
   for (size_t i = 0; i < SBX_OUTBUFS; i++)
@@ -312,47 +174,15 @@ check_request (const sbx_exec_req_t *req, err_t *err)
   return 0;
 }
 
-/* A connection to the sandbox's pid 1: its control socket <state>/ctl,
- * named through /proc/self/fd (the state path may be longer than a socket
- * address allows). */
-int
-sbx_connect_holder (const char *state, const char *id, err_t *err)
-{
-  cleanup_close int dir = open (state, O_PATH | O_DIRECTORY | O_CLOEXEC);
-  cleanup_close int fd = socket (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  snprintf (sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/" SBX_CTL_NAME, dir);
-  if (fd < 0)
-    return err_make_sys (err, errno, "exec: socket");
-  /* A request is one message, and a message must fit the sender's buffer
-   * (net.core.wmem_max, 208 KiB by default, is below SBX_EXEC_MAX): the
-   * gateway, root in its network namespace, sets its own past that cap. */
-  int sndbuf = SBX_EXEC_MAX + 64 * 1024;
-  setsockopt (fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndbuf, sizeof sndbuf);
-  /* The holder takes one request at a time, each in a bounded time (a
-   * command's start: START_DEADLINE_MS in helper/holder.c); a backlog of
-   * callers waits for it no longer than this, connect and send. */
-  struct timeval tv = {.tv_sec = SBX_HOLDER_CONNECT_MS / 1000, .tv_usec = (SBX_HOLDER_CONNECT_MS % 1000) * 1000};
-  setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  if (dir < 0 || connect (fd, (struct sockaddr *) &sa, sizeof sa) < 0)
-    {
-      if (dir >= 0 && (errno == EAGAIN || errno == EINPROGRESS))
-        return err_make (err, ETIMEDOUT, "sandbox `%s`: its pid 1 did not take the request within %d s", id,
-                         SBX_HOLDER_CONNECT_MS / 1000);
-      return err_make_sys (err, ESRCH, "sandbox `%s` is gone (its pid 1 does not answer)", id);
-    }
-  return take_fd (&fd);
-}
-
-/* Sends the request to the holder with the command's descriptors, keeping
- * the gateway's ends in *x. */
+/* Sends the holder the request to start the command, with the command's
+ * descriptors, keeping the gateway's ends in *x. */
 static int
-start_command (exec_run_t *x, const char *state, err_t *err)
+send_exec_request (exec_run_t *x, const char *state, err_t *err)
 {
   const sbx_exec_req_t *req = x->req;
   const char *cwd = req->cwd != NULL && req->cwd[0] != '\0' ? req->cwd : "/root";
   bool pty = req->pty_rows > 0 && req->pty_cols > 0;
-  cleanup_free char **env = build_env (req->env, pty);
+  cleanup_free char **env = sbx_exec_build_env (req->env, pty);
   if (env == NULL)
     return err_make (err, ENOMEM, "exec: out of memory");
   /* Sized to the request: the largest one allowed would be a mapping of
@@ -706,170 +536,166 @@ describe_limits (sbx_runtime_t *rt, const sbx_cg_events_t *before, const sbx_cg_
               rt->cfg.pids_max);
 }
 
-int
-sbx_exec_write (int fd, const uint8_t *data, size_t len, int wake, err_t *err)
+/* Holds sandbox `req->id` for an exec (and, for a background one, keeps it
+ * from idling): *out, or -1 with *err (ENOENT unknown, ENOTCONN dead). */
+static int
+exec_acquire (sbx_runtime_t *rt, const sbx_exec_req_t *req, sbx_t **out, err_t *err)
 {
-  for (size_t off = 0; off < len;)
+  sbx_t *s = sbx_acquire (rt, req->id);
+  if (s == NULL)
+    return err_make (err, ENOENT, "sandbox `%s` not found", req->id);
+  pthread_mutex_lock (&rt->mu);
+  bool dead = s->dead;
+  if (!dead && req->background)
+    s->bg_refs++;
+  pthread_mutex_unlock (&rt->mu);
+  if (dead)
     {
-      ssize_t w = write (fd, data + off, len - off);
-      if (w > 0)
-        off += (size_t) w;
-      else if (w < 0 && errno == EAGAIN)
-        {
-          struct pollfd p[2] = {{.fd = fd, .events = POLLOUT}, {.fd = wake, .events = POLLIN}};
-          if (poll (p, 2, -1) < 0 && errno != EINTR)
-            return err_make_sys (err, errno, "poll");
-          if (p[1].revents != 0)
-            return err_make (err, ECANCELED, "stopped");
-        }
-      else if (!(w < 0 && errno == EINTR))
-        return err_make (err, EPIPE, "the command's stdin is closed");
+      sbx_release (rt, s);
+      return err_make (err, ENOTCONN, "sandbox `%s` is dead (its pid 1 died): Delete it, or Connect to restore it",
+                       req->id);
     }
+  *out = s;
   return 0;
 }
 
-int
-sbx_exec_end_input_pty (int pty_fd, int wake, err_t *err)
+/* The end of a command that ran: its message, and the sandbox's limit
+ * events since the last exec's end (one read of the counters per exec
+ * instead of a read before and after). */
+static void
+exec_describe (exec_run_t *x, uint32_t timeout)
 {
-  struct termios t;
-  uint8_t eof = tcgetattr (pty_fd, &t) == 0 ? t.c_cc[VEOF] : 0x04;
-  return sbx_exec_write (pty_fd, &eof, 1, wake, err);
+  sbx_runtime_t *rt = x->rt;
+  describe_end (x, timeout);
+  sbx_cg_events_t before, after;
+  sbx_cg_counters_read (&rt->cg, x->req->id, &x->ctr, false, &after);
+  pthread_mutex_lock (&rt->mu);
+  before = x->s->cg_seen;
+  x->s->cg_seen = after;
+  x->s->last_used_ms = sbx_mono_ms (); /* as sbx_release would, before the answer */
+  pthread_mutex_unlock (&rt->mu);
+  describe_limits (rt, &before, &after, x->res);
+}
+
+/* The exec's cgroup goes with it. What the command left running (a server
+ * started with `&`) lives on in the sandbox's background group, as it
+ * would after a shell's exit, and dies with the sandbox. `ran`: the
+ * command ran to its end (s->cg_seen then counts this group's events). */
+static void
+exec_remove_group (exec_run_t *x, bool ran)
+{
+  sbx_runtime_t *rt = x->rt;
+  const char *id = x->req->id;
+  cleanup_err err_t rerr = ERR_INIT;
+  sbx_cg_events_t gone = {0};
+  if (ran)
+    sbx_cg_counters_read (&rt->cg, id, &x->ctr, true, &gone);
+  sbx_cg_counters_close (&x->ctr);
+  /* A sandbox deleted meanwhile (its groups went with it) may already
+   * have a successor of the same id, whose groups are not this exec's. */
+  if (sandbox_deleting (x))
+    return;
+  if ((x->exited && sbx_cg_move_all (&rt->cg, id, x->group, SBX_CG_BACKGROUND, &rerr) < 0)
+      || sbx_cg_remove (&rt->cg, id, x->group, &rerr) < 0)
+    {
+      err_warn_release (&rerr, "exec in `%s`", id);
+      return;
+    }
+  /* Where a kernel counts an event in the exec's own group (cgroup v1,
+   * and v2's local pids events), the sandbox's sum loses it with the
+   * group: so must what the next exec compares with, or its own events
+   * would go unseen. */
+  pthread_mutex_lock (&rt->mu);
+  x->s->cg_seen.pids_max_hits -= gone.pids_max_hits;
+  x->s->cg_seen.oom_kills -= gone.oom_kills;
+  pthread_mutex_unlock (&rt->mu);
+}
+
+/* Cleans up after an exec, whether its command ran (`ran`) or not. */
+static void
+exec_end (exec_run_t *x, bool ran)
+{
+  sbx_runtime_t *rt = x->rt;
+  exec_run_close (x);
+  exec_remove_group (x, ran);
+  if (x->req->background)
+    {
+      pthread_mutex_lock (&rt->mu);
+      x->s->bg_refs--;
+      pthread_mutex_unlock (&rt->mu);
+    }
+  sbx_release (rt, x->s);
+  free (x);
 }
 
 int
-sbx_exec_resize (int pty_fd, uint16_t rows, uint16_t cols, err_t *err)
+sbx_exec_run (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *sink, sbx_exec_result_t *res,
+              sbx_exec_t **out, err_t *err)
 {
-  struct winsize ws = {.ws_row = rows, .ws_col = cols};
-  if (ioctl (pty_fd, TIOCSWINSZ, &ws) < 0)
-    return err_make_sys (err, errno, "resize the terminal");
+  *out = NULL;
+  memset (res, 0, sizeof *res);
+  if (check_request (req, err) < 0)
+    return -1;
+  uint32_t timeout = req->timeout_seconds ? req->timeout_seconds : SBX_EXEC_DEFAULT_TIMEOUT;
+  sbx_t *s = NULL;
+  if (exec_acquire (rt, req, &s, err) < 0)
+    return -1;
+  exec_run_t *x = calloc (1, sizeof *x);
+  if (x == NULL)
+    {
+      pthread_mutex_lock (&rt->mu);
+      if (req->background)
+        s->bg_refs--;
+      pthread_mutex_unlock (&rt->mu);
+      sbx_release (rt, s);
+      return err_make (err, ENOMEM, "exec: out of memory");
+    }
+  *x = (exec_run_t){.rt = rt,
+                    .s = s,
+                    .req = req,
+                    .sink = sink,
+                    .res = res,
+                    .pumps = {{-1, 1}, {-1, 2}},
+                    .stdin_fd = -1,
+                    .stream_fd = -1,
+                    .report_fd = -1,
+                    .want = EXEC_BUF_FIRST,
+                    .ctr = {.fds = {{-1, -1}, {-1, -1}}}};
+  pthread_mutex_lock (&rt->mu);
+  snprintf (x->group, sizeof x->group, "exec-%u", ++s->exec_seq);
+  char state[sizeof s->state];
+  snprintf (state, sizeof state, "%s", s->state);
+  pthread_mutex_unlock (&rt->mu);
+  int rc = send_exec_request (x, state, err);
+  if (rc == 0)
+    {
+      x->deadline = req->no_timeout ? INT64_MAX : x->started + (int64_t) timeout * 1000;
+      rc = pump_all (x, err);
+    }
+  if (rc < 0)
+    {
+      exec_end (x, false);
+      return -1;
+    }
+  exec_describe (x, timeout);
+  *out = x;
   return 0;
 }
 
-#ifndef PIDFD_SIGNAL_PROCESS_GROUP
-#define PIDFD_SIGNAL_PROCESS_GROUP (1U << 2)
-#endif
-
-int
-sbx_exec_signal (int pidfd, int sig, err_t *err)
+void
+sbx_exec_finish (sbx_exec_t *x)
 {
-  if (sig <= 0 || sig >= NSIG)
-    return err_make (err, EINVAL, "%d is not a signal number", sig);
-  if (pidfd < 0)
-    return err_make (err, ESRCH, "the process cannot be signalled");
-  if (syscall (SYS_pidfd_send_signal, pidfd, sig, NULL, PIDFD_SIGNAL_PROCESS_GROUP) == 0)
-    return 0;
-  /* A kernel before 6.9 signals the process itself only. */
-  if (errno == EINVAL && syscall (SYS_pidfd_send_signal, pidfd, sig, NULL, 0) == 0)
-    return 0;
-  return err_make_sys (err, errno, "signal %d", sig);
+  if (x != NULL)
+    exec_end (x, true);
 }
 
 int
 sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *sink, sbx_exec_result_t *res,
           err_t *err)
 {
-  memset (res, 0, sizeof *res);
-  if (check_request (req, err) < 0)
+  sbx_exec_t *x = NULL;
+  if (sbx_exec_run (rt, req, sink, res, &x, err) < 0)
     return -1;
-  uint32_t timeout = req->timeout_seconds ? req->timeout_seconds : SBX_EXEC_DEFAULT_TIMEOUT;
-  sbx_t *s = sbx_acquire (rt, req->id);
-  if (s != NULL && req->background)
-    {
-      pthread_mutex_lock (&rt->mu);
-      s->bg_refs++;
-      pthread_mutex_unlock (&rt->mu);
-    }
-  if (s == NULL)
-    return err_make (err, ENOENT, "sandbox `%s` not found", req->id);
-  pthread_mutex_lock (&rt->mu);
-  bool dead = s->dead;
-  pthread_mutex_unlock (&rt->mu);
-  if (dead)
-    {
-      if (req->background)
-        {
-          pthread_mutex_lock (&rt->mu);
-          s->bg_refs--;
-          pthread_mutex_unlock (&rt->mu);
-        }
-      sbx_release (rt, s);
-      return err_make (err, ENOTCONN, "sandbox `%s` is dead (its pid 1 died): Delete it, or Connect to restore it",
-                       req->id);
-    }
-
-  exec_run_t x = {.rt = rt,
-                  .s = s,
-                  .req = req,
-                  .sink = sink,
-                  .res = res,
-                  .pumps = {{-1, 1}, {-1, 2}},
-                  .stdin_fd = -1,
-                  .stream_fd = -1,
-                  .report_fd = -1,
-                  .want = EXEC_BUF_FIRST,
-                  .ctr = {.fds = {{-1, -1}, {-1, -1}}}};
-  pthread_mutex_lock (&rt->mu);
-  snprintf (x.group, sizeof x.group, "exec-%u", ++s->exec_seq);
-  char state[sizeof s->state];
-  snprintf (state, sizeof state, "%s", s->state);
-  pthread_mutex_unlock (&rt->mu);
-  int rc = start_command (&x, state, err);
-  if (rc == 0)
-    {
-      x.deadline = req->no_timeout ? INT64_MAX : x.started + (int64_t) timeout * 1000;
-      rc = pump_all (&x, err);
-    }
-  if (rc == 0)
-    {
-      describe_end (&x, timeout);
-      /* The sandbox's limit events since the last exec's end: one read of
-       * the counters per exec instead of a read before and after. */
-      sbx_cg_events_t before, after;
-      sbx_cg_counters_read (&rt->cg, req->id, &x.ctr, false, &after);
-      pthread_mutex_lock (&rt->mu);
-      before = s->cg_seen;
-      s->cg_seen = after;
-      s->last_used_ms = sbx_mono_ms (); /* as sbx_release would, before the answer */
-      pthread_mutex_unlock (&rt->mu);
-      describe_limits (rt, &before, &after, res);
-      /* The answer goes out before the clean-up below. */
-      if (sink->ended != NULL)
-        sink->ended (sink->ctx, res);
-    }
-  exec_run_close (&x);
-  /* The exec's cgroup goes with it. What the command left running (a
-   * server started with `&`) lives on in the sandbox's background group,
-   * as it would after a shell's exit, and dies with the sandbox. */
-  err_t rerr = ERR_INIT;
-  sbx_cg_events_t gone = {0};
-  if (rc == 0) /* s->cg_seen then counts this group's events */
-    sbx_cg_counters_read (&rt->cg, req->id, &x.ctr, true, &gone);
-  sbx_cg_counters_close (&x.ctr);
-  /* A sandbox deleted meanwhile (its groups went with it) may already
-   * have a successor of the same id, whose groups are not this exec's. */
-  if (sandbox_deleting (&x))
-    ;
-  else if ((x.exited && sbx_cg_move_all (&rt->cg, req->id, x.group, SBX_CG_BACKGROUND, &rerr) < 0)
-           || sbx_cg_remove (&rt->cg, req->id, x.group, &rerr) < 0)
-    err_warn_release (&rerr, "exec in `%s`", req->id);
-  else
-    {
-      /* Where a kernel counts an event in the exec's own group (cgroup v1,
-       * and v2's local pids events), the sandbox's sum loses it with the
-       * group: so must what the next exec compares with, or its own events
-       * would go unseen. */
-      pthread_mutex_lock (&rt->mu);
-      s->cg_seen.pids_max_hits -= gone.pids_max_hits;
-      s->cg_seen.oom_kills -= gone.oom_kills;
-      pthread_mutex_unlock (&rt->mu);
-    }
-  err_release (&rerr);
-  if (req->background)
-    {
-      pthread_mutex_lock (&rt->mu);
-      s->bg_refs--;
-      pthread_mutex_unlock (&rt->mu);
-    }
-  sbx_release (rt, s);
-  return rc;
+  sbx_exec_finish (x);
+  return 0;
 }

@@ -22,6 +22,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -35,7 +36,20 @@
 #define SBX_OUTBUFS 4
 /* Spare memory groups kept made ahead of launches (launch.c). */
 #define SBX_SPARES 16
-typedef struct sbx_outbuf_s sbx_outbuf_t;
+/* An output buffer, lent to a sink (sbx_exec_hold): its reader holds one
+ * reference to each of its own, a sink one per message in flight
+ * (exec_buffers.c). */
+typedef struct sbx_outbuf_s
+{
+  atomic_int refs;
+  size_t cap;     /* bytes in data */
+  size_t charged; /* of those, counted against exec_buffer_total_bytes (given back when freed) */
+  uint8_t data[];
+} sbx_outbuf_t;
+/* A new buffer of `size` bytes, `charge` of them counted against `limit`
+ * in the gateway's total: NULL when they would pass it, or out of
+ * memory. */
+sbx_outbuf_t *sbx_outbuf_new (size_t size, size_t charge, size_t limit);
 typedef struct sbx_outbufs_s
 {
   sbx_outbuf_t *b[SBX_OUTBUFS];
@@ -165,9 +179,15 @@ void sbx_proc_forget_sandbox (sbx_runtime_t *rt, const char *sid);
  * sandboxes are gone), before the runtime is freed. */
 void sbx_proc_wait_threads (sbx_runtime_t *rt);
 
-/* exec.c: a connection to the control socket of the pid 1 of the sandbox
+/* exec_control.c: a connection to the control socket of the pid 1 of the sandbox
  * whose state directory is `state` (ESRCH when it does not answer). */
 int sbx_connect_holder (const char *state, const char *id, err_t *err);
+/* A command's environment (exec_control.c): the defaults (PATH, HOME,
+ * LANG, TERM; TERM=xterm-256color with `pty`) less those `extra` names,
+ * then `extra` ("KEY=VALUE", NULL-terminated, may be NULL) in its order.
+ * A NULL-terminated array the caller frees (not its strings, which are
+ * `extra`'s or static); NULL when out of memory. */
+char **sbx_exec_build_env (char *const *extra, bool pty);
 
 /* Clocks: wall time for what clients see, monotonic for every duration. */
 int64_t sbx_wall_ms (void);
