@@ -92,6 +92,55 @@ private_mounts (int argc, char **argv)
   return 127;
 }
 
+/* The options after the subcommand into *o (whose lists have room for
+ * every argument). -1 on an unknown one. */
+static int
+parse_opts (int argc, char **argv, helper_opts_t *o)
+{
+  static const struct option longopts[] = {
+      {"id", required_argument, NULL, 'i'},           {"state", required_argument, NULL, 's'},
+      {"lower", required_argument, NULL, 'l'},        {"cgroup-mount", required_argument, NULL, 'c'},
+      {"disk-mb", required_argument, NULL, 'd'},      {"disk-inodes", required_argument, NULL, 'n'},
+      {"pids", required_argument, NULL, 'p'},         {"memory-mb", required_argument, NULL, 'm'},
+      {"cpu-millis", required_argument, NULL, 'u'},   {"volume", required_argument, NULL, 'v'},
+      {"hostname", required_argument, NULL, 'h'},     {"egress", no_argument, NULL, 'e'},
+      {"cgroup-group", required_argument, NULL, 'G'}, {"restore", no_argument, NULL, 'R'},
+      {"max-entries", required_argument, NULL, 'E'},  {"unpacker", required_argument, NULL, 'U'},
+      {"mask", required_argument, NULL, 'M'},         {"block", required_argument, NULL, 'B'},
+      {"uid-base", required_argument, NULL, 'b'},     {"uid-range", required_argument, NULL, 'r'},
+      {"memcg-spare", required_argument, NULL, 'S'},  {NULL, 0, NULL, 0},
+  };
+  optind = 2;
+  int c;
+  while ((c = getopt_long (argc, argv, "+", longopts, NULL)) != -1)
+    switch (c)
+      {
+      case 'i': o->id = optarg; break;
+      case 's': o->state = optarg; break;
+      case 'l': o->lower = optarg; break;
+      case 'c': o->cgroup_mount = optarg; break;
+      case 'd': o->disk_mb = num (optarg); break;
+      case 'n': o->disk_inodes = num (optarg); break;
+      case 'p': o->limits.pids_max = num (optarg); break;
+      case 'm': o->limits.memory_mb = num (optarg); break;
+      case 'u': o->limits.cpu_millis = num (optarg); break;
+      case 'h': o->hostname = optarg; break;
+      case 'e': o->egress = true; break;
+      case 'G': o->cgroup_group = optarg; break;
+      case 'R': o->restore = true; break;
+      case 'E': o->max_entries = num (optarg); break;
+      case 'U': o->unpacker = optarg; break;
+      case 'M': o->masks[o->n_masks++] = optarg; break;
+      case 'B': o->blocked[o->n_blocked++] = optarg; break;
+      case 'v': o->volumes[o->n_volumes++] = optarg; break;
+      case 'b': o->uid_base = strtoul (optarg, NULL, 10); break;
+      case 'r': o->uid_range = strtoul (optarg, NULL, 10); break;
+      case 'S': o->memcg_spare = optarg; break;
+      default: return -1;
+      }
+  return 0;
+}
+
 int
 main (int argc, char **argv)
 {
@@ -137,47 +186,8 @@ main (int argc, char **argv)
       sbx_report_error (helper_report_fd, ENOMEM, "sandbox-helper: out of memory");
       return 2;
     }
-  static const struct option longopts[] = {
-      {"id", required_argument, NULL, 'i'},           {"state", required_argument, NULL, 's'},
-      {"lower", required_argument, NULL, 'l'},        {"cgroup-mount", required_argument, NULL, 'c'},
-      {"disk-mb", required_argument, NULL, 'd'},      {"disk-inodes", required_argument, NULL, 'n'},
-      {"pids", required_argument, NULL, 'p'},         {"memory-mb", required_argument, NULL, 'm'},
-      {"cpu-millis", required_argument, NULL, 'u'},   {"volume", required_argument, NULL, 'v'},
-      {"hostname", required_argument, NULL, 'h'},     {"egress", no_argument, NULL, 'e'},
-      {"cgroup-group", required_argument, NULL, 'G'}, {"restore", no_argument, NULL, 'R'},
-      {"max-entries", required_argument, NULL, 'E'},  {"unpacker", required_argument, NULL, 'U'},
-      {"mask", required_argument, NULL, 'M'},         {"block", required_argument, NULL, 'B'},
-      {"uid-base", required_argument, NULL, 'b'},     {"uid-range", required_argument, NULL, 'r'},
-      {"memcg-spare", required_argument, NULL, 'S'},  {NULL, 0, NULL, 0},
-  };
-  optind = 2;
-  int c;
-  while ((c = getopt_long (argc, argv, "+", longopts, NULL)) != -1)
-    switch (c)
-      {
-      case 'i': o.id = optarg; break;
-      case 's': o.state = optarg; break;
-      case 'l': o.lower = optarg; break;
-      case 'c': o.cgroup_mount = optarg; break;
-      case 'd': o.disk_mb = num (optarg); break;
-      case 'n': o.disk_inodes = num (optarg); break;
-      case 'p': o.limits.pids_max = num (optarg); break;
-      case 'm': o.limits.memory_mb = num (optarg); break;
-      case 'u': o.limits.cpu_millis = num (optarg); break;
-      case 'h': o.hostname = optarg; break;
-      case 'e': o.egress = true; break;
-      case 'G': o.cgroup_group = optarg; break;
-      case 'R': o.restore = true; break;
-      case 'E': o.max_entries = num (optarg); break;
-      case 'U': o.unpacker = optarg; break;
-      case 'M': o.masks[o.n_masks++] = optarg; break;
-      case 'B': o.blocked[o.n_blocked++] = optarg; break;
-      case 'v': o.volumes[o.n_volumes++] = optarg; break;
-      case 'b': o.uid_base = strtoul (optarg, NULL, 10); break;
-      case 'r': o.uid_range = strtoul (optarg, NULL, 10); break;
-      case 'S': o.memcg_spare = optarg; break;
-      default: return 2;
-      }
+  if (parse_opts (argc, argv, &o) < 0)
+    return 2;
   if (o.memcg_spare != NULL
       && (strncmp (o.memcg_spare, SBX_CG_SPARE_PREFIX, strlen (SBX_CG_SPARE_PREFIX)) != 0
           || strchr (o.memcg_spare, '/') != NULL))

@@ -38,10 +38,6 @@
 /* Pipe buffers: fewer wake-ups for a chatty command. */
 #define EXEC_STDOUT_PIPE (1024 * 1024)
 #define EXEC_STDERR_PIPE (256 * 1024)
-/* An exec's first output buffer, its own whatever other execs hold: its
- * reads are never smaller. While its client keeps up, later buffers double
- * up to SBX_EXEC_CHUNK, charged to the gateway's total (see bufs_get). */
-#define EXEC_BUF_FIRST (16 * 1024)
 /* How long the pipes wait when no buffer is free (the first one still
  * held by gRPC for a moment after its send, the total reached). */
 #define EXEC_BUF_RETRY_MS 10
@@ -73,67 +69,10 @@ typedef struct sbx_exec_s
   bool started_seen; /* the STARTED report came (or never will) */
   bool sink_busy;    /* an asynchronous sink (sink->ready) has not taken the last output yet */
   char start_error[sizeof ((sbx_report_t *) 0)->text];
-  /* Output is read into these: `first` (EXEC_BUF_FIRST bytes), or while
-   * the client keeps up one of `grown` (`want` bytes each, charged). */
-  sbx_outbuf_t *first;
-  sbx_outbuf_t *grown[SBX_OUTBUFS];
-  size_t want;
+  sbx_exec_bufs_t bufs;  /* where output is read into */
   bool buf_wait;         /* no buffer was free: the pipes wait EXEC_BUF_RETRY_MS */
   sbx_cg_counters_t ctr; /* the limit-event counters, opened while the command starts */
 } exec_run_t;
-
-/* Gives back the grown buffers no sink holds, and starts small again: the
- * client stalled, or the command is quiet. What a stalled exec holds is
- * then the one message in flight. */
-static void
-bufs_trim (exec_run_t *x)
-{
-  for (size_t i = 0; i < SBX_OUTBUFS; i++)
-    if (x->grown[i] != NULL && atomic_load (&x->grown[i]->refs) == 1)
-      {
-        sbx_exec_release (x->grown[i]->data);
-        x->grown[i] = NULL;
-      }
-  x->want = EXEC_BUF_FIRST;
-}
-
-/* A buffer no sink holds, to read output into: one of `want` bytes when
- * one is free or the gateway's total has room for a new one, else the
- * first (reads go on, smaller); NULL when none is free. */
-static sbx_outbuf_t *
-bufs_get (exec_run_t *x)
-{
-  if (x->want > EXEC_BUF_FIRST)
-    {
-      size_t empty = SBX_OUTBUFS;
-      for (size_t i = 0; i < SBX_OUTBUFS; i++)
-        {
-          sbx_outbuf_t *b = x->grown[i];
-          if (b != NULL && atomic_load (&b->refs) == 1 && b->cap == x->want)
-            return b;
-          if (b != NULL && atomic_load (&b->refs) == 1)
-            {
-              /* Free, and outgrown: its room goes back. */
-              sbx_exec_release (b->data);
-              x->grown[i] = b = NULL;
-            }
-          if (b == NULL && empty == SBX_OUTBUFS)
-            empty = i;
-        }
-      size_t total = (size_t) x->rt->cfg.exec_buffer_total_bytes;
-      sbx_outbuf_t *b = empty < SBX_OUTBUFS ? sbx_outbuf_new (x->want, x->want, total) : NULL;
-      if (b != NULL)
-        return x->grown[empty] = b;
-    }
-  if (x->first == NULL)
-    x->first = sbx_outbuf_new (EXEC_BUF_FIRST, 0, 0);
-  if (x->first != NULL && atomic_load (&x->first->refs) == 1)
-    return x->first;
-  for (size_t i = 0; i < SBX_OUTBUFS; i++)
-    if (x->grown[i] != NULL && atomic_load (&x->grown[i]->refs) == 1)
-      return x->grown[i];
-  return NULL;
-}
 
 static void
 exec_run_close (exec_run_t *x)
@@ -142,17 +81,7 @@ exec_run_close (exec_run_t *x)
   for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
     if (*fds[i] >= 0)
       close (take_fd (fds[i]));
-  for (size_t i = 0; i < SBX_OUTBUFS; i++)
-    if (x->grown[i] != NULL)
-      {
-        sbx_exec_release (x->grown[i]->data);
-        x->grown[i] = NULL;
-      }
-  if (x->first != NULL)
-    {
-      sbx_exec_release (x->first->data);
-      x->first = NULL;
-    }
+  sbx_exec_bufs_free (&x->bufs);
 }
 
 static int
@@ -377,7 +306,7 @@ on_stdin (exec_run_t *x)
 static void
 on_output (exec_run_t *x, pump_t *p, bool *got)
 {
-  sbx_outbuf_t *b = bufs_get (x);
+  sbx_outbuf_t *b = sbx_exec_bufs_get (&x->bufs);
   if (b == NULL)
     {
       x->buf_wait = true; /* held a moment longer, or out of memory: the next round */
@@ -390,8 +319,8 @@ on_output (exec_run_t *x, pump_t *p, bool *got)
       p->owed = (size_t) n < p->owed ? p->owed - (size_t) n : 0;
       /* It filled the buffer: more is waiting, and the client took the
        * last message (no read happens before): the next buffer doubles. */
-      if ((size_t) n == b->cap && b->cap == x->want && x->want < SBX_EXEC_CHUNK)
-        x->want *= 2;
+      if ((size_t) n == b->cap && b->cap == x->bufs.want && x->bufs.want < SBX_EXEC_CHUNK)
+        x->bufs.want *= 2;
       if (x->sink->output (x->sink->ctx, p->stream, b->data, (size_t) n) < 0)
         x->consumer_gone = true;
       x->sink_busy = x->sink->ready != NULL;
@@ -420,7 +349,7 @@ pump_once (exec_run_t *x, int64_t now, err_t *err)
       if (r == 0)
         {
           wait = 0;
-          bufs_trim (x); /* the client is slow: hold only what is in flight */
+          sbx_exec_bufs_trim (&x->bufs); /* the client is slow: hold only what is in flight */
         }
     }
   /* A streamed run's caller hears of the start before any output; no
@@ -437,7 +366,7 @@ pump_once (exec_run_t *x, int64_t now, err_t *err)
   if (ready < 0)
     return err_make_sys (err, errno, "exec: poll");
   if (ready == 0 && !hold && wait >= EXEC_POLL_MS)
-    bufs_trim (x); /* a quiet round: nothing is kept for output that may not come */
+    sbx_exec_bufs_trim (&x->bufs); /* a quiet round: nothing is kept for output that may not come */
   bool got = false;
   for (int i = 0; i < 2; i++)
     if (p[i].revents != 0 && !(p[i].revents & POLLIN))
@@ -502,7 +431,7 @@ describe_end (exec_run_t *x, uint32_t timeout)
   if (x->start_error[0] != '\0' && can_send)
     {
       /* In one of the exec's buffers: the sink may keep it. */
-      sbx_outbuf_t *b = bufs_get (x);
+      sbx_outbuf_t *b = sbx_exec_bufs_get (&x->bufs);
       if (b != NULL)
         {
           int len = snprintf ((char *) b->data, b->cap, "sandbox: %s\n", x->start_error);
@@ -659,7 +588,7 @@ sbx_exec_run (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_
                     .stdin_fd = -1,
                     .stream_fd = -1,
                     .report_fd = -1,
-                    .want = EXEC_BUF_FIRST,
+                    .bufs = {.want = SBX_EXEC_BUF_FIRST, .total = (size_t) rt->cfg.exec_buffer_total_bytes},
                     .ctr = {.fds = {{-1, -1}, {-1, -1}}}};
   pthread_mutex_lock (&rt->mu);
   snprintf (x->group, sizeof x->group, "exec-%u", ++s->exec_seq);

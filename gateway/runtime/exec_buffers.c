@@ -111,3 +111,72 @@ sbx_outbufs_free (sbx_outbufs_t *p)
         p->b[i] = NULL;
       }
 }
+
+/* Gives back the grown buffers no sink holds, and starts small again: the
+ * client stalled, or the command is quiet. What a stalled exec holds is
+ * then the one message in flight. */
+void
+sbx_exec_bufs_trim (sbx_exec_bufs_t *x)
+{
+  for (size_t i = 0; i < SBX_OUTBUFS; i++)
+    if (x->grown[i] != NULL && atomic_load (&x->grown[i]->refs) == 1)
+      {
+        sbx_exec_release (x->grown[i]->data);
+        x->grown[i] = NULL;
+      }
+  x->want = SBX_EXEC_BUF_FIRST;
+}
+
+/* A buffer no sink holds, to read output into: one of `want` bytes when
+ * one is free or the gateway's total has room for a new one, else the
+ * first (reads go on, smaller); NULL when none is free. */
+sbx_outbuf_t *
+sbx_exec_bufs_get (sbx_exec_bufs_t *x)
+{
+  if (x->want > SBX_EXEC_BUF_FIRST)
+    {
+      size_t empty = SBX_OUTBUFS;
+      for (size_t i = 0; i < SBX_OUTBUFS; i++)
+        {
+          sbx_outbuf_t *b = x->grown[i];
+          if (b != NULL && atomic_load (&b->refs) == 1 && b->cap == x->want)
+            return b;
+          if (b != NULL && atomic_load (&b->refs) == 1)
+            {
+              /* Free, and outgrown: its room goes back. */
+              sbx_exec_release (b->data);
+              x->grown[i] = b = NULL;
+            }
+          if (b == NULL && empty == SBX_OUTBUFS)
+            empty = i;
+        }
+      size_t total = x->total;
+      sbx_outbuf_t *b = empty < SBX_OUTBUFS ? sbx_outbuf_new (x->want, x->want, total) : NULL;
+      if (b != NULL)
+        return x->grown[empty] = b;
+    }
+  if (x->first == NULL)
+    x->first = sbx_outbuf_new (SBX_EXEC_BUF_FIRST, 0, 0);
+  if (x->first != NULL && atomic_load (&x->first->refs) == 1)
+    return x->first;
+  for (size_t i = 0; i < SBX_OUTBUFS; i++)
+    if (x->grown[i] != NULL && atomic_load (&x->grown[i]->refs) == 1)
+      return x->grown[i];
+  return NULL;
+}
+
+void
+sbx_exec_bufs_free (sbx_exec_bufs_t *x)
+{
+  for (size_t i = 0; i < SBX_OUTBUFS; i++)
+    if (x->grown[i] != NULL)
+      {
+        sbx_exec_release (x->grown[i]->data);
+        x->grown[i] = NULL;
+      }
+  if (x->first != NULL)
+    {
+      sbx_exec_release (x->first->data);
+      x->first = NULL;
+    }
+}

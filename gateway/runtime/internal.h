@@ -60,6 +60,29 @@ typedef struct sbx_outbufs_s
 uint8_t *sbx_outbufs_get (sbx_outbufs_t *p, size_t size);
 void sbx_outbufs_free (sbx_outbufs_t *p);
 
+/* An exec's first output buffer, its own whatever other execs hold: its
+ * reads are never smaller. While its client keeps up, later buffers double
+ * up to SBX_EXEC_CHUNK, charged to the gateway's total. */
+#define SBX_EXEC_BUF_FIRST (16 * 1024)
+/* The buffers one exec reads its output into (exec_buffers.c): `first`, or
+ * while the client keeps up one of `grown` (`want` bytes each, charged
+ * against `total`, the gateway's exec_buffer_total_bytes). */
+typedef struct sbx_exec_bufs_s
+{
+  sbx_outbuf_t *first;
+  sbx_outbuf_t *grown[SBX_OUTBUFS];
+  size_t want; /* starts at SBX_EXEC_BUF_FIRST; the reader doubles it */
+  size_t total;
+} sbx_exec_bufs_t;
+/* A buffer no sink holds, to read output into: one of `want` bytes when
+ * one is free or the total has room for a new one, else the first (reads
+ * go on, smaller); NULL when none is free. */
+sbx_outbuf_t *sbx_exec_bufs_get (sbx_exec_bufs_t *b);
+/* Gives back the grown buffers no sink holds and starts small again. */
+void sbx_exec_bufs_trim (sbx_exec_bufs_t *b);
+/* Releases every buffer (a sink may still hold some: they go with it). */
+void sbx_exec_bufs_free (sbx_exec_bufs_t *b);
+
 /* A user of a sandbox's layer (sbx_with_layer), while it runs. */
 typedef struct sbx_layer_user_s
 {

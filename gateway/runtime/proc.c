@@ -267,18 +267,14 @@ sbx_proc_wait_threads (sbx_runtime_t *rt)
 
 /* ---- the API ------------------------------------------------------------------ */
 
-int
-sbx_proc_start (sbx_runtime_t *rt, const sbx_exec_req_t *req, const char *proc_id, sbx_proc_t **out, err_t *err)
+/* A new record of a process to run `req` (its strings copied), not yet
+ * listed; NULL when out of memory. */
+static sbx_proc_t *
+proc_new (sbx_runtime_t *rt, const sbx_exec_req_t *req)
 {
-  *out = NULL;
-  if (proc_id != NULL && proc_id[0] != '\0' && !sbx_id_valid (proc_id))
-    return err_make (err, EINVAL, "invalid process id `%s`", proc_id);
-  sbx_info_t info;
-  if (sbx_get (rt, req->id, &info, err) < 0)
-    return -1;
   sbx_proc_t *p = calloc (1, sizeof *p);
   if (p == NULL)
-    return err_make (err, ENOMEM, "out of memory");
+    return NULL;
   p->rt = rt;
   p->pidfd = p->stdin_fd = p->pty_fd = -1;
   snprintf (p->sandbox, sizeof p->sandbox, "%s", req->id);
@@ -293,8 +289,23 @@ sbx_proc_start (sbx_runtime_t *rt, const sbx_exec_req_t *req, const char *proc_i
   if (p->argv == NULL || (req->env != NULL && p->env == NULL) || p->cwd == NULL)
     {
       proc_free (p);
-      return err_make (err, ENOMEM, "out of memory");
+      return NULL;
     }
+  return p;
+}
+
+int
+sbx_proc_start (sbx_runtime_t *rt, const sbx_exec_req_t *req, const char *proc_id, sbx_proc_t **out, err_t *err)
+{
+  *out = NULL;
+  if (proc_id != NULL && proc_id[0] != '\0' && !sbx_id_valid (proc_id))
+    return err_make (err, EINVAL, "invalid process id `%s`", proc_id);
+  sbx_info_t info;
+  if (sbx_get (rt, req->id, &info, err) < 0)
+    return -1;
+  sbx_proc_t *p = proc_new (rt, req);
+  if (p == NULL)
+    return err_make (err, ENOMEM, "out of memory");
   pthread_mutex_lock (&rt->proc_mu);
   size_t running = 0;
   bool taken = false;
