@@ -69,11 +69,11 @@ static char *child_stack;
  * kills it, reports the command as not started and serves on. */
 #define START_DEADLINE_MS 5000
 
-/* The most arguments and environment entries of one command the holder
- * takes (each array has one more slot, for its NULL). A request with more
- * is refused with an ERROR saying so. */
-#define HOLDER_MAX_ARGS 4096
-#define HOLDER_MAX_ENV 4096
+/* The holder's argv and env arrays: SBX_EXEC_MAX_ARGS / SBX_EXEC_MAX_ENV
+ * entries and the NULL after them. A request with more is refused with an
+ * ERROR saying so. */
+#define HOLDER_MAX_ARGS (SBX_EXEC_MAX_ARGS + 1)
+#define HOLDER_MAX_ENV (SBX_EXEC_MAX_ENV + 1)
 
 /* Tells the gateway the command runs, from the command's own process once
  * its signals are back to their defaults (a signal the gateway sends after

@@ -114,6 +114,18 @@ send_exec_request (exec_run_t *x, const char *state, err_t *err)
   cleanup_free char **env = sbx_exec_build_env (req->env, pty);
   if (env == NULL)
     return err_make (err, ENOMEM, "exec: out of memory");
+  size_t argc = 0, envc = 0;
+  while (req->argv[argc] != NULL)
+    argc++;
+  while (env[envc] != NULL)
+    envc++;
+  if (argc > SBX_EXEC_MAX_ARGS || envc > SBX_EXEC_MAX_ENV)
+    {
+      log_msg (SEV_INFO, "exec in `%s`: %zu arguments and %zu environment entries, above SBX_EXEC_MAX_ARGS/ENV",
+               req->id, argc, envc);
+      return err_make (err, E2BIG, "a command may have at most %d arguments and %d environment entries",
+                       SBX_EXEC_MAX_ARGS, SBX_EXEC_MAX_ENV);
+    }
   /* Sized to the request: the largest one allowed would be a mapping of
    * its own, made and unmade per exec. */
   size_t size = sbx_exec_size (cwd, req->argv, env);

@@ -28,6 +28,7 @@
 #include <sys/types.h>
 
 #include "gateway/runtime/cgroup.h"
+#include "gateway/runtime/exec_env.h"
 #include "gateway/runtime/runtime.h"
 #include "gateway/runtime/wire.h"
 
@@ -205,12 +206,6 @@ void sbx_proc_wait_threads (sbx_runtime_t *rt);
 /* exec_control.c: a connection to the control socket of the pid 1 of the sandbox
  * whose state directory is `state` (ESRCH when it does not answer). */
 int sbx_connect_holder (const char *state, const char *id, err_t *err);
-/* A command's environment (exec_control.c): the defaults (PATH, HOME,
- * LANG, TERM; TERM=xterm-256color with `pty`) less those `extra` names,
- * then `extra` ("KEY=VALUE", NULL-terminated, may be NULL) in its order.
- * A NULL-terminated array the caller frees (not its strings, which are
- * `extra`'s or static); NULL when out of memory. */
-char **sbx_exec_build_env (char *const *extra, bool pty);
 
 /* Clocks: wall time for what clients see, monotonic for every duration. */
 int64_t sbx_wall_ms (void);

@@ -114,6 +114,10 @@ void sbx_report_started_fds (const sbx_report_t *r, const int *got, int *pidfd, 
 #define SBX_EXEC_MAGIC 0x53425845u /* "SBXE" */
 #define SBX_EXEC_MAX (256 * 1024)  /* largest request: argv and env together */
 #define SBX_CTL_NAME "ctl"         /* the holder's control socket, in the sandbox's state directory */
+/* The most arguments and environment entries of one command (the
+ * holder's arrays; the gateway refuses more before sending). */
+#define SBX_EXEC_MAX_ARGS 4095
+#define SBX_EXEC_MAX_ENV 4095
 
 /* The descriptors attached to an exec request, by slot. */
 typedef enum sbx_exec_slot_e
