@@ -29,6 +29,7 @@
 
 #include "common/cleanup.h"
 #include "gateway/helper/files.h"
+#include "gateway/runtime/path.h"
 
 #ifndef RENAME_NOREPLACE
 #define RENAME_NOREPLACE (1 << 0)
@@ -203,7 +204,8 @@ mkdir_parents (const char *path, bool self, mode_t mode)
 static int
 follow_links (const char *path, char *out, size_t cap)
 {
-  snprintf (out, cap, "%s", path);
+  if (sbx_path_fmt (out, cap, NULL, "%s", path) < 0)
+    return -1;
   for (int i = 0; i < FILE_MAX_LINKS; i++)
     {
       struct stat st;
@@ -215,7 +217,10 @@ follow_links (const char *path, char *out, size_t cap)
         return -1;
       link[n] = '\0';
       if (link[0] == '/')
-        snprintf (out, cap, "%s", link);
+        {
+          if (sbx_path_fmt (out, cap, NULL, "%s", link) < 0)
+            return -1; /* errno ENAMETOOLONG */
+        }
       else
         {
           char *slash = strrchr (out, '/');

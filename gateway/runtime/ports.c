@@ -38,6 +38,7 @@
 
 #include "common/cleanup.h"
 #include "gateway/runtime/internal.h"
+#include "gateway/runtime/path.h"
 
 /* How long a connect on the sandbox's loopback may take (a full backlog
  * drops SYNs rather than refusing them). */
@@ -489,7 +490,8 @@ find_owners (sbx_runtime_t *rt, const char *id, sbx_port_t *ports, size_t n)
 {
   cleanup_free pid_t *pids = malloc (PORTS_MAX_PIDS * sizeof *pids);
   char root[sizeof rt->cg.roots[0] + SBX_ID_MAX + 2];
-  snprintf (root, sizeof root, "%s/%s", rt->cg.roots[0], id);
+  if (sbx_path_fmt (root, sizeof root, NULL, "%s/%s", rt->cg.roots[0], id) < 0)
+    return;
   cleanup_close int dir = open (root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (pids == NULL || dir < 0)
     return;
