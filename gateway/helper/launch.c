@@ -355,7 +355,7 @@ start_holder (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
 int
 helper_launch (const helper_opts_t *o)
 {
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   sbx_cg_layout_t cg;
   int rc = make_layer (o, &cg, &err);
   if (rc == 0)
@@ -364,7 +364,6 @@ helper_launch (const helper_opts_t *o)
   if (rc < 0)
     {
       helper_report_err (helper_report_fd, &err);
-      err_release (&err);
     }
   return rc == 0 ? 0 : 1;
 }

@@ -210,14 +210,13 @@ probe_steps (const helper_opts_t *o, err_t *err)
 int
 helper_probe (const helper_opts_t *o)
 {
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   int rc = probe_steps (o, &err);
   if (chdir ("/") == 0 && umount2 (o->state, MNT_DETACH) == 0)
     rmdir (o->state);
   if (rc < 0)
     {
       helper_report_err (helper_report_fd, &err);
-      err_release (&err);
       return 1;
     }
   sbx_report_ready (helper_report_fd, 0, -1);

@@ -362,10 +362,9 @@ sbx_file_close (sbx_file_t *f)
     }
   if (f->group[0] != '\0')
     {
-      err_t rerr = ERR_INIT;
+      cleanup_err err_t rerr = ERR_INIT;
       if (sbx_cg_remove (&rt->cg, f->id, f->group, &rerr) < 0)
         err_warn_release (&rerr, "file operation in `%s`", f->id);
-      err_release (&rerr);
     }
   if (f->sock >= 0)
     close (f->sock);

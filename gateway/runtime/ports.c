@@ -251,9 +251,8 @@ sbx_port_prepare (sbx_runtime_t *rt, const char *id)
   if (!make)
     return;
   netns_job_t j = {.list = false, .only4 = true};
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   int rc = in_netns (rt, id, &j, &err);
-  err_release (&err);
   pthread_mutex_lock (&rt->mu);
   s->port_spare_making = false;
   if (rc == 0 && !s->deleting && s->port_spare < 0)
@@ -296,13 +295,12 @@ sbx_port_connect (sbx_runtime_t *rt, const char *id, unsigned port, int *out, er
     {
       /* The spare was IPv4 alone: the IPv6 socket is made now. */
       netns_job_t j = {.list = false};
-      err_t e6 = ERR_INIT;
+      cleanup_err err_t e6 = ERR_INIT;
       if (in_netns (rt, id, &j, &e6) == 0)
         {
           close (j.sock4);
           s6 = j.sock6;
         }
-      err_release (&e6);
     }
   if (e4 == ECONNREFUSED && s6 >= 0)
     {

@@ -230,7 +230,7 @@ proc_main (void *arg)
                         .no_timeout = p->timeout == 0};
   sbx_exec_sink_t sink = {.output = proc_output, .cancelled = proc_cancelled, .started = proc_started, .ctx = p};
   sbx_exec_result_t res;
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   int rc = sbx_exec (rt, &req, &sink, &res, &err);
   pthread_mutex_lock (&rt->proc_mu);
   if (rc < 0)
@@ -252,7 +252,6 @@ proc_main (void *arg)
   rt->proc_threads--;
   pthread_cond_broadcast (&rt->proc_cv);
   pthread_mutex_unlock (&rt->proc_mu);
-  err_release (&err);
   return NULL;
 }
 
@@ -468,9 +467,8 @@ sbx_proc_end_input (sbx_runtime_t *rt, sbx_proc_t *p, int wake)
   cleanup_close int pty = dup_of (rt, &p->pty_fd);
   if (pty >= 0)
     {
-      err_t e = ERR_INIT;
+      cleanup_err err_t e = ERR_INIT;
       sbx_exec_end_input_pty (pty, wake, &e);
-      err_release (&e);
       return;
     }
   pthread_mutex_lock (&rt->proc_mu);

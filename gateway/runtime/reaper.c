@@ -205,9 +205,8 @@ sbx_reaper_main (void *arg)
       if (rt->cfg.health != NULL && round++ % 2 == 0)
         {
           /* The self-check, every two seconds: what health reports. */
-          err_t cerr = ERR_INIT;
+          cleanup_err err_t cerr = ERR_INIT;
           rt->cfg.health (sbx_runtime_check (rt, &cerr) < 0 ? err_msg (&cerr) : NULL);
-          err_release (&cerr);
         }
       pthread_mutex_lock (&rt->mu);
     }
