@@ -5,6 +5,7 @@
  *   main.c    arguments, reports
  *   launch.c  cgroups, disk, restore, forking the holder, READY
  *   rootfs.c  the holder's namespaces and root (overlay, /proc, /dev, volumes)
+ *   volumes.c a volume's spec and its detached, idmapped copy
  *   netns.c   loopback and egress routes
  *   holder.c  the sandbox's pid 1: commands and orphans
  *   userns.c  the sandbox's user namespace, idmapped mounts, the start-up probe
@@ -72,7 +73,7 @@ int helper_launch (const helper_opts_t *o);
 /* The sandbox's disk, a detached tmpfs mount (fsmount); -1 until made. */
 extern int helper_disk_fd;
 
-/* rootfs.c */
+/* rootfs.c (and volumes.c: helper_parse_volume, helper_volume_clone) */
 int helper_mkdir_p (const char *path, mode_t mode, err_t *err);
 /* A volume, as the gateway checked it: "host:sandbox[:ro][:uid=N:gid=M]". */
 typedef struct helper_volume_s
