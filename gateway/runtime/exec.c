@@ -1,10 +1,13 @@
 /* runtime/exec: running a command in a sandbox. The gateway hands the
  * sandbox's pid 1 (the holder) one request over a connection to its control
  * socket (<state>/ctl) with the command's pipes, a report socket and its
- * exec cgroup attached; the holder forks the command inside the sandbox. This file pumps the pipes to the
- * caller's sink, feeds stdin, enforces the timeout and cancellation (killing
- * everything the command started, through its cgroup) and reads the exit
- * report. One thread per exec; no shared state beyond the registry. */
+ * exec cgroup attached; the holder forks the command inside the sandbox.
+ * This file pumps the pipes to the caller's sink, feeds stdin, enforces the
+ * timeout and cancellation (killing everything the command started, through
+ * its cgroup) and reads the exit report; exec_end.c says how it ended and
+ * removes its group. The steps read in order: sbx_exec_run (start, pump,
+ * describe), the caller answers, sbx_exec_finish (clean up). One thread per
+ * exec; no shared state beyond the registry. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -24,6 +27,7 @@
 
 #include "common/cleanup.h"
 #include "common/log.h"
+#include "gateway/runtime/exec_run.h"
 #include "gateway/runtime/internal.h"
 
 /* Longest wait between looks at cancellation. */
@@ -41,38 +45,6 @@
 /* How long the pipes wait when no buffer is free (the first one still
  * held by gRPC for a moment after its send, the total reached). */
 #define EXEC_BUF_RETRY_MS 10
-
-typedef struct pump_s
-{
-  int fd;
-  int stream;
-  size_t owed; /* bytes in the pipe at the exit report: delivered whatever the drain's bound */
-} pump_t;
-
-/* One exec in flight. */
-typedef struct sbx_exec_s
-{
-  sbx_runtime_t *rt;
-  sbx_t *s;
-  const sbx_exec_req_t *req;
-  const sbx_exec_sink_t *sink;
-  sbx_exec_result_t *res;
-  char group[32];
-  pump_t pumps[2]; /* stdout, stderr; fd -1 once closed */
-  int stdin_fd;    /* -1 once all of stdin is written */
-  int stream_fd;   /* stdin_stream: the write end to hand over at STARTED */
-  size_t stdin_off;
-  int report_fd;
-  int64_t started, deadline, exited_at, drain_until, killed_at;
-  int64_t cancel_checked; /* when the sink was last asked whether the caller went away */
-  bool exited, killed, consumer_gone;
-  bool started_seen; /* the STARTED report came (or never will) */
-  bool sink_busy;    /* an asynchronous sink (sink->ready) has not taken the last output yet */
-  char start_error[sizeof ((sbx_report_t *) 0)->text];
-  sbx_exec_bufs_t bufs;  /* where output is read into */
-  bool buf_wait;         /* no buffer was free: the pipes wait EXEC_BUF_RETRY_MS */
-  sbx_cg_counters_t ctr; /* the limit-event counters, opened while the command starts */
-} exec_run_t;
 
 static void
 exec_run_close (exec_run_t *x)
@@ -399,8 +371,8 @@ pump_once (exec_run_t *x, int64_t now, err_t *err)
   return 0;
 }
 
-static bool
-sandbox_deleting (exec_run_t *x)
+bool
+sbx_exec_sandbox_deleting (exec_run_t *x)
 {
   pthread_mutex_lock (&x->rt->mu);
   bool deleting = x->s->deleting;
@@ -420,7 +392,7 @@ pump_all (exec_run_t *x, err_t *err)
       bool owed = (x->pumps[0].fd >= 0 && x->pumps[0].owed > 0) || (x->pumps[1].fd >= 0 && x->pumps[1].owed > 0);
       /* What a slow consumer is owed waits for it, but not past the
        * sandbox's delete. */
-      if (owed && x->exited && x->sink_busy && sandbox_deleting (x))
+      if (owed && x->exited && x->sink_busy && sbx_exec_sandbox_deleting (x))
         owed = false;
       if (x->exited
           && (drained || (now >= x->drain_until && !owed) || x->consumer_gone || x->sink->cancelled (x->sink->ctx)))
@@ -432,49 +404,6 @@ pump_all (exec_run_t *x, err_t *err)
           return -1;
         }
     }
-}
-
-/* Fills the result's message from how the command ended. */
-static void
-describe_end (exec_run_t *x, uint32_t timeout)
-{
-  sbx_exec_result_t *res = x->res;
-  bool can_send = !x->consumer_gone && (!x->sink_busy || x->sink->ready (x->sink->ctx, 0) > 0);
-  if (x->start_error[0] != '\0' && can_send)
-    {
-      /* In one of the exec's buffers: the sink may keep it. */
-      sbx_outbuf_t *b = sbx_exec_bufs_get (&x->bufs);
-      if (b != NULL)
-        {
-          int len = snprintf ((char *) b->data, b->cap, "sandbox: %s\n", x->start_error);
-          x->sink->output (x->sink->ctx, 2, b->data, (size_t) len < b->cap ? (size_t) len : b->cap - 1);
-        }
-      snprintf (res->message, sizeof res->message, "%.*s", (int) sizeof res->message - 1, x->start_error);
-    }
-  res->duration_ms = (uint64_t) (sbx_mono_ms () - x->started);
-  if (res->timed_out)
-    snprintf (res->message, sizeof res->message, "killed after the %u s timeout, with everything it started",
-              timeout);
-  else if (res->cancelled)
-    snprintf (res->message, sizeof res->message, "killed: the client went away");
-}
-
-/* Says when a limit of the sandbox hit the command. */
-static void
-describe_limits (sbx_runtime_t *rt, const sbx_cg_events_t *before, const sbx_cg_events_t *after,
-                 sbx_exec_result_t *res)
-{
-  if (after->oom_kills > before->oom_kills)
-    {
-      res->oom_killed = true;
-      snprintf (res->message, sizeof res->message, "the sandbox's memory limit (%ld MiB) killed a process",
-                rt->cfg.memory_mb);
-    }
-  if (after->pids_max_hits > before->pids_max_hits)
-    res->pids_limited = true;
-  if (res->pids_limited && !res->oom_killed && res->message[0] == '\0')
-    snprintf (res->message, sizeof res->message, "the sandbox's process limit (%ld) refused new processes",
-              rt->cfg.pids_max);
 }
 
 /* Holds sandbox `req->id` for an exec (and, for a background one, keeps it
@@ -500,65 +429,13 @@ exec_acquire (sbx_runtime_t *rt, const sbx_exec_req_t *req, sbx_t **out, err_t *
   return 0;
 }
 
-/* The end of a command that ran: its message, and the sandbox's limit
- * events since the last exec's end (one read of the counters per exec
- * instead of a read before and after). */
-static void
-exec_describe (exec_run_t *x, uint32_t timeout)
-{
-  sbx_runtime_t *rt = x->rt;
-  describe_end (x, timeout);
-  sbx_cg_events_t before, after;
-  sbx_cg_counters_read (&rt->cg, x->req->id, &x->ctr, false, &after);
-  pthread_mutex_lock (&rt->mu);
-  before = x->s->cg_seen;
-  x->s->cg_seen = after;
-  x->s->last_used_ms = sbx_mono_ms (); /* as sbx_release would, before the answer */
-  pthread_mutex_unlock (&rt->mu);
-  describe_limits (rt, &before, &after, x->res);
-}
-
-/* The exec's cgroup goes with it. What the command left running (a server
- * started with `&`) lives on in the sandbox's background group, as it
- * would after a shell's exit, and dies with the sandbox. `ran`: the
- * command ran to its end (s->cg_seen then counts this group's events). */
-static void
-exec_remove_group (exec_run_t *x, bool ran)
-{
-  sbx_runtime_t *rt = x->rt;
-  const char *id = x->req->id;
-  cleanup_err err_t rerr = ERR_INIT;
-  sbx_cg_events_t gone = {0};
-  if (ran)
-    sbx_cg_counters_read (&rt->cg, id, &x->ctr, true, &gone);
-  sbx_cg_counters_close (&x->ctr);
-  /* A sandbox deleted meanwhile (its groups went with it) may already
-   * have a successor of the same id, whose groups are not this exec's. */
-  if (sandbox_deleting (x))
-    return;
-  if ((x->exited && sbx_cg_move_all (&rt->cg, id, x->group, SBX_CG_BACKGROUND, &rerr) < 0)
-      || sbx_cg_remove (&rt->cg, id, x->group, &rerr) < 0)
-    {
-      err_warn_release (&rerr, "exec in `%s`", id);
-      return;
-    }
-  /* Where a kernel counts an event in the exec's own group (cgroup v1,
-   * and v2's local pids events), the sandbox's sum loses it with the
-   * group: so must what the next exec compares with, or its own events
-   * would go unseen. */
-  pthread_mutex_lock (&rt->mu);
-  x->s->cg_seen.pids_max_hits -= gone.pids_max_hits;
-  x->s->cg_seen.oom_kills -= gone.oom_kills;
-  pthread_mutex_unlock (&rt->mu);
-}
-
 /* Cleans up after an exec, whether its command ran (`ran`) or not. */
 static void
 exec_end (exec_run_t *x, bool ran)
 {
   sbx_runtime_t *rt = x->rt;
   exec_run_close (x);
-  exec_remove_group (x, ran);
+  sbx_exec_remove_group (x, ran);
   if (x->req->background)
     {
       pthread_mutex_lock (&rt->mu);
@@ -618,7 +495,7 @@ sbx_exec_run (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_
       exec_end (x, false);
       return -1;
     }
-  exec_describe (x, timeout);
+  sbx_exec_describe (x, timeout);
   *out = x;
   return 0;
 }
