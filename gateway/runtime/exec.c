@@ -75,6 +75,24 @@ check_request (const sbx_exec_req_t *req, err_t *err)
   return 0;
 }
 
+/* The holder takes at most SBX_EXEC_MAX_ARGS arguments and
+ * SBX_EXEC_MAX_ENV environment entries: more is refused here, by name. */
+static int
+check_counts (const sbx_exec_req_t *req, char *const *env, err_t *err)
+{
+  size_t argc = 0, envc = 0;
+  while (req->argv[argc] != NULL)
+    argc++;
+  while (env[envc] != NULL)
+    envc++;
+  if (argc <= SBX_EXEC_MAX_ARGS && envc <= SBX_EXEC_MAX_ENV)
+    return 0;
+  log_msg (SEV_INFO, "exec in `%s`: %zu arguments and %zu environment entries, above SBX_EXEC_MAX_ARGS/ENV", req->id,
+           argc, envc);
+  return err_make (err, E2BIG, "a command may have at most %d arguments and %d environment entries",
+                   SBX_EXEC_MAX_ARGS, SBX_EXEC_MAX_ENV);
+}
+
 /* Sends the holder the request to start the command, with the command's
  * descriptors, keeping the gateway's ends in *x. */
 static int
@@ -86,18 +104,8 @@ send_exec_request (exec_run_t *x, const char *state, err_t *err)
   cleanup_free char **env = sbx_exec_build_env (req->env, pty);
   if (env == NULL)
     return err_make (err, ENOMEM, "exec: out of memory");
-  size_t argc = 0, envc = 0;
-  while (req->argv[argc] != NULL)
-    argc++;
-  while (env[envc] != NULL)
-    envc++;
-  if (argc > SBX_EXEC_MAX_ARGS || envc > SBX_EXEC_MAX_ENV)
-    {
-      log_msg (SEV_INFO, "exec in `%s`: %zu arguments and %zu environment entries, above SBX_EXEC_MAX_ARGS/ENV",
-               req->id, argc, envc);
-      return err_make (err, E2BIG, "a command may have at most %d arguments and %d environment entries",
-                       SBX_EXEC_MAX_ARGS, SBX_EXEC_MAX_ENV);
-    }
+  if (check_counts (req, env, err) < 0)
+    return -1;
   /* Sized to the request: the largest one allowed would be a mapping of
    * its own, made and unmade per exec. */
   size_t size = sbx_exec_size (cwd, req->argv, env);
