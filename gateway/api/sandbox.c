@@ -93,7 +93,6 @@ api_list (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
 typedef struct exec_call_s
 {
   rpc_call_t *call;
-  bool answered; /* the exit and the status have gone out */
 } exec_call_t;
 
 /* Output chunks become ExecEvents on the call, sent from the exec's own
@@ -144,20 +143,6 @@ send_exit (rpc_call_t *call, const sbx_exec_result_t *res, err_t *err)
   return 0;
 }
 
-/* The command's end: the caller has its answer before the exec cleans up. */
-static void
-exec_ended (void *ctx, const sbx_exec_result_t *res)
-{
-  exec_call_t *x = ctx;
-  err_t err = ERR_INIT;
-  if (!res->cancelled)
-    {
-      x->answered = true;
-      send_exit (x->call, res, &err);
-    }
-  err_release (&err);
-}
-
 static void
 cleanup_env_fn (char ***env)
 {
@@ -190,12 +175,15 @@ api_exec (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
       .timeout_seconds = req->timeout_seconds,
   };
   exec_call_t xc = {.call = call};
-  sbx_exec_sink_t sink
-      = {.output = exec_output, .cancelled = exec_cancelled, .ready = exec_ready, .ended = exec_ended, .ctx = &xc};
+  sbx_exec_sink_t sink = {.output = exec_output, .cancelled = exec_cancelled, .ready = exec_ready, .ctx = &xc};
   sbx_exec_result_t res;
-  if (sbx_exec (ctx->rt, &xr, &sink, &res, err) < 0)
+  sbx_exec_t *run = NULL;
+  if (sbx_exec_run (ctx->rt, &xr, &sink, &res, &run, err) < 0)
     return -1;
-  return xc.answered ? 0 : send_exit (call, &res, err);
+  /* The caller has its answer before the exec cleans up. */
+  int rc = send_exit (call, &res, err);
+  sbx_exec_finish (run);
+  return rc;
 }
 
 int

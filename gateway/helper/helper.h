@@ -6,6 +6,7 @@
  *   options.c the command line, volume specs, id maps (pure)
  *   launch.c  cgroups, disk, restore, forking the holder, READY
  *   rootfs.c  the holder's namespaces and root (overlay, /proc, /dev, volumes)
+ *   volumes.c a volume's spec and its detached, idmapped copy
  *   netns.c   loopback and egress routes
  *   holder.c  the sandbox's pid 1: commands and orphans
  *   userns.c  the sandbox's user namespace, idmapped mounts, the start-up probe
@@ -73,8 +74,8 @@ extern int helper_report_fd;
 extern char *helper_args_start;
 extern size_t helper_args_len;
 
-/* main.c: one typed report on `fd`. */
-void helper_report (int fd, int type, int status, int a, int b, const char *text);
+/* main.c: an ERROR report of *err on `fd` (the other reports: wire.h's
+ * writers). */
 void helper_report_err (int fd, const err_t *err);
 /* Ends a helper that makes one thing for the gateway (base, filter): ERROR
  * with *err (then released) when it is set, else READY with descriptor
@@ -86,7 +87,7 @@ int helper_launch (const helper_opts_t *o);
 /* The sandbox's disk, a detached tmpfs mount (fsmount); -1 until made. */
 extern int helper_disk_fd;
 
-/* rootfs.c */
+/* rootfs.c (and volumes.c: helper_parse_volume, helper_volume_clone) */
 int helper_mkdir_p (const char *path, mode_t mode, err_t *err);
 /* A volume, as the gateway checked it: "host:sandbox[:ro][:uid=N:gid=M]". */
 typedef struct helper_volume_s

@@ -49,23 +49,9 @@ char *helper_args_start;
 size_t helper_args_len;
 
 void
-helper_report (int fd, int type, int status, int a, int b, const char *text)
-{
-  sbx_report_t r;
-  memset (&r, 0, sizeof r);
-  r.type = type;
-  r.status = status;
-  r.a = a;
-  r.b = b;
-  if (text != NULL)
-    snprintf (r.text, sizeof r.text, "%s", text);
-  TEMP_FAILURE_RETRY (send (fd, &r, sizeof r, MSG_NOSIGNAL));
-}
-
-void
 helper_report_err (int fd, const err_t *err)
 {
-  helper_report (fd, SBX_REPORT_ERROR, err->status, 0, 0, err_msg (err));
+  sbx_report_error (fd, err->status, err_msg (err));
 }
 
 int
@@ -77,10 +63,7 @@ helper_answer (err_t *err, int fd)
       err_release (err);
       return 1;
     }
-  sbx_report_t ready;
-  memset (&ready, 0, sizeof ready);
-  ready.type = SBX_REPORT_READY;
-  return sbx_send_fds (helper_report_fd, &ready, sizeof ready, &fd, 1) < 0 ? 1 : 0;
+  return sbx_report_ready (helper_report_fd, 0, fd) < 0 ? 1 : 0;
 }
 
 /* `sandbox-helper private-mounts PROGRAM ARGS...`: runs PROGRAM in a mount
@@ -142,14 +125,14 @@ main (int argc, char **argv)
   o.blocked = blocked;
   if (o.volumes == NULL || o.masks == NULL || o.blocked == NULL)
     {
-      helper_report (helper_report_fd, SBX_REPORT_ERROR, ENOMEM, 0, 0, "sandbox-helper: out of memory");
+      sbx_report_error (helper_report_fd, ENOMEM, "sandbox-helper: out of memory");
       return 2;
     }
   if (helper_opts_parse (argc, argv, &o) < 0)
     return 2;
   if (o.id == NULL)
     {
-      helper_report (helper_report_fd, SBX_REPORT_ERROR, EINVAL, 0, 0, "sandbox-helper: --id is required");
+      sbx_report_error (helper_report_fd, EINVAL, "sandbox-helper: --id is required");
       return 2;
     }
   if (strcmp (argv[1], "base") == 0 && o.state != NULL)
@@ -158,6 +141,6 @@ main (int argc, char **argv)
     return helper_launch (&o);
   if (strcmp (argv[1], "probe") == 0 && o.state != NULL && o.uid_range > 0)
     return helper_probe (&o);
-  helper_report (helper_report_fd, SBX_REPORT_ERROR, EINVAL, 0, 0, "sandbox-helper: bad arguments");
+  sbx_report_error (helper_report_fd, EINVAL, "sandbox-helper: bad arguments");
   return 2;
 }

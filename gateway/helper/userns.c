@@ -212,16 +212,15 @@ probe_steps (const helper_opts_t *o, err_t *err)
 int
 helper_probe (const helper_opts_t *o)
 {
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   int rc = probe_steps (o, &err);
   if (chdir ("/") == 0 && umount2 (o->state, MNT_DETACH) == 0)
     rmdir (o->state);
   if (rc < 0)
     {
       helper_report_err (helper_report_fd, &err);
-      err_release (&err);
       return 1;
     }
-  helper_report (helper_report_fd, SBX_REPORT_READY, 0, 0, 0, NULL);
+  sbx_report_ready (helper_report_fd, 0, -1);
   return 0;
 }

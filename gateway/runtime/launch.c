@@ -17,6 +17,7 @@
 #include "common/cleanup.h"
 #include "common/log.h"
 #include "gateway/runtime/internal.h"
+#include "gateway/runtime/path.h"
 
 /* How long a launch may take before the helper's silence is a failure. */
 #define LAUNCH_REPORT_TIMEOUT_MS 60000
@@ -36,7 +37,8 @@ reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_t **out, err_
   if (s == NULL)
     return err_make (err, ENOMEM, "launch: out of memory");
   snprintf (s->id, sizeof s->id, "%s", id);
-  snprintf (s->state, sizeof s->state, "%s/%s", rt->sandboxes_dir, id);
+  if (sbx_path_fmt (s->state, sizeof s->state, err, "%s/%s", rt->sandboxes_dir, id) < 0)
+    return err_wrap (err, "the state directory of `%s`", id);
   s->slirp_exit_fd = -1;
   s->disk_fd = -1;
   s->port_spare = -1;
@@ -313,7 +315,7 @@ take_ready (sbx_runtime_t *rt, sbx_t *s, int got, const sbx_report_t *r, const i
   if (disk_fd < 0)
     return err_make (err, EIO, "launch `%s`: the helper sent no disk", s->id);
   s->disk_fd = sbx_fd_keep (take_fd (&disk_fd));
-  s->holder = r->a;
+  s->holder = r->u.ready.holder_pid;
   return s->allow_egress ? sbx_net_start (rt, s, err) : 0;
 }
 

@@ -217,9 +217,6 @@ typedef struct sbx_exec_sink_s
   /* Told once the command runs (may be NULL: the descriptors are then
    * closed). Called on the exec's thread, before any output. */
   void (*started) (void *ctx, const sbx_exec_started_t *st);
-  /* Told the final result of a command that ran (may be NULL), on the
-   * exec's thread before it cleans up: the caller may answer from here. */
-  void (*ended) (void *ctx, const sbx_exec_result_t *res);
   void *ctx;
 } sbx_exec_sink_t;
 
@@ -243,9 +240,24 @@ struct sbx_exec_result_s
   char message[256]; /* detail for an abnormal end */
 };
 
-/* Runs a command in a sandbox, streaming its output to `sink`. Returns 0
- * when the command ran (whatever its exit status), -1 with *err when it
- * could not be run (ENOENT unknown sandbox, EINVAL bad request). */
+/* An exec whose command has ended, not yet cleaned up (sbx_exec_run). */
+typedef struct sbx_exec_s sbx_exec_t;
+
+/* Runs a command in a sandbox, streaming its output to `sink`, until it
+ * has ended and its output is drained: *res is then final and the caller
+ * may answer, before sbx_exec_finish cleans up (the exec's cgroup, the
+ * sandbox's hold), which it must call once with *out. Returns 0 when the
+ * command ran (whatever its exit status), -1 with *err when it could not
+ * be run (ENOENT unknown sandbox, EINVAL bad request; *out NULL, nothing
+ * to finish). `req` and `sink` stay the caller's and must live until
+ * sbx_exec_finish. */
+int sbx_exec_run (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *sink, sbx_exec_result_t *res,
+                  sbx_exec_t **out, err_t *err);
+/* Cleans up after sbx_exec_run and frees `x` (NULL: nothing). */
+void sbx_exec_finish (sbx_exec_t *x);
+
+/* sbx_exec_run then sbx_exec_finish, for a caller that answers after the
+ * clean-up. */
 int sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *sink, sbx_exec_result_t *res,
               err_t *err);
 
