@@ -250,7 +250,7 @@ start (const struct sockaddr_storage *ss, err_t *err)
       .md = shim.md,
       .n_md = shim.n_md,
   };
-  if (members_start (&mc, err) < 0 || watch_start (err) < 0)
+  if (members_start (&mc, err) < 0 || hangup_start (err) < 0)
     return NULL;
   return shim_server_start ((const struct sockaddr *) ss, err);
 }

@@ -22,6 +22,11 @@
 #define SRV_PREFIX "dns-srv:"
 /* Calls go here when no member is listed: a path nothing can create, so
  * the call fails at once, UNAVAILABLE. */
+/* The longest a health probe may take (at most one health period): a hung
+ * gateway is then found down within two periods. */
+#define MEMBERS_PROBE_DEADLINE_MS 5000
+/* How often the first probes are looked for at start. */
+#define MEMBERS_FIRST_PROBE_POLL_MS 50
 #define NOWHERE_TARGET "unix:/proc/self/sandbox-shim-no-gateway"
 
 typedef enum member_state_e
@@ -273,7 +278,7 @@ prober_main (void *arg)
   int64_t period = g.cfg.health_seconds * 1000;
   /* A probe answers within the period, so a hung gateway is found down
    * within two periods. */
-  int64_t deadline = period < 5000 ? period : 5000;
+  int64_t deadline = period < MEMBERS_PROBE_DEADLINE_MS ? period : MEMBERS_PROBE_DEADLINE_MS;
   pthread_mutex_lock (&g.mu);
   while (!g.stopping)
     {
@@ -414,7 +419,7 @@ members_check_spec (const char *gateways)
   if (why == NULL && n == 0)
     why = "names no gateway";
   if (why == NULL && n > MEMBERS_MAX)
-    why = "names more than 256 gateways";
+    why = "names more than " MEMBERS_MAX_TEXT " gateways";
   if (why == NULL && (gateways[0] == ',' || gateways[strlen (gateways) - 1] == ',' || strstr (gateways, ",,")))
     why = "has an empty entry";
   return why;
@@ -436,7 +441,7 @@ wait_first_probes (int64_t ms)
       int64_t left = end - mono_ms ();
       if (all || left <= 0)
         break;
-      wait_until (mono_ms () + (left < 50 ? left : 50));
+      wait_until (mono_ms () + (left < MEMBERS_FIRST_PROBE_POLL_MS ? left : MEMBERS_FIRST_PROBE_POLL_MS));
     }
   pthread_mutex_unlock (&g.mu);
 }

@@ -76,6 +76,7 @@ size_t members_serving (rpc_channel_t **chs, const char **names, size_t cap);
 
 /* Most gateways in a set (distinct names ever seen). */
 #define MEMBERS_MAX 256
+#define MEMBERS_MAX_TEXT "256"
 
 /* True when routing over several members (SHIM_GATEWAYS set). */
 bool members_routing (void);

@@ -149,7 +149,7 @@ void shim_missed_reset (void);
  * gateway's own UNAVAILABLE (503) from no gateway at all (502). */
 unsigned shim_http_status (grpc_status_code code, bool from_handler);
 
-/* The client connection's socket (for watch_add), or -1. */
+/* The client connection's socket (for hangup_add), or -1. */
 int shim_req_fd (shim_req_t *r);
 
 /* Monotonic nanoseconds. */

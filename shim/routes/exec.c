@@ -379,11 +379,11 @@ exec_buffered (shim_req_t *r, rpc_client_call_t *c, unsigned *status)
       rpc_client_destroy (c);
       return shim_detail (503, "Out of memory", status);
     }
-  watch_t *w = watch_add (shim_req_fd (r), c);
+  hangup_t *w = hangup_add (shim_req_fd (r), c);
   json_t *exit_st = NULL;
   err_t err = ERR_INIT;
   int held = exec_collect (c, a, &exit_st, &err);
-  bool hung_up = watch_remove (w);
+  bool hung_up = hangup_remove (w);
   rpc_status_t st = RPC_STATUS_INIT;
   grpc_status_code code = GRPC_STATUS_CANCELLED;
   if (held == 0)

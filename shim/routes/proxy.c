@@ -131,7 +131,7 @@ px_start (shim_req_t *r, px_t *px, unsigned *status)
       rpc_status_release (&st);
       return resp;
     }
-  px->watch = watch_add (shim_req_fd (r), px->call);
+  px->hangup = hangup_add (shim_req_fd (r), px->call);
   /* The `connected` frame, or the call's failure. */
   err_t err = ERR_INIT;
   grpc_byte_buffer *bb = NULL;
@@ -401,8 +401,8 @@ out_of_memory (struct MHD_Response *resp, unsigned *status)
 static struct MHD_Response *
 head_failed (px_t *px, got_head_t got, unsigned *status)
 {
-  bool client_gone = watch_remove (px->watch);
-  px->watch = NULL;
+  bool client_gone = hangup_remove (px->hangup);
+  px->hangup = NULL;
   if (client_gone)
     return shim_detail (499, "Client closed the request", status);
   if (got == HEAD_NO_MEMORY)

@@ -37,7 +37,7 @@ typedef struct px_s
   bool slot;     /* holds a forwarded-connection slot */
   bool relaying; /* the answer is the server's, with a body or upgraded */
   rpc_client_call_t *call;
-  watch_t *watch;
+  hangup_t *hangup;
   bool chunked_up; /* the request body goes upstream re-chunked */
   bool upgrade;    /* the client asked for an upgrade */
   bool head_method;

@@ -115,7 +115,7 @@ px_send_data (px_t *px, const void *data, size_t len)
 void
 px_free (px_t *px)
 {
-  watch_remove (px->watch);
+  hangup_remove (px->hangup);
   if (px->call != NULL)
     rpc_client_destroy (px->call);
   frames_drop (&px->up);
@@ -227,8 +227,8 @@ px_upgraded (void *cls, struct MHD_Connection *conn, void *con_cls, const char *
   shim_req_t *r = con_cls;
   r->state = NULL; /* the threads own it now */
   watchdog_stage (conn, STAGE_UPGRADED, false);
-  watch_remove (px->watch); /* the socket is ours now; the threads see its end */
-  px->watch = NULL;
+  hangup_remove (px->hangup); /* the socket is ours now; the threads see its end */
+  px->hangup = NULL;
   px->urh = urh;
   px->sock = sock;
   /* MHD hands the socket over non-blocking; each thread blocks on its way,

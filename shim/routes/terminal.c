@@ -625,12 +625,12 @@ term_attach (shim_req_t *r, term_t *t, bool replay, struct MHD_Response **resp, 
       return -1;
     }
   t->call = call;
-  watch_t *w = watch_add (shim_req_fd (r), call);
+  hangup_t *w = hangup_add (shim_req_fd (r), call);
   ProtobufCMessage *m = NULL;
   int rc = rpc_client_send (call, &first.base, &err);
   if (rc == 0)
     rc = rpc_client_recv (call, &sandbox__v1__process_event__descriptor, &m, &err);
-  watch_remove (w);
+  hangup_remove (w);
   err_release (&err);
   bool started = rc > 0 && ((Sandbox__V1__ProcessEvent *) m)->event_case == SANDBOX__V1__PROCESS_EVENT__EVENT_STARTED;
   if (m != NULL)
