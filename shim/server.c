@@ -53,6 +53,32 @@ shim_mono_ns (void)
 
 /* ---- routing --------------------------------------------------------------------- */
 
+/* The cap of a streamed body, by what it is: a restore's tar
+ * (SHIM_MAX_RESTORE_BYTES), a file's bytes (SHIM_MAX_FILE_UPLOAD_BYTES) or
+ * a request into a sandbox's port (SHIM_MAX_PROXY_BODY_BYTES). */
+static uint64_t
+stream_cap (const shim_route_t *rt)
+{
+  if (rt->upload == route_file_put_upload)
+    return (uint64_t) shim.cfg.max_file_upload_bytes;
+  if (rt->upload == proxy_upload)
+    return (uint64_t) shim.cfg.max_proxy_body_bytes;
+  return (uint64_t) shim.cfg.max_restore_bytes;
+}
+
+/* 413, and a log line naming the setting that capped it. */
+static void
+body_too_large (shim_req_t *r)
+{
+  const shim_route_t *rt = r->route;
+  const char *setting = rt->body != SHIM_BODY_STREAM          ? "SHIM_MAX_JSON_BODY"
+                        : rt->upload == route_file_put_upload ? "SHIM_MAX_FILE_UPLOAD_BYTES"
+                        : rt->upload == proxy_upload          ? "SHIM_MAX_PROXY_BODY_BYTES"
+                                                              : "SHIM_MAX_RESTORE_BYTES";
+  log_msg (SEV_INFO, "%s %s: body over %s: 413", rt->method, rt->path, setting);
+  shim_req_fail (r, 413, "Request body too large");
+}
+
 static void
 start_request (shim_req_t *r, const char *url, const char *method)
 {
@@ -112,10 +138,9 @@ start_request (shim_req_t *r, const char *url, const char *method)
     {
       const char *cl = MHD_lookup_connection_value (r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
       unsigned long long declared = cl != NULL ? strtoull (cl, NULL, 10) : 0;
-      unsigned long long cap
-          = r->route->body == SHIM_BODY_STREAM ? (unsigned long long) shim.cfg.max_restore_bytes : SHIM_MAX_JSON_BODY;
+      unsigned long long cap = r->route->body == SHIM_BODY_STREAM ? stream_cap (r->route) : SHIM_MAX_JSON_BODY;
       if (declared > cap)
-        shim_req_fail (r, 413, "Request body too large");
+        body_too_large (r);
     }
 }
 
@@ -127,8 +152,8 @@ take_body (shim_req_t *r, const char *data, size_t size)
     return;
   if (r->route->body == SHIM_BODY_STREAM)
     {
-      if (r->body_bytes > (uint64_t) shim.cfg.max_restore_bytes)
-        shim_req_fail (r, 413, "Request body too large");
+      if (r->body_bytes > stream_cap (r->route))
+        body_too_large (r);
       else
         {
           metrics_bytes (true, size);
@@ -140,7 +165,7 @@ take_body (shim_req_t *r, const char *data, size_t size)
     return;
   if (r->len + size > SHIM_MAX_JSON_BODY)
     {
-      shim_req_fail (r, 413, "Request body too large");
+      body_too_large (r);
       return;
     }
   if (r->len + size + 1 > r->cap)

@@ -227,3 +227,19 @@ route_output_json (bool stdout_, ProtobufCBinaryData d)
   cleanup_free char *b64 = route_base64 (d.data, d.len);
   return json_pack ("{s:s}", stdout_ ? "stdout_b64" : "stderr_b64", b64 ? b64 : "");
 }
+
+json_t *
+route_exit_code_json (const Sandbox__V1__ExitStatus *x)
+{
+  if (x->timed_out)
+    return json_null ();
+  if (x->signal != 0)
+    return json_integer (-(json_int_t) x->signal);
+  return json_integer (x->exit_code);
+}
+
+json_t *
+route_exit_signal_json (const Sandbox__V1__ExitStatus *x)
+{
+  return x->signal != 0 ? json_integer (x->signal) : json_null ();
+}

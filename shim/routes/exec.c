@@ -191,14 +191,7 @@ exec_start (shim_req_t *r, const shim_exec_body_t *b, rpc_status_t *st)
 static json_t *
 exit_json (const Sandbox__V1__ExitStatus *x)
 {
-  json_t *code;
-  if (x->timed_out)
-    code = json_null ();
-  else if (x->signal != 0)
-    code = json_integer (-x->signal); /* as Python's subprocess reports it */
-  else
-    code = json_integer (x->exit_code);
-  json_t *j = json_pack ("{s:o, s:b}", "exit_code", code, "timed_out", x->timed_out);
+  json_t *j = json_pack ("{s:o, s:b}", "exit_code", route_exit_code_json (x), "timed_out", x->timed_out);
   /* Additive, and only when true: the contract's answer is otherwise
    * unchanged. */
   if (j != NULL && x->oom_killed)

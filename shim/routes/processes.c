@@ -34,9 +34,9 @@ text_json (const char *text)
 static json_t *
 exit_status_json (const Sandbox__V1__ExitStatus *x)
 {
-  return json_pack ("{s:i, s:i, s:b, s:b, s:b, s:o}", "exit_code", (int) x->exit_code, "signal", (int) x->signal,
-                    "timed_out", x->timed_out, "oom_killed", x->oom_killed, "pids_limited", x->pids_limited,
-                    "message", text_json (x->message));
+  return json_pack ("{s:o, s:o, s:b, s:b, s:b, s:o}", "exit_code", route_exit_code_json (x), "signal",
+                    route_exit_signal_json (x), "timed_out", x->timed_out, "oom_killed", x->oom_killed,
+                    "pids_limited", x->pids_limited, "message", text_json (x->message));
 }
 
 static json_t *

@@ -235,9 +235,8 @@ chunk_new (bool text, const void *data, size_t len)
 static chunk_t *
 exit_chunk (const Sandbox__V1__ExitStatus *x)
 {
-  json_t *j = json_pack ("{s:s, s:o, s:o, s:b}", "type", "exit", "exit_code",
-                         x->signal != 0 ? json_null () : json_integer (x->exit_code), "signal",
-                         x->signal != 0 ? json_integer (x->signal) : json_null (), "timed_out", x->timed_out);
+  json_t *j = json_pack ("{s:s, s:o, s:o, s:b}", "type", "exit", "exit_code", route_exit_code_json (x), "signal",
+                         route_exit_signal_json (x), "timed_out", x->timed_out);
   char *text = j != NULL ? json_dumps (j, JSON_COMPACT) : NULL;
   json_decref (j);
   chunk_t *c = text != NULL ? chunk_new (true, text, strlen (text)) : NULL;
