@@ -21,6 +21,10 @@ typedef struct slot_s
   bool hung_up;
 } slot_t;
 
+/* The most hang-ups taken from epoll at once (more wait for the next
+ * round: a batch, not a cap). */
+#define HANGUP_EVENT_BATCH 64
+
 struct hangup_s
 {
   uint32_t index;
@@ -36,10 +40,10 @@ static void *
 hangup_main (void *arg)
 {
   (void) arg;
-  struct epoll_event evs[64];
+  struct epoll_event evs[HANGUP_EVENT_BATCH];
   for (;;)
     {
-      int n = epoll_wait (hangup_epfd, evs, 64, -1);
+      int n = epoll_wait (hangup_epfd, evs, HANGUP_EVENT_BATCH, -1);
       if (n < 0 && errno == EINTR)
         continue;
       if (n < 0)

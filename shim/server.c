@@ -325,6 +325,13 @@ mhd_log (void *cls, const char *fmt, va_list ap)
   free (msg);
 }
 
+/* MHD's memory pool per connection (request head, headers, buffers): a
+ * head that does not fit is refused by MHD with an HTTP error, logged through
+ * mhd_log. */
+#define SHIM_CONNECTION_MEMORY (256 * 1024)
+/* The stack of each connection's thread. */
+#define SHIM_THREAD_STACK (512 * 1024)
+
 struct MHD_Daemon *
 shim_server_start (const struct sockaddr *addr, err_t *err)
 {
@@ -336,8 +343,8 @@ shim_server_start (const struct sockaddr *addr, err_t *err)
       MHD_OPTION_NOTIFY_CONNECTION, watchdog_notify_connection, NULL, MHD_OPTION_CONNECTION_LIMIT,
       (unsigned) shim.cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
       (unsigned) shim.cfg.max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
-      (unsigned) shim.cfg.connection_timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (256 * 1024),
-      MHD_OPTION_THREAD_STACK_SIZE, (size_t) (512 * 1024), MHD_OPTION_END);
+      (unsigned) shim.cfg.connection_timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) SHIM_CONNECTION_MEMORY,
+      MHD_OPTION_THREAD_STACK_SIZE, (size_t) SHIM_THREAD_STACK, MHD_OPTION_END);
   if (d == NULL)
     {
       err_make (err, EADDRINUSE, "cannot listen on %s:%ld (address in use or not valid)", shim.cfg.host,
