@@ -2,41 +2,28 @@
  * terminal_messages.h). */
 #include "shim/routes/terminal_messages.h"
 
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "shim/routes/routes.h"
+#include "shim/validate.h"
 
-static const struct
-{
-  const char *name;
-  int number;
-} signal_names[] = {
-    {"HUP", SIGHUP},   {"INT", SIGINT},   {"QUIT", SIGQUIT}, {"KILL", SIGKILL}, {"USR1", SIGUSR1},
-    {"USR2", SIGUSR2}, {"TERM", SIGTERM}, {"CONT", SIGCONT}, {"STOP", SIGSTOP}, {"TSTP", SIGTSTP},
-    {"ALRM", SIGALRM}, {"PIPE", SIGPIPE}, {"TTIN", SIGTTIN}, {"TTOU", SIGTTOU}, {"WINCH", SIGWINCH},
-};
-
-/* A signal given as a name ("SIGINT", "int") or a number; 0 when neither. */
+/* A signal given as a name ("SIGINT", "int": shim_signal_number's, as the
+ * REST signal route takes them) or a number 1..SHIM_SIGNAL_MAX; 0 when
+ * neither. */
 static int
 signal_of (json_t *v)
 {
   if (json_is_integer (v))
     {
       json_int_t n = json_integer_value (v);
-      return n >= 1 && n <= 64 ? (int) n : 0;
+      return n >= 1 && n <= SHIM_SIGNAL_MAX ? (int) n : 0;
     }
   if (!json_is_string (v))
     return 0;
-  const char *s = json_string_value (v);
-  if (strncasecmp (s, "SIG", 3) == 0)
-    s += 3;
-  for (size_t i = 0; i < sizeof signal_names / sizeof signal_names[0]; i++)
-    if (strcasecmp (s, signal_names[i].name) == 0)
-      return signal_names[i].number;
-  return 0;
+  int n = shim_signal_number (json_string_value (v));
+  return n > 0 ? n : 0;
 }
 
 /* A terminal dimension (1..65535), or 0. */

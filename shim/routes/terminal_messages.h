@@ -14,8 +14,8 @@
 
 /* Fills `in` from the control message data[0..len): `{"type":"resize",
  * "rows":R,"cols":C}` (1..65535, into *size, which `in` then points to),
- * `{"type":"signal","signal":"SIGINT"|"int"|2}` (a name of the common
- * signals with or without SIG, or 1..64) or `{"type":"close_stdin"}`.
+ * `{"type":"signal","signal":"SIGINT"|"int"|2}` (a kill(1) name with or
+ * without SIG, or 1..64) or `{"type":"close_stdin"}`.
  * NULL when fine, else why not (static text). *doc: the parsed message
  * (may be NULL), which the caller releases (json_decref) once `in` is sent:
  * `in` may point into it. */

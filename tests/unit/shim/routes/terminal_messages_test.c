@@ -45,6 +45,11 @@ test_resize_signal_and_close_stdin_become_process_input (void **state)
   assert_int_equal (in.signal, 15);
   assert_null (control ("{\"type\":\"signal\",\"signal\":64}", &in, &size));
   assert_int_equal (in.signal, 64);
+  /* Every kill(1) name, as the REST signal route takes them. */
+  assert_null (control ("{\"type\":\"signal\",\"signal\":\"sigusr2\"}", &in, &size));
+  assert_int_equal (in.signal, 12);
+  assert_null (control ("{\"type\":\"signal\",\"signal\":\"PWR\"}", &in, &size));
+  assert_int_equal (in.signal, 30);
   assert_null (control ("{\"type\":\"close_stdin\"}", &in, &size));
   assert_int_equal (in.input_case, SANDBOX__V1__PROCESS_INPUT__INPUT_CLOSE_STDIN);
   assert_true (in.close_stdin);
