@@ -111,8 +111,10 @@ parse_object (const char *content_type, const char *body, size_t len, shim_error
     }
   if (!json_content (content_type))
     {
+      /* FastAPI's type and words, and what is wrong: the body's type. */
       shim_errors_add (e, "model_attributes_type", "body", NULL,
-                       "Input should be a valid dictionary or object to extract fields from");
+                       "Input should be a valid dictionary or object to extract fields from: the body was not sent "
+                       "as JSON (send it with Content-Type: application/json)");
       return NULL;
     }
   json_error_t jerr;

@@ -11,6 +11,7 @@
 #ifndef SBX_SHIM_ROUTES_H
 #define SBX_SHIM_ROUTES_H
 
+#include "sandbox/v1/sandbox.pb-c.h"
 #include "shim/shim.h"
 
 /* Deadline of short gateway calls (launch, delete, status...). */
@@ -26,6 +27,8 @@ struct MHD_Response *route_health (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_launch (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_list (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_delete (shim_req_t *r, unsigned *status);
+/* GET /sandboxes/{id}: its entry in the GET /sandboxes shape (404 unknown). */
+struct MHD_Response *route_get (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_metrics (shim_req_t *r, unsigned *status);
 
 /* ready.c */
@@ -118,5 +121,12 @@ typedef struct MHD_Response *(*route_error_fn) (grpc_status_code code, const rpc
  * malloc, freed with free() with the answer) is the events' state. */
 struct MHD_Response *route_ndjson (shim_req_t *r, rpc_client_call_t *c, const ProtobufCMessageDescriptor *desc,
                                    route_event_fn event, void *ctx, route_error_fn error, unsigned *status);
+
+/* How every answer reports how a command ended (exec, process exit lines,
+ * the terminal's exit message): `exit_code` is its exit status, or -N when
+ * signal N ended it (as Python's subprocess reports it), or null when its
+ * timeout killed it; `signal`, where an answer has it, is N or null. */
+json_t *route_exit_code_json (const Sandbox__V1__ExitStatus *x);
+json_t *route_exit_signal_json (const Sandbox__V1__ExitStatus *x);
 
 #endif

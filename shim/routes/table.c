@@ -45,5 +45,6 @@ const shim_route_t shim_routes[] = {
     {"*", "/sandboxes/{id}/ports/{port}/{*}", SHIM_BODY_STREAM, true, proxy_handle, proxy_upload, proxy_cleanup,
      false, NULL},
     {"*", "/p/{*}", SHIM_BODY_STREAM, false, proxy_handle, proxy_upload, proxy_cleanup, false, proxy_admit},
+    {"GET", "/sandboxes/{id}", SHIM_BODY_NONE, true, route_get, NULL, NULL, false, NULL},
 };
 const size_t shim_n_routes = sizeof shim_routes / sizeof shim_routes[0];
