@@ -165,7 +165,8 @@ main (int argc, char **argv)
       {"max-entries", required_argument, NULL, 'E'},  {"unpacker", required_argument, NULL, 'U'},
       {"mask", required_argument, NULL, 'M'},         {"block", required_argument, NULL, 'B'},
       {"uid-base", required_argument, NULL, 'b'},     {"uid-range", required_argument, NULL, 'r'},
-      {"memcg-spare", required_argument, NULL, 'S'},  {NULL, 0, NULL, 0},
+      {"memcg-spare", required_argument, NULL, 'S'},  {"layers", required_argument, NULL, 'L'},
+      {"layer-uid", required_argument, NULL, 'O'},    {NULL, 0, NULL, 0},
   };
   optind = 2;
   int c;
@@ -193,6 +194,8 @@ main (int argc, char **argv)
       case 'b': o.uid_base = strtoul (optarg, NULL, 10); break;
       case 'r': o.uid_range = strtoul (optarg, NULL, 10); break;
       case 'S': o.memcg_spare = optarg; break;
+      case 'L': o.layers = optarg; break;
+      case 'O': o.layer_uid = strtoul (optarg, NULL, 10); break;
       default: return 2;
       }
   if (o.memcg_spare != NULL
@@ -212,6 +215,8 @@ main (int argc, char **argv)
     return helper_base (o.state);
   if (strcmp (argv[1], "launch") == 0 && o.state != NULL)
     return helper_launch (&o);
+  if (strcmp (argv[1], "unpack-layer") == 0 && o.state != NULL)
+    return helper_unpack_layer (&o);
   if (strcmp (argv[1], "probe") == 0 && o.state != NULL && o.uid_range > 0)
     return helper_probe (&o);
   helper_report (helper_report_fd, SBX_REPORT_ERROR, EINVAL, 0, 0, "sandbox-helper: bad arguments");

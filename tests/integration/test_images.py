@@ -1,0 +1,173 @@
+"""Images: sandboxes launched on OCI images pulled from a real registry
+(Debian's docker-registry on loopback, images pushed with skopeo), layers
+shared on disk, the image's Env and WorkingDir as defaults, PullImage,
+ListImages, RemoveImage, and one pull for many concurrent launches."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from tests.lib.client import new_id, sandbox_client
+from tests.lib.gateway import running_gateway
+from tests.lib.grpc_clients import sandbox_modules
+from tests.lib.images import RawRegistry, busybox_layer, make_image, registry, tar_bytes
+
+pb, _ = sandbox_modules()
+
+
+def layer(entries) -> bytes:
+    return gzip.compress(tar_bytes(entries), mtime=0)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return busybox_layer()
+
+
+@pytest.fixture(scope="module")
+def reg():
+    with registry() as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def raw():
+    r = RawRegistry()
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+@pytest.fixture(scope="module")
+def igw(reg, raw, gateway_secret):
+    env = {"SANDBOX_INSECURE_REGISTRIES": f"{reg.host},{raw.host}"}
+    with running_gateway(env, secret=gateway_secret, check=True) as gw:
+        yield gw
+
+
+@pytest.fixture
+def c(igw):
+    with sandbox_client(igw) as client:
+        yield client
+
+
+def launch(c, sid, image, timeout=120):
+    return c.stub.Launch(pb.LaunchRequest(sandbox_id=sid, image=image), metadata=c.md, timeout=timeout)
+
+
+def state_dir(gw) -> str:
+    return gw.state_dir
+
+
+def test_launch_by_tag_sees_the_image_files_env_and_workdir(c, reg, base):
+    img = make_image([base, layer([("dir", "work"), ("file", "etc/greeting", b"hello from A\n")])],
+                     env=["PATH=/bin", "GREETING=image-a"], workdir="/work")
+    ref = reg.push(img, "test/a", "v1")
+    sid = new_id("img")
+    info = launch(c, sid, ref)
+    assert info.image == ref and info.image_digest == img.digest
+    r = c.sh(sid, "cat /etc/greeting; echo $GREETING; pwd")
+    assert r.code == 0, r.describe()
+    assert r.out == "hello from A\nimage-a\n/work\n"
+    # The request's own values win over the image's.
+    r = c.exec_call(sid, ["sh", "-c", "echo $GREETING; pwd"], env={"GREETING": "mine"}, cwd="/tmp")
+    out = b"".join(ev.stdout for ev in r)
+    assert out == b"mine\n/tmp\n"
+    assert c.get(sid).image_digest == img.digest
+    # Writes go to the sandbox's own layer, never the shared one.
+    assert c.sh(sid, "echo changed > /etc/greeting && cat /etc/greeting").out == "changed\n"
+
+
+def test_launch_by_digest_and_two_images_side_by_side_share_the_base_layer(c, igw, reg, base):
+    a = make_image([base, layer([("file", "etc/which", b"A\n")])])
+    b = make_image([base, layer([("file", "etc/which", b"B\n")])])
+    reg.push(a, "test/side-a", "v1")
+    reg.push(b, "test/side-b", "v1")
+    sa, sb, sd = new_id("ia"), new_id("ib"), new_id("idef")
+    launch(c, sa, f"{reg.host}/test/side-a@{a.digest}")
+    launch(c, sb, f"{reg.host}/test/side-b:v1")
+    c.launch(sd)
+    assert c.sh(sa, "cat /etc/which").out == "A\n"
+    assert c.sh(sb, "cat /etc/which").out == "B\n"
+    # The default sandbox sees SANDBOX_ROOTFS, not an image.
+    assert c.get(sd).image == "" and not c.sh(sd, "test -e /etc/which").code == 0
+    layers = os.listdir(os.path.join(state_dir(igw), "images", "layers"))
+    from tests.lib.images import sha256
+    assert sha256(base)[7:] in layers
+    # One copy of the shared base however many images have it.
+    assert len([l for l in layers if l == sha256(base)[7:]]) == 1
+
+
+def test_whiteouts_and_opaque_directories_of_upper_layers_apply(c, reg, base):
+    lower = layer([("dir", "data"), ("file", "data/gone", b"x"), ("dir", "opq"), ("file", "opq/old", b"x"),
+                   ("file", "keep", b"k")])
+    upper = layer([("file", "data/.wh.gone", b""), ("dir", "opq"), ("file", "opq/.wh..wh..opq", b""),
+                   ("file", "opq/new", b"n")])
+    ref = reg.push(make_image([base, lower, upper]), "test/wh", "v1")
+    sid = new_id("iwh")
+    launch(c, sid, ref)
+    r = c.sh(sid, "ls /data; echo ---; ls /opq; echo ---; cat /keep")
+    assert r.out == "---\nnew\n---\nk", r.describe()
+
+
+def test_layer_files_are_owned_by_the_unprivileged_image_range_on_the_host(c, igw, reg, base):
+    img = make_image([base, layer([("file", "bin/suid", b"#!/bin/sh\n", 0o4755)])])
+    ref = reg.push(img, "test/suid", "v1")
+    sid = new_id("isu")
+    launch(c, sid, ref)
+    from tests.lib.images import sha256
+    path = os.path.join(state_dir(igw), "images", "layers", sha256(img.blobs[list(img.blobs)[-1]])[7:], "bin", "suid")
+    st = os.lstat(path)
+    assert st.st_uid >= 65536 and st.st_gid >= 65536, "a layer file owned by host root"
+    # Inside, the image's root-owned files are root's.
+    assert c.sh(sid, "stat -c %u:%g /bin/suid").out == "0:0\n"
+
+
+def test_pull_image_streams_progress_then_lists_and_removes_unless_in_use(c, reg, base):
+    img = make_image([base, layer([("file", "etc/p", b"p")])])
+    ref = reg.push(img, "test/pull", "v1")
+    events = list(c.stub.PullImage(pb.PullImageRequest(image=ref), metadata=c.md, timeout=120))
+    assert events[-1].done and events[-1].image_digest == img.digest
+    assert events[-1].layers_done == events[-1].layers_total == 2
+    assert any(e.layers_done < e.layers_total for e in events[:-1])
+    listed = {i.image_digest: i for i in c.stub.ListImages(pb.ListImagesRequest(), metadata=c.md).images}
+    assert listed[img.digest].image == ref and listed[img.digest].sandboxes == 0
+    sid = new_id("irm")
+    launch(c, sid, ref)
+    with pytest.raises(grpc.RpcError) as ei:
+        c.stub.RemoveImage(pb.RemoveImageRequest(image=ref), metadata=c.md)
+    assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert c.sh(sid, "cat /etc/p").out == "p"
+    c.delete(sid)
+    c.stub.RemoveImage(pb.RemoveImageRequest(image=ref), metadata=c.md)
+    assert img.digest not in {i.image_digest for i in c.stub.ListImages(pb.ListImagesRequest(),
+                                                                         metadata=c.md).images}
+    with pytest.raises(grpc.RpcError) as ei:
+        c.stub.RemoveImage(pb.RemoveImageRequest(image=ref), metadata=c.md)
+    assert ei.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_ten_concurrent_launches_of_an_uncached_image_pull_it_once(c, raw, base):
+    top = layer([("file", "etc/once", b"1")])
+    img = make_image([base, top])
+    ref = raw.add("test/once", "v1", img)
+    from tests.lib.images import sha256
+    ids = [new_id("ionce") for _ in range(10)]
+    with ThreadPoolExecutor(10) as pool:
+        infos = list(pool.map(lambda s: launch(c, s, ref), ids))
+    assert {i.image_digest for i in infos} == {img.digest}
+    assert raw.requests.count(f"/v2/test/once/blobs/{sha256(top)}") == 1, raw.requests
+    assert c.sh(ids[-1], "cat /etc/once").out == "1"
+
+
+def test_bad_references_are_invalid_argument(c):
+    for ref in ["UPPER/case:x", "a/../b:1", "host:5000/repo@sha256:123", "repo:" + "t" * 200]:
+        with pytest.raises(grpc.RpcError) as ei:
+            launch(c, new_id("ibad"), ref)
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ref
