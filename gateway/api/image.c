@@ -12,12 +12,19 @@
 #include "gateway/api/internal.h"
 #include "gateway/image/image.h"
 
+/* A pull ends this long before its call's deadline, so that the caller
+ * learns which image timed out and why (at most a quarter of the call's
+ * time). */
+#define PULL_DEADLINE_MARGIN_MS 1000
+
 static int64_t
 deadline_of (rpc_call_t *call)
 {
   struct timespec ts;
   clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + rpc_call_deadline_ms_left (call);
+  int64_t left = rpc_call_deadline_ms_left (call);
+  left -= left / 4 < PULL_DEADLINE_MARGIN_MS ? left / 4 : PULL_DEADLINE_MARGIN_MS;
+  return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + left;
 }
 
 static bool

@@ -6,6 +6,7 @@ ListImages, RemoveImage, and one pull for many concurrent launches."""
 from __future__ import annotations
 
 import gzip
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -171,3 +172,78 @@ def test_bad_references_are_invalid_argument(c):
         with pytest.raises(grpc.RpcError) as ei:
             launch(c, new_id("ibad"), ref)
         assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ref
+
+
+# --- auth ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def locked():
+    """A registry that wants credentials, its blobs redirected to another
+    host (`cdn`), and a gateway whose SANDBOX_REGISTRY_AUTH_FILE has them."""
+    import base64
+    import tempfile
+    reg_, cdn = RawRegistry(), RawRegistry()
+    creds = base64.b64encode(b"tester:s3cret").decode()
+    reg_.basic = creds
+    reg_.redirect_to = cdn.host
+    auth = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    json.dump({"auths": {reg_.host: {"auth": creds}}}, auth)
+    auth.close()
+    env = {"SANDBOX_INSECURE_REGISTRIES": f"{reg_.host},{cdn.host}", "SANDBOX_REGISTRY_AUTH_FILE": auth.name}
+    try:
+        with running_gateway(env, check=True, secret="images-auth-secret") as gw, sandbox_client(gw) as client:
+            yield reg_, cdn, client
+    finally:
+        reg_.close()
+        cdn.close()
+        os.unlink(auth.name)
+
+
+def test_basic_auth_then_a_blob_redirect_to_another_host_carries_no_authorization(locked, base):
+    reg_, cdn, client = locked
+    img = make_image([base, layer([("file", "etc/basic", b"b")])])
+    ref = reg_.add("priv/basic", "v1", img)
+    cdn.blobs.update(img.blobs)
+    info = launch(client, new_id("ibasic"), ref)
+    assert client.sh(info.sandbox_id, "cat /etc/basic").out == "b"
+    assert any(a == f"Basic {reg_.basic}" for p, a in reg_.authorizations if "/manifests/" in p)
+    assert [p for p, _ in cdn.authorizations if "/blobs/" in p], "the blobs came from the other host"
+    assert all(a is None for _, a in cdn.authorizations), cdn.authorizations
+
+
+def test_the_bearer_token_flow_with_basic_credentials_at_the_realm(locked, base):
+    reg_, cdn, client = locked
+    reg_.bearer = "tok-" + os.urandom(8).hex()
+    reg_.redirect_to = None
+    try:
+        img = make_image([base, layer([("file", "etc/bearer", b"t")])])
+        ref = reg_.add("priv/bearer", "v1", img)
+        info = launch(client, new_id("ibear"), ref)
+        assert client.sh(info.sandbox_id, "cat /etc/bearer").out == "t"
+        assert any(p.startswith("/token") and a == f"Basic {reg_.basic}" for p, a in reg_.authorizations)
+        assert any(a == f"Bearer {reg_.bearer}" for p, a in reg_.authorizations if "/blobs/" in p)
+    finally:
+        reg_.bearer = None
+        reg_.redirect_to = cdn.host
+
+
+def test_a_registry_not_named_insecure_is_spoken_to_over_tls_only(c, locked, base):
+    reg_, _, _ = locked  # plain HTTP, and not in this gateway's SANDBOX_INSECURE_REGISTRIES
+    ref = reg_.add("priv/tls", "v1", make_image([base]))
+    with pytest.raises(grpc.RpcError) as ei:
+        launch(c, new_id("itls"), ref)
+    assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"https://{reg_.host}/" in ei.value.details() and "priv/tls" in ei.value.details()
+    assert not any(p.startswith("/v2/priv/tls") for p in reg_.requests), "a plain-HTTP request reached it"
+
+
+def test_without_credentials_a_locked_registry_is_failed_precondition(c, raw, base):
+    ref = raw.add("priv/nocreds", "v1", make_image([base]))
+    raw.basic = "bm9ib2R5Om5vcGU="
+    try:
+        with pytest.raises(grpc.RpcError) as ei:
+            launch(c, new_id("inocred"), ref)
+    finally:
+        raw.basic = None
+    assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "priv/nocreds" in ei.value.details() and "401" in ei.value.details()

@@ -85,14 +85,22 @@ class Image:
         return sha256(self.manifest)
 
 
+def _diff_id(blob: bytes) -> str:
+    """The digest of a layer's uncompressed tar (of the blob itself when it
+    is not gzip)."""
+    try:
+        return sha256(gzip.decompress(blob))
+    except OSError:
+        return sha256(blob)
+
+
 def make_image(layers: list[bytes], env: Optional[list[str]] = None, workdir: str = "",
                layer_type: str = LAYER_GZIP) -> Image:
     """An OCI image of compressed `layers` (base first) with config Env and
     WorkingDir."""
     cfg = {"architecture": "amd64", "os": "linux",
            "config": {"Env": env or ["PATH=/bin"], "WorkingDir": workdir},
-           "rootfs": {"type": "layers", "diff_ids": [sha256(gzip.decompress(l)) if layer_type == LAYER_GZIP
-                                                     else sha256(l) for l in layers]}}
+           "rootfs": {"type": "layers", "diff_ids": [_diff_id(l) for l in layers]}}
     cfg_b = json.dumps(cfg).encode()
     blobs = {sha256(cfg_b): cfg_b}
     descs = []
@@ -185,6 +193,14 @@ class RawRegistry:
         self.blobs: dict[str, bytes] = {}
         self.stall: set[str] = set()
         self.requests: list[str] = []
+        # Auth: `basic` (base64 of user:password) the registry asks for with
+        # a Basic challenge, or, with `bearer` (a token), a Bearer challenge
+        # whose realm is this server's /token (which wants `basic` when set).
+        self.basic: Optional[str] = None
+        self.bearer: Optional[str] = None
+        # Blobs answered with a redirect to this host:port instead.
+        self.redirect_to: Optional[str] = None
+        self.authorizations: list[tuple[str, Optional[str]]] = []
         reg = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -193,8 +209,41 @@ class RawRegistry:
             def log_message(self, *a):
                 pass
 
+            def answer(self, code, body=b"", headers=()):
+                self.send_response(code)
+                for k, v in headers:
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                with contextlib.suppress(OSError):
+                    self.wfile.write(body)
+
+            def authorized(self) -> bool:
+                got = self.headers.get("Authorization")
+                if reg.bearer is not None:
+                    if got == f"Bearer {reg.bearer}":
+                        return True
+                    realm = f"http://{reg.host}/token"
+                    self.answer(401, headers=[("WWW-Authenticate",
+                                               f'Bearer realm="{realm}",service="test",scope="repository:x:pull"')])
+                    return False
+                if reg.basic is not None and got != f"Basic {reg.basic}":
+                    self.answer(401, headers=[("WWW-Authenticate", 'Basic realm="test"')])
+                    return False
+                return True
+
             def do_GET(self):
                 reg.requests.append(self.path)
+                reg.authorizations.append((self.path, self.headers.get("Authorization")))
+                if self.path.startswith("/token"):
+                    if reg.basic is not None and self.headers.get("Authorization") != f"Basic {reg.basic}":
+                        self.answer(401)
+                    else:
+                        self.answer(200, json.dumps({"token": reg.bearer}).encode(),
+                                    [("Content-Type", "application/json")])
+                    return
+                if not self.authorized():
+                    return
                 if any(self.path.startswith(s) for s in reg.stall):
                     time.sleep(3600)
                     return
@@ -205,6 +254,9 @@ class RawRegistry:
                     if found is not None:
                         ctype, body = found
                 elif len(parts) >= 5 and parts[1] == "v2" and parts[-2] == "blobs":
+                    if reg.redirect_to is not None:
+                        self.answer(307, headers=[("Location", f"http://{reg.redirect_to}{self.path}")])
+                        return
                     body = reg.blobs.get(parts[-1])
                 if body is None:
                     self.send_response(404)
