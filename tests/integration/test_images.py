@@ -247,3 +247,34 @@ def test_without_credentials_a_locked_registry_is_failed_precondition(c, raw, ba
         raw.basic = None
     assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "priv/nocreds" in ei.value.details() and "401" in ei.value.details()
+
+
+# --- shim ----------------------------------------------------------------------------
+
+def test_shim_launches_on_an_image_pulls_lists_and_removes(igw, reg, base):
+    import base64
+    from tests.lib.shim import running_shim
+    img = make_image([base, layer([("file", "etc/shim", b"via shim")])], env=["PATH=/bin", "V=1"])
+    ref = reg.push(img, "test/shim", "v1")
+    with running_shim(igw, check=True) as shim:
+        pulled = shim.request("POST", "/images/pull", {"image": ref}, timeout=120)
+        assert pulled.status == 200 and pulled.headers["content-type"] == "application/x-ndjson", pulled
+        lines = [json.loads(l) for l in pulled.body.splitlines()]
+        assert lines[-1]["done"] and lines[-1]["image_digest"] == img.digest
+        sid = new_id("ishim")
+        r = shim.request("POST", "/sandboxes", {"sandbox_id": sid, "image": ref}, timeout=120)
+        assert r.status == 201 and r.json() == {"sandbox_id": sid}, r
+        r = shim.request("POST", f"/sandboxes/{sid}/exec", {"argv": ["sh", "-c", "cat /etc/shim; echo $V"]})
+        assert r.status == 200 and base64.b64decode(r.json()["stdout_b64"]) == b"via shim1\n", r
+        listed = shim.request("GET", "/images").json()["images"]
+        assert any(i["image_digest"] == img.digest and i["sandboxes"] == 1 for i in listed), listed
+        assert shim.request("DELETE", f"/images/{ref}").status == 409
+        assert shim.request("DELETE", f"/sandboxes/{sid}").status == 204
+        assert shim.request("DELETE", f"/images/{ref}").status == 204
+        assert shim.request("DELETE", f"/images/{ref}").status == 404
+        # Without "image", the seed's contract as it was.
+        sid2 = new_id("ishim")
+        r = shim.request("POST", "/sandboxes", {"sandbox_id": sid2})
+        assert r.status == 201 and r.json() == {"sandbox_id": sid2}
+        assert shim.request("POST", "/sandboxes", {"sandbox_id": new_id("x"), "image": 5}).status == 422
+        shim.request("DELETE", f"/sandboxes/{sid2}")
