@@ -43,6 +43,13 @@ int
 api_launch_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
                      sbx_info_t *info, err_t *err)
 {
+  return api_restore_on_image (call, ctx, id, egress, ref, NULL, NULL, info, err);
+}
+
+int
+api_restore_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
+                      sbx_source_fn src, void *src_ctx, sbx_info_t *info, err_t *err)
+{
   if (no_images (ctx, err) < 0)
     return -1;
   if (!sbx_id_valid (id))
@@ -52,7 +59,7 @@ api_launch_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, boo
   if (img_pull (ctx->images, ref, &po, &img, err) < 0)
     return -1;
   sbx_image_t si = {.ref = img.ref, .digest = img.digest, .layers = img.layers};
-  int rc = sbx_launch_on (ctx->rt, id, egress, &si, NULL, NULL, info, err);
+  int rc = sbx_launch_on (ctx->rt, id, egress, &si, src, src_ctx, info, err);
   img_release (&img);
   return rc;
 }

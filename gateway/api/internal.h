@@ -26,6 +26,9 @@ int api_remove_image (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 /* Launches `id` on image `ref`, pulled first when it is not cached. */
 int api_launch_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
                          sbx_info_t *info, err_t *err);
+/* The same with the writable layer unpacked from `src` (a Restore). */
+int api_restore_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
+                          sbx_source_fn src, void *src_ctx, sbx_info_t *info, err_t *err);
 /* For a command in sandbox `id`: its image's Env merged under `env`
  * (*env_out, NULL when the sandbox has no image: use env as it is) and
  * its WorkingDir (*cwd_out, NULL: none). Both freed by the caller

@@ -278,3 +278,20 @@ def test_shim_launches_on_an_image_pulls_lists_and_removes(igw, reg, base):
         assert r.status == 201 and r.json() == {"sandbox_id": sid2}
         assert shim.request("POST", "/sandboxes", {"sandbox_id": new_id("x"), "image": 5}).status == 422
         shim.request("DELETE", f"/sandboxes/{sid2}")
+
+
+# --- snapshots ---------------------------------------------------------------------------
+
+def test_a_snapshot_taken_on_an_image_restores_onto_that_image(c, reg, base):
+    img = make_image([base, layer([("file", "etc/from-image", b"img")])], env=["PATH=/bin", "ON=a"])
+    ref = reg.push(img, "test/snap", "v1")
+    sid = new_id("isnap")
+    launch(c, sid, ref)
+    c.ok(sid, "echo mine > /root/own")
+    tar = c.export(sid).data
+    c.delete(sid)
+    header = pb.RestoreHeader(sandbox_id=sid, image=ref)
+    reqs = iter([pb.RestoreRequest(header=header), pb.RestoreRequest(tar_chunk=tar)])
+    info = c.stub.Restore(reqs, metadata=c.md, timeout=120)
+    assert info.image_digest == img.digest
+    assert c.sh(sid, "cat /root/own /etc/from-image; echo $ON").out == "mine\nimga\n"
