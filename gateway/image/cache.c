@@ -277,8 +277,8 @@ for_each_record (img_cache_t *c, int (*fn) (img_cache_t *c, const char *digest, 
     {
       if (strlen (e->d_name) != 64)
         continue;
-      char dg[SBX_IMAGE_DIGEST_MAX + 1];
-      snprintf (dg, sizeof dg, "sha256:%s", e->d_name);
+      char dg[SBX_IMAGE_DIGEST_MAX + 1] = "sha256:";
+      memcpy (dg + 7, e->d_name, 65); /* 64 characters, checked above, and the NUL */
       rc = fn (c, dg, ctx);
     }
   closedir (d);

@@ -52,7 +52,8 @@ img_ref_parse (const char *ref, img_ref_t *out, err_t *err)
       if (strlen (buf) > IMG_HOST_MAX
           || !all_in (buf, strlen (buf), "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:[]"))
         return err_make (err, EINVAL, "image `%s`: `%s` is not a registry host[:port]", ref, buf);
-      snprintf (out->host, sizeof out->host, "%s", strcmp (buf, "docker.io") == 0 ? "registry-1.docker.io" : buf);
+      const char *host = strcmp (buf, "docker.io") == 0 ? "registry-1.docker.io" : buf;
+      memcpy (out->host, host, strlen (host) + 1); /* at most IMG_HOST_MAX, checked above */
       name = slash + 1;
     }
   else
