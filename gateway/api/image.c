@@ -23,6 +23,8 @@ deadline_of (rpc_call_t *call)
   struct timespec ts;
   clock_gettime (CLOCK_MONOTONIC, &ts);
   int64_t left = rpc_call_deadline_ms_left (call);
+  if (left > IMG_PULL_MAX_MS)
+    left = IMG_PULL_MAX_MS;
   left -= left / 4 < PULL_DEADLINE_MARGIN_MS ? left / 4 : PULL_DEADLINE_MARGIN_MS;
   return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + left;
 }

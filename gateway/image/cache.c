@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/cleanup.h"
@@ -244,7 +245,11 @@ img_pull (img_cache_t *c, const char *ref, const img_pull_opts_t *o, img_t *out,
   bool reuse = !o->refresh || p.digest[0] != '\0';
   if (reuse && cached (c, ref, &p, out) == 0)
     return 0;
-  pthread_mutex_lock (&c->pull_mu);
+  /* Waited for until this pull's own deadline: another pull holds it at
+   * most until its own. */
+  struct timespec until = {.tv_sec = o->deadline_mono_ms / 1000, .tv_nsec = (o->deadline_mono_ms % 1000) * 1000000};
+  if (pthread_mutex_clocklock (&c->pull_mu, CLOCK_MONOTONIC, &until) != 0)
+    return err_make (err, ETIMEDOUT, "image `%s`: another pull kept the cache busy past this call's deadline", ref);
   /* Another launch may have pulled it while this one waited. */
   int rc = reuse && cached (c, ref, &p, out) == 0 ? 1 : 0;
   if (rc == 0)
@@ -399,7 +404,12 @@ img_remove (img_cache_t *c, const char *ref, err_t *err)
     snprintf (dg, sizeof dg, "%s", p.digest);
   else if (lookup_ref (c, ref, dg) < 0)
     return err_make (err, ENOENT, "image `%s` is not cached", ref);
-  pthread_mutex_lock (&c->pull_mu);
+  /* A pull in progress holds the cache: a removal waits for it a while. */
+  struct timespec until;
+  clock_gettime (CLOCK_MONOTONIC, &until);
+  until.tv_sec += IMG_REMOVE_WAIT_S;
+  if (pthread_mutex_clocklock (&c->pull_mu, CLOCK_MONOTONIC, &until) != 0)
+    return err_make (err, ETIMEDOUT, "image `%s`: a pull kept the cache busy for %d s", ref, IMG_REMOVE_WAIT_S);
   char path[PATH_MAX];
   snprintf (path, sizeof path, "%s/manifests/%s", c->root, dg + 7);
   int rc = 0;

@@ -13,9 +13,9 @@
  *   tmp/              blobs being fetched, layers being unpacked; emptied
  *                     at start: nothing half-made is ever used
  *
- * Threading: any thread. Pulls run one at a time (one mutex): concurrent
- * launches of one uncached image pull it once, the later ones find it
- * cached. */
+ * Threading: any thread. Pulls run one at a time (one mutex, waited for
+ * until the waiting pull's own deadline): concurrent launches of one
+ * uncached image pull it once, the later ones find it cached. */
 #ifndef SBX_GATEWAY_IMAGE_H
 #define SBX_GATEWAY_IMAGE_H
 
@@ -34,6 +34,8 @@
 #define IMG_TOTAL_MAX (32ULL << 30)        /* all compressed layers of an image */
 #define IMG_MAX_ENV 1024                   /* Env entries of a config */
 #define IMG_UNPACK_MS (30 * 60 * 1000)     /* unpacking one layer */
+#define IMG_PULL_MAX_MS (60 * 60 * 1000)   /* one pull, whatever its call's deadline */
+#define IMG_REMOVE_WAIT_S 30               /* a removal waiting for a pull */
 
 typedef struct img_cache_s img_cache_t;
 
