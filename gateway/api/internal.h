@@ -19,6 +19,23 @@ int api_list (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_exec (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_status (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 
+/* image.c */
+int api_pull_image (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_list_images (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_remove_image (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+/* Launches `id` on image `ref`, pulled first when it is not cached. */
+int api_launch_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
+                         sbx_info_t *info, err_t *err);
+/* The same with the writable layer unpacked from `src` (a Restore). */
+int api_restore_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
+                          sbx_source_fn src, void *src_ctx, sbx_info_t *info, err_t *err);
+/* For a command in sandbox `id`: its image's Env merged under `env`
+ * (*env_out, NULL when the sandbox has no image: use env as it is) and
+ * its WorkingDir (*cwd_out, NULL: none). Both freed by the caller
+ * (img_env_free, free). */
+int api_image_defaults (const api_ctx_t *ctx, const char *id, char *const *env, char ***env_out, char **cwd_out,
+                        err_t *err);
+
 /* process.c */
 int api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_list_processes (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);

@@ -20,8 +20,10 @@ api_launch (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   if (rpc_call_deadline_ms_left (call) <= 0)
     return err_make (err, ETIMEDOUT, "deadline exceeded before the launch");
   sbx_info_t info;
-  if (sbx_launch (ctx->rt, req->sandbox_id, req->allow_egress, &info, err) < 0
-      || api_undo_if_gone (call, ctx->rt, req->sandbox_id, err) < 0)
+  int rc = req->image != NULL && req->image[0] != '\0'
+               ? api_launch_on_image (call, ctx, req->sandbox_id, req->allow_egress, req->image, &info, err)
+               : sbx_launch (ctx->rt, req->sandbox_id, req->allow_egress, &info, err);
+  if (rc < 0 || api_undo_if_gone (call, ctx->rt, req->sandbox_id, err) < 0)
     return -1;
   return api_reply_info (call, &info, err);
 }
@@ -165,11 +167,15 @@ api_exec (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   __attribute__ ((cleanup (cleanup_env_fn))) char **env = NULL;
   if (api_env_from_proto (req->env, req->n_env, &env, err) < 0)
     return -1;
+  __attribute__ ((cleanup (cleanup_env_fn))) char **img_env = NULL;
+  cleanup_free char *img_cwd = NULL;
+  if (api_image_defaults (ctx, req->sandbox_id, env, &img_env, &img_cwd, err) < 0)
+    return -1;
   sbx_exec_req_t xr = {
       .id = req->sandbox_id,
       .argv = argv,
-      .env = env,
-      .cwd = req->cwd,
+      .env = img_env != NULL ? img_env : env,
+      .cwd = req->cwd != NULL && req->cwd[0] != '\0' ? req->cwd : img_cwd,
       .stdin_data = req->stdin.data,
       .stdin_len = req->stdin.len,
       .timeout_seconds = req->timeout_seconds,

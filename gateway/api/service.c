@@ -42,6 +42,9 @@ static const api_method_t api_methods[] = {
     {"/sandbox.v1.Sandbox/Watch", api_watch},
     {"/sandbox.v1.Sandbox/Forward", api_forward},
     {"/sandbox.v1.Sandbox/ListPorts", api_list_ports},
+    {"/sandbox.v1.Sandbox/PullImage", api_pull_image},
+    {"/sandbox.v1.Sandbox/ListImages", api_list_images},
+    {"/sandbox.v1.Sandbox/RemoveImage", api_remove_image},
 };
 
 #define N_METHODS (sizeof api_methods / sizeof api_methods[0])

@@ -52,6 +52,11 @@ typedef struct helper_opts_s
   /* The sandbox's own user namespace: its ids 0..uid_range-1 are host ids
    * uid_base.. (uids and gids alike). uid_range 0: none (SANDBOX_USERNS off). */
   unsigned long uid_base, uid_range;
+  /* An image's layers instead of `lower`: directories, top first,
+   * separated by ':' (at most HELPER_MAX_LAYERS), their files owned by
+   * host ids layer_uid..layer_uid+65535 (layer.c). */
+  const char *layers;
+  unsigned long layer_uid;
 } helper_opts_t;
 
 /* options.c: the defaults of what the command line leaves out. */
@@ -66,6 +71,14 @@ int helper_opts_parse (int argc, char **argv, helper_opts_t *o);
 /* One line of a uid_map or gid_map: "inside outside count\n" into buf;
  * its length, or -1 when it does not fit `cap` bytes. */
 int helper_id_map_line (char *buf, size_t cap, long inside, unsigned long outside, unsigned long count);
+/* volumes.c: a user namespace whose only ids are `count` from uid/gid,
+ * standing for host ids root_id..: idmapping a mount through it shows
+ * uid/gid's files as the sandbox's root's (a volume's owner, an image
+ * layer's range). Every other id is unmapped. Its descriptor into *out. */
+int helper_owner_userns (long uid, long gid, unsigned long root_id, unsigned long count, int *out, err_t *err);
+/* Host ids of an image layer's owner range, and most layers of an image. */
+#define HELPER_LAYER_IDS 65536
+#define HELPER_MAX_LAYERS 128
 
 /* The report socket to the gateway (fd 3). */
 extern int helper_report_fd;
@@ -157,6 +170,11 @@ int helper_idmapped_clone (const char *path, bool recursive, unsigned long attr_
 /* `sandbox-helper probe`: can sandboxes have user namespaces here? READY
  * or ERROR with why. Exit status. */
 int helper_probe (const helper_opts_t *o);
+/* `sandbox-helper unpack-layer --id layer --state DIR --layer-uid N
+ * --unpacker PATH --max-entries N`: the blob on stdin into the empty
+ * directory DIR, unprivileged (layer.c). Reports READY or ERROR. Exit
+ * status. */
+int helper_unpack_layer (const helper_opts_t *o);
 
 /* holder.c: serves the gateway's requests, a connection each on the
  * listening socket `ctl`, until the sandbox is deleted or `lifeline` (a

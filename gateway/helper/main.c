@@ -139,6 +139,8 @@ main (int argc, char **argv)
     return helper_base (o.state);
   if (strcmp (argv[1], "launch") == 0 && o.state != NULL)
     return helper_launch (&o);
+  if (strcmp (argv[1], "unpack-layer") == 0 && o.state != NULL)
+    return helper_unpack_layer (&o);
   if (strcmp (argv[1], "probe") == 0 && o.state != NULL && o.uid_range > 0)
     return helper_probe (&o);
   sbx_report_error (helper_report_fd, EINVAL, "sandbox-helper: bad arguments");

@@ -49,7 +49,8 @@ helper_opts_parse (int argc, char **argv, helper_opts_t *o)
       {"max-entries", required_argument, NULL, 'E'},  {"unpacker", required_argument, NULL, 'U'},
       {"mask", required_argument, NULL, 'M'},         {"block", required_argument, NULL, 'B'},
       {"uid-base", required_argument, NULL, 'b'},     {"uid-range", required_argument, NULL, 'r'},
-      {"memcg-spare", required_argument, NULL, 'S'},  {NULL, 0, NULL, 0},
+      {"memcg-spare", required_argument, NULL, 'S'},  {"layers", required_argument, NULL, 'L'},
+      {"layer-uid", required_argument, NULL, 'O'},    {NULL, 0, NULL, 0},
   };
   /* Options start after the subcommand: argv[1] stands in for the
    * program's name, and optind 0 makes getopt start afresh each call. */
@@ -79,6 +80,8 @@ helper_opts_parse (int argc, char **argv, helper_opts_t *o)
       case 'b': o->uid_base = strtoul (optarg, NULL, 10); break;
       case 'r': o->uid_range = strtoul (optarg, NULL, 10); break;
       case 'S': o->memcg_spare = optarg; break;
+      case 'L': o->layers = optarg; break;
+      case 'O': o->layer_uid = strtoul (optarg, NULL, 10); break;
       default: return -1;
       }
   opts_finish (o);

@@ -43,6 +43,10 @@ static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urand
 typedef struct host_refs_s
 {
   int lower; /* the image (idmapped with a user namespace) */
+  /* An image's layers instead (top first), idmapped from their owner
+   * range (helper/layer.c) to the sandbox's ids. */
+  int layers[HELPER_MAX_LAYERS];
+  size_t n_layers;
   int dev_nodes[N_DEV_NODES];
   int *volumes; /* per volume; -1: its host path is gone */
   /* Directories of the sandbox's disk bound at /dev and /dev/shm, and an
@@ -64,6 +68,9 @@ host_refs_release (host_refs_t *refs, size_t n_volumes)
   for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
     if (own[i] > 0)
       close (own[i]);
+  for (size_t i = 0; i < refs->n_layers; i++)
+    if (refs->layers[i] > 0)
+      close (refs->layers[i]);
   for (size_t i = 0; refs->volumes != NULL && i < n_volumes; i++)
     if (refs->volumes[i] >= 0)
       close (refs->volumes[i]);
@@ -393,13 +400,51 @@ capture_own (host_refs_t *refs, err_t *err)
                          &refs->empty, err);
 }
 
+/* An image's layers (o->layers), each a read-only detached clone whose
+ * owner range shows as the sandbox's own ids 0..65535. */
+static int
+capture_layers (const helper_opts_t *o, host_refs_t *refs, err_t *err)
+{
+  if (o->uid_range == 0)
+    return err_make (err, EINVAL, "an image needs sandboxes in user namespaces (SANDBOX_USERNS=true)");
+  cleanup_close int map = -1;
+  if (helper_owner_userns ((long) o->layer_uid, (long) o->layer_uid, o->uid_base, HELPER_LAYER_IDS, &map, err) < 0)
+    return err_wrap (err, "the image's layers");
+  cleanup_free char *list = strdup (o->layers);
+  if (list == NULL)
+    return err_make (err, ENOMEM, "out of memory");
+  char *save = NULL;
+  for (char *dir = strtok_r (list, ":", &save); dir != NULL; dir = strtok_r (NULL, ":", &save))
+    {
+      if (refs->n_layers >= HELPER_MAX_LAYERS)
+        return err_make (err, E2BIG, "an image of more than %d layers", HELPER_MAX_LAYERS);
+      cleanup_close int fd = open_tree (AT_FDCWD, dir, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+      if (fd < 0)
+        return err_make_sys (err, errno, "clone the layer `%s`", dir);
+      struct mount_attr attr
+          = {.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+             .userns_fd = (uint64_t) map};
+      if (mount_setattr (fd, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0)
+        return err_make_sys (err, errno, "idmap the layer `%s`", dir);
+      refs->layers[refs->n_layers++] = take_fd (&fd);
+    }
+  if (refs->n_layers == 0)
+    return err_make (err, EINVAL, "an image without layers");
+  return 0;
+}
+
 /* On the host: what the sandbox's root needs from it, as detached mounts
  * (the base's copy has none of the host's tree). The image is cloned
  * alone, not its sub-mounts: an overlay's layer never showed them. */
 static int
 capture_host (const helper_opts_t *o, host_refs_t *refs, err_t *err)
 {
-  if (o->uid_range > 0)
+  if (o->layers != NULL)
+    {
+      if (capture_layers (o, refs, err) < 0)
+        return -1;
+    }
+  else if (o->uid_range > 0)
     {
       if (helper_idmapped_clone (o->lower, false, 0, &refs->lower, err) < 0)
         return -1;
@@ -443,6 +488,35 @@ enter_root (const char *root, err_t *err)
   return 0;
 }
 
+/* The overlay of an image's layers: each attached at layers/N of the disk
+ * (its root, beside upper and work, never seen inside), gone from there
+ * with the disk's mount point once the overlay holds them. */
+static int
+mount_layers (const host_refs_t *refs, err_t *err)
+{
+  if (chdir (BASE_DISK) < 0)
+    return err_make_sys (err, errno, "enter the disk");
+  if (mkdir ("layers", 0700) < 0)
+    return err_make_sys (err, errno, "mkdir `layers` on the disk");
+  char opts[4096] = "lowerdir=";
+  size_t len = strlen (opts);
+  for (size_t i = 0; i < refs->n_layers; i++)
+    {
+      char name[32];
+      snprintf (name, sizeof name, "layers/%zu", i);
+      if (mkdir (name, 0700) < 0 || move_mount (refs->layers[i], "", AT_FDCWD, name, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+        return err_make_sys (err, errno, "attach the image's layer %zu", i);
+      len += (size_t) snprintf (opts + len, sizeof opts - len, "%s%s", i > 0 ? ":" : "", name);
+    }
+  len += (size_t) snprintf (opts + len, sizeof opts - len,
+                            ",upperdir=upper,workdir=work,userxattr,redirect_dir=nofollow,metacopy=off,index=off");
+  if (len >= sizeof opts)
+    return err_make (err, E2BIG, "the image's overlay options are too long");
+  if (mount ("overlay", BASE_ROOT, "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
+    return err_make_sys (err, errno, "mount the overlay of the image's %zu layers", refs->n_layers);
+  return 0;
+}
+
 /* Mounts the overlay of the image under the sandbox's upper layer at
  * BASE_ROOT, with the disk and the image attached at BASE_DISK and
  * BASE_LOWER of the base's copy. */
@@ -451,6 +525,8 @@ mount_overlay (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
 {
   if (move_mount (helper_disk_fd, "", AT_FDCWD, BASE_DISK, MOVE_MOUNT_F_EMPTY_PATH) < 0)
     return err_make_sys (err, errno, "attach the disk");
+  if (refs->n_layers > 0)
+    return mount_layers (refs, err);
   if (move_mount (refs->lower, "", AT_FDCWD, BASE_LOWER, MOVE_MOUNT_F_EMPTY_PATH) < 0)
     return err_make_sys (err, errno, "attach the image");
   /* Upper and work are named relative to the disk. Device files of the
@@ -471,9 +547,11 @@ mount_overlay (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
  * go, so that nothing of the disk but the overlay (and /dev, /dev/shm,
  * bound later) is left in the sandbox's mount namespace. */
 static int
-detach_layers (err_t *err)
+detach_layers (const host_refs_t *refs, err_t *err)
 {
-  if (umount2 (BASE_LOWER, MNT_DETACH) < 0 || umount2 (BASE_DISK, MNT_DETACH) < 0)
+  /* The image's layers are mounted below the disk's mount point: they go
+   * with it. */
+  if ((refs->n_layers == 0 && umount2 (BASE_LOWER, MNT_DETACH) < 0) || umount2 (BASE_DISK, MNT_DETACH) < 0)
     return err_make_sys (err, errno, "detach the layers' mount points");
   return 0;
 }
@@ -526,11 +604,12 @@ helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *e
     return err_make_sys (err, errno, "unshare namespaces");
   if (mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     return err_make_sys (err, errno, "make mounts private");
-  if (mount_overlay (o, &refs, err) < 0 || capture_own (&refs, err) < 0 || detach_layers (err) < 0)
+  if (mount_overlay (o, &refs, err) < 0 || capture_own (&refs, err) < 0 || detach_layers (&refs, err) < 0)
     return -1;
   /* The overlay holds the image now: this process's own reference to the
    * host's tree goes before anything is resolved in the sandbox's view. */
-  close (refs.lower);
+  if (refs.lower > 0)
+    close (refs.lower);
   refs.lower = -1;
   if (enter_root (BASE_ROOT, err) < 0 || populate_root (o, &refs, err) < 0)
     return -1;

@@ -25,44 +25,13 @@
 #include "gateway/helper/helper.h"
 #include "gateway/runtime/path.h"
 
-void
-helper_parse_volume (const char *in, helper_volume_t *v)
-{
-  snprintf (v->spec, sizeof v->spec, "%s", in);
-  v->host = v->spec;
-  v->dst = strchr (v->spec, ':');
-  v->ro = false;
-  v->uid = v->gid = -1;
-  if (v->dst == NULL)
-    {
-      v->dst = v->spec + strlen (v->spec);
-      return;
-    }
-  *v->dst++ = '\0';
-  char *opt = strchr (v->dst, ':');
-  if (opt != NULL)
-    *opt++ = '\0';
-  for (char *next = NULL; opt != NULL; opt = next)
-    {
-      next = strchr (opt, ':');
-      if (next != NULL)
-        *next++ = '\0';
-      if (strcmp (opt, "ro") == 0)
-        v->ro = true;
-      else if (strncmp (opt, "uid=", 4) == 0)
-        v->uid = strtol (opt + 4, NULL, 10);
-      else if (strncmp (opt, "gid=", 4) == 0)
-        v->gid = strtol (opt + 4, NULL, 10);
-    }
-}
-
 /* A user namespace whose only ids are `uid`/`gid`, standing for host ids
  * `root_id`: idmapping a mount through it makes what host id root_id (the
  * sandbox's root) writes there land as uid/gid on the host, and shows
  * uid/gid's files as root's. Every other id is unmapped: nobody inside,
  * refused on writes. Into *out. */
-static int
-owner_userns (long uid, long gid, unsigned long root_id, int *out, err_t *err)
+int
+helper_owner_userns (long uid, long gid, unsigned long root_id, unsigned long count, int *out, err_t *err)
 {
   cleanup_pipe int p[2] = {-1, -1};
   if (pipe2 (p, O_CLOEXEC) < 0)
@@ -91,9 +60,11 @@ owner_userns (long uid, long gid, unsigned long root_id, int *out, err_t *err)
   for (int i = 0; i < 2 && rc == 0; i++)
     {
       snprintf (path, sizeof path, "/proc/%d/%s", host_pid, files[i]);
-      int len = snprintf (map, sizeof map, "%ld %lu 1\n", i == 0 ? uid : gid, root_id);
-      cleanup_close int fd = open (path, O_WRONLY | O_CLOEXEC);
-      if (fd < 0 || write (fd, map, (size_t) len) != len)
+      int len = helper_id_map_line (map, sizeof map, i == 0 ? uid : gid, root_id, count);
+      cleanup_close int fd = len < 0 ? -1 : open (path, O_WRONLY | O_CLOEXEC);
+      if (len < 0)
+        rc = err_make (err, ENAMETOOLONG, "the %s line does not fit %zu bytes", files[i], sizeof map);
+      else if (fd < 0 || write (fd, map, (size_t) len) != len)
         rc = err_make_sys (err, errno, "write %s `%s`", files[i], map);
     }
   snprintf (path, sizeof path, "/proc/%d/ns/user", host_pid);
@@ -117,7 +88,7 @@ helper_volume_clone (const helper_volume_t *v, int fd, unsigned long root_id, in
   if (tree < 0)
     return err_make_sys (err, errno, "volume `%s`: clone its tree", v->host);
   cleanup_close int map = -1;
-  if (v->uid >= 0 && owner_userns (v->uid, v->gid, root_id, &map, err) < 0)
+  if (v->uid >= 0 && helper_owner_userns (v->uid, v->gid, root_id, 1, &map, err) < 0)
     return err_wrap (err, "volume `%s`", v->host);
   struct mount_attr attr = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (v->ro ? MOUNT_ATTR_RDONLY : 0)};
   if (map >= 0)

@@ -116,18 +116,21 @@ typedef struct sbx_s
   pid_t slirp;       /* slirp4netns, when egress is on */
   int slirp_exit_fd; /* closing it tells slirp4netns to exit */
   unsigned exec_seq;
-  sbx_cg_events_t cg_seen;       /* its limit events as the last exec saw them (rt->mu) */
-  long uid_slot;                 /* its range in the uid pool; -1: none (SANDBOX_USERNS off) */
-  sbx_layer_user_t *layer_users; /* under rt->mu */
-  pthread_mutex_t freeze_mu;     /* orders freezes and thaws (held across their I/O) */
-  int freezers;                  /* under freeze_mu: users holding the freeze */
-  int bg_refs;                   /* of refs: detached processes (do not keep it from idling) */
-  int watches;                   /* Watch calls running (rt->mu) */
-  char store_gen[48];            /* the stored snapshot version it came from or last wrote (rt->mu) */
-  int port_spare;                /* an unconnected TCP socket made in its network namespace for
-                                  * the next Forward, once there has been one (ports.c; rt->mu);
-                                  * -1: none */
-  bool port_spare_making;        /* ports.c is making it (rt->mu) */
+  sbx_cg_events_t cg_seen;                     /* its limit events as the last exec saw them (rt->mu) */
+  long uid_slot;                               /* its range in the uid pool; -1: none (SANDBOX_USERNS off) */
+  sbx_layer_user_t *layer_users;               /* under rt->mu */
+  pthread_mutex_t freeze_mu;                   /* orders freezes and thaws (held across their I/O) */
+  int freezers;                                /* under freeze_mu: users holding the freeze */
+  int bg_refs;                                 /* of refs: detached processes (do not keep it from idling) */
+  int watches;                                 /* Watch calls running (rt->mu) */
+  char store_gen[48];                          /* the stored snapshot version it came from or last wrote (rt->mu) */
+  char image[SBX_IMAGE_REF_MAX + 1];           /* its image, "" for SANDBOX_ROOTFS */
+  char image_digest[SBX_IMAGE_DIGEST_MAX + 1]; /* the image's manifest digest */
+  const char *layers;                          /* while launching: the image's layers (borrowed) */
+  int port_spare;                              /* an unconnected TCP socket made in its network namespace for
+                                                * the next Forward, once there has been one (ports.c; rt->mu);
+                                                * -1: none */
+  bool port_spare_making;                      /* ports.c is making it (rt->mu) */
   struct sbx_s *next;
   struct sbx_s **pprev; /* what points at this one in the list */
   struct sbx_s *hnext;  /* next in its bucket of the id index */

@@ -219,6 +219,8 @@ sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out)
   out->allow_egress = s->allow_egress;
   memcpy (out->store_gen, s->store_gen, sizeof out->store_gen);
   out->dead = s->dead;
+  memcpy (out->image, s->image, sizeof out->image);
+  memcpy (out->image_digest, s->image_digest, sizeof out->image_digest);
   memcpy (out->dead_reason, s->dead_reason, sizeof out->dead_reason);
   long n = sbx_cg_count (&rt->cg, s->id, NULL);
   out->process_count = n > 0 ? n : 0;

@@ -27,6 +27,9 @@
 #define SBX_EXEC_CHUNK (256 * 1024)
 #define SBX_EXEC_DEFAULT_TIMEOUT 1800
 #define SBX_EXEC_MAX_TIMEOUT 3600
+/* Longest image reference, and a manifest digest ("sha256:" + 64 hex). */
+#define SBX_IMAGE_REF_MAX 255
+#define SBX_IMAGE_DIGEST_MAX 71
 
 typedef struct sbx_config_s
 {
@@ -64,6 +67,7 @@ typedef struct sbx_config_s
   /* SANDBOX_EXEC_BUFFER_TOTAL_MB, in bytes: the output buffers all execs
    * hold beyond each one's first (16 KiB); at it they read into that one. */
   long exec_buffer_total_bytes;
+  long image_uid; /* SANDBOX_IMAGE_UID: first host id of the image layers' owner range */
 } sbx_config_t;
 
 typedef struct sbx_runtime_s sbx_runtime_t;
@@ -85,6 +89,10 @@ typedef struct sbx_info_s
    * it waits for a Delete, or a Connect that restores it), and why. */
   bool dead;
   char dead_reason[128];
+  /* The image it runs on, as its launch named it, and the manifest digest
+   * used; both "" on SANDBOX_ROOTFS. */
+  char image[SBX_IMAGE_REF_MAX + 1];
+  char image_digest[SBX_IMAGE_DIGEST_MAX + 1];
 } sbx_info_t;
 
 /* True when egress sandboxes are held to the egress policy by a filter
@@ -110,6 +118,16 @@ void sbx_runtime_destroy (sbx_runtime_t *rt);
 /* Creates an empty sandbox. EINVAL bad id, EEXIST live id, EAGAIN too many. */
 int sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *out, err_t *err);
 
+/* The image a sandbox runs on instead of SANDBOX_ROOTFS: its unpacked
+ * layers (directories owned by the SANDBOX_IMAGE_UID range, see
+ * gateway/image/), borrowed for the call. */
+typedef struct sbx_image_s
+{
+  const char *ref;    /* as the launch named it */
+  const char *digest; /* the manifest digest */
+  const char *layers; /* layer directories, top first, ':'-separated */
+} sbx_image_t;
+
 /* Pulls the next piece of a tar stream: 1 with its bytes in `iov[0..*n)`
  * (at most *n spans; valid until the next call; *n is set to the number
  * used), 0 at the end, -1 with *err. A piece of several spans (a gRPC
@@ -124,6 +142,21 @@ typedef int (*sbx_source_fn) (void *ctx, struct iovec *iov, int *n, err_t *err);
  * over the disk quota, and as sbx_launch. */
 int sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn src, void *ctx, sbx_info_t *out,
                  err_t *err);
+
+/* sbx_restore (src may be NULL: an empty layer, as sbx_launch) on image
+ * `img` (NULL: SANDBOX_ROOTFS). */
+int sbx_launch_on (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_image_t *img, sbx_source_fn src,
+                   void *ctx, sbx_info_t *out, err_t *err);
+
+/* Unpacks the image layer blob on `blob_fd` (a tar, plain, gzip or zstd,
+ * already verified against its digest) into the empty directory `dir`,
+ * unprivileged (layer.c): files owned by the SANDBOX_IMAGE_UID range, OCI
+ * whiteouts and opaque directories as an overlay mounted with `userxattr`
+ * reads them, nothing outside `dir`. EINVAL a hostile or broken layer,
+ * ETIMEDOUT past timeout_ms; the caller removes `dir` on failure. */
+int sbx_unpack_layer (sbx_runtime_t *rt, int blob_fd, const char *dir, int timeout_ms, err_t *err);
+/* Removes a layer directory (not crossing mounts nor following links). */
+void sbx_layer_remove (const char *path);
 
 /* A sandbox's writable layer, as sbx_with_layer hands it over. */
 typedef struct sbx_layer_s

@@ -16,6 +16,8 @@
 
 /* Deadline of short gateway calls (launch, delete, status...). */
 #define ROUTE_SHORT_CALL_MS 60000
+/* A launch on an image, which may pull it first. */
+#define ROUTE_IMAGE_LAUNCH_MS (30 * 60 * 1000)
 /* Deadline of each call of a fan-out over several gateways (GET
  * /sandboxes). */
 #define ROUTE_FANOUT_CALL_MS 10000
@@ -72,6 +74,11 @@ struct MHD_Response *route_file_watch (shim_req_t *r, unsigned *status);
 
 /* ports.c (and proxy.c, through proxy.h) */
 struct MHD_Response *route_ports_list (shim_req_t *r, unsigned *status);
+
+/* images.c */
+struct MHD_Response *route_images_list (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_image_pull (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_image_delete (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_port_link (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_port_root (shim_req_t *r, unsigned *status);
 struct MHD_Response *proxy_handle (shim_req_t *r, unsigned *status);

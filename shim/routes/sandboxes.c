@@ -104,11 +104,12 @@ route_launch (shim_req_t *r, unsigned *status)
   Sandbox__V1__LaunchRequest req = SANDBOX__V1__LAUNCH_REQUEST__INIT;
   req.sandbox_id = body.id;
   req.allow_egress = body.allow_egress;
+  req.image = body.image;
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
   struct MHD_Response *out;
   if (route_unary (body.id, "/sandbox.v1.Sandbox/Launch", &req.base, &sandbox__v1__sandbox_info__descriptor, &resp,
-                   &st, ROUTE_SHORT_CALL_MS)
+                   &st, body.image[0] != '\0' ? ROUTE_IMAGE_LAUNCH_MS : ROUTE_SHORT_CALL_MS)
       == 0)
     out = launched (&body, (const Sandbox__V1__SandboxInfo *) resp, status);
   else if (st.code == GRPC_STATUS_ALREADY_EXISTS || st.code == GRPC_STATUS_INVALID_ARGUMENT

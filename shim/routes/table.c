@@ -46,5 +46,8 @@ const shim_route_t shim_routes[] = {
      false, NULL},
     {"*", "/p/{*}", SHIM_BODY_STREAM, false, proxy_handle, proxy_upload, proxy_cleanup, false, proxy_admit},
     {"GET", "/sandboxes/{id}", SHIM_BODY_NONE, true, route_get, NULL, NULL, false, NULL},
+    {"GET", "/images", SHIM_BODY_NONE, true, route_images_list, NULL, NULL, false, NULL},
+    {"POST", "/images/pull", SHIM_BODY_JSON, true, route_image_pull, NULL, NULL, false, NULL},
+    {"DELETE", "/images/{*}", SHIM_BODY_NONE, true, route_image_delete, NULL, NULL, false, NULL},
 };
 const size_t shim_n_routes = sizeof shim_routes / sizeof shim_routes[0];
