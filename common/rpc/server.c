@@ -119,10 +119,7 @@ call_run (rpc_call_t *c)
   int rc = c->method->fn (c, c->method->user, &err);
   if (!c->finished)
     {
-      if (rc < 0)
-        rpc_call_finish (c, rpc_status_from_errno (err.status), err_msg (&err));
-      else
-        rpc_call_finish (c, GRPC_STATUS_OK, NULL);
+      rpc_call_finish_err (c, rc < 0 ? -1 : 0, &err);
     }
   rpc_call_drain_ahead (c);
   err_release (&err);

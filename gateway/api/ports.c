@@ -489,8 +489,7 @@ api_forward (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     }
   /* End the call, then the reader: its receive or its watch of the call
    * returns once the call is over, its socket wait on the wake. */
-  rpc_call_finish (call, rc == 0 ? GRPC_STATUS_OK : rpc_status_from_errno (err->status),
-                   rc == 0 ? NULL : err_msg (err));
+  rpc_call_finish_err (call, rc == 0 ? 0 : -1, err);
   atomic_store (&f.stop, true);
   fwd_wake (&f);
   if (reader_started)

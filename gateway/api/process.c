@@ -467,8 +467,7 @@ api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     rc = run_command (&r, &xr, err);
   /* End the call, then the reader: its receive or its watch of the call
    * returns once the call is over, its stdin wait on the wake. */
-  rpc_call_finish (call, rc == 0 ? GRPC_STATUS_OK : rpc_status_from_errno (err->status),
-                   rc == 0 ? NULL : err_msg (err));
+  rpc_call_finish_err (call, rc == 0 ? 0 : -1, err);
   uint64_t one = 1;
   ssize_t woke = write (wake, &one, sizeof one); /* fails only on overflow: awake anyway */
   (void) woke;

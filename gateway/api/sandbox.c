@@ -55,7 +55,7 @@ api_delete (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
       err_release (err);
       rc = snap_delete_stored (ctx->store, req->sandbox_id, &snapshot_deleted, err);
       if (rc == 0 && !live && !snapshot_deleted)
-        rc = err_make (err, ENOENT, "sandbox `%s` not found, and no stored snapshot", req->sandbox_id);
+        rc = sbx_err_not_found (err, req->sandbox_id, ", and no stored snapshot");
     }
   if (rc < 0)
     return -1;

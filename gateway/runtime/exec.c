@@ -776,7 +776,7 @@ sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *s
       pthread_mutex_unlock (&rt->mu);
     }
   if (s == NULL)
-    return err_make (err, ENOENT, "sandbox `%s` not found", req->id);
+    return sbx_err_not_found (err, req->id, NULL);
   pthread_mutex_lock (&rt->mu);
   bool dead = s->dead;
   pthread_mutex_unlock (&rt->mu);

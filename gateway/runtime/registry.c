@@ -54,6 +54,13 @@ sbx_id_valid (const char *id)
   return true;
 }
 
+int
+sbx_err_not_found (err_t *err, const char *id, const char *more)
+{
+  return err_make_reason (err, ENOENT, ERR_REASON_SANDBOX_NOT_FOUND, "sandbox `%s` not found%s", id,
+                          more != NULL ? more : "");
+}
+
 size_t
 sbx_count (sbx_runtime_t *rt)
 {
@@ -364,7 +371,7 @@ sbx_with_layer (sbx_runtime_t *rt, const char *id, bool freeze, sbx_layer_fn fn,
     return err_make (err, EINVAL, "invalid sandbox id");
   sbx_t *s = sbx_acquire (rt, id);
   if (s == NULL)
-    return err_make (err, ENOENT, "sandbox `%s` not found", id);
+    return sbx_err_not_found (err, id, NULL);
   sbx_layer_user_t user = {.cancel = cancel, .ctx = cancel_ctx};
   pthread_mutex_lock (&rt->mu);
   user.next = s->layer_users;
@@ -420,7 +427,7 @@ lock_ready (sbx_runtime_t *rt, const char *id, err_t *err)
   if (s != NULL && s->ready && !s->deleting)
     return s;
   pthread_mutex_unlock (&rt->mu);
-  err_make (err, ENOENT, "sandbox `%s` not found", id);
+  sbx_err_not_found (err, id, NULL);
   return NULL;
 }
 

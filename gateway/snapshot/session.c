@@ -268,7 +268,7 @@ connect_once (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egres
   if (exists < 0)
     return -1;
   if (!exists && !create)
-    return err_make (err, ENOENT, "sandbox `%s` not found, and no stored snapshot", id);
+    return sbx_err_not_found (err, id, ", and no stored snapshot");
   int r
       = exists ? restore_from_store (rt, store, id, egress, &gen, info, err) : sbx_launch (rt, id, egress, info, err);
   if (r == 0)
