@@ -45,9 +45,6 @@
 #define FWD_SPARE_BUFS 4
 /* How often a busy connection renews its sandbox's idle timer. */
 #define FWD_TOUCH_MS 10000
-/* ForwardFrame's fields. */
-#define FWD_FIELD_DATA 3
-#define FWD_FIELD_CONNECTED 5
 
 typedef struct fwd_s
 {
@@ -292,7 +289,7 @@ reader_wait (fwd_t *f)
  * again. */
 enum
 {
-  FWD_HEAD_ROOM = 11 /* the largest field header */
+  FWD_HEAD_ROOM = API_FIELD_HEADER_MAX
 };
 
 typedef struct fwd_buf_s
@@ -361,7 +358,7 @@ relay_chunk (fwd_t *f, err_t *err)
       return err_make_sys (err, e, "Forward: recv");
     }
   uint8_t head[FWD_HEAD_ROOM];
-  size_t hn = api_field_header (head, FWD_FIELD_DATA, (size_t) r);
+  size_t hn = api_field_header (head, API_FIELD_FORWARD_FRAME_DATA, (size_t) r);
   memcpy (start - hn, head, hn);
   grpc_slice msg = grpc_slice_new_with_user_data (start - hn, hn + (size_t) r, fwd_buf_put, b);
   return rpc_call_send_raw_start (f->call, &msg, 1, err) < 0 ? -1 : 1;
@@ -422,7 +419,7 @@ forward_open (fwd_t *f, const Sandbox__V1__ForwardFrame *first, err_t *err)
   if (sbx_port_connect (f->rt, f->id, first->port, &f->sock, err) < 0)
     return -1;
   size_t done = sock_write (f, first->data.data, first->data.len, true);
-  static const uint8_t connected[] = {FWD_FIELD_CONNECTED << 3, 1}; /* a varint: true */
+  static const uint8_t connected[] = {API_TAG (API_FIELD_FORWARD_FRAME_CONNECTED, API_WIRE_VARINT), 1}; /* true */
   grpc_slice ok = grpc_slice_from_static_buffer (connected, sizeof connected);
   if (rpc_call_send_raw_start (f->call, &ok, 1, err) < 0)
     return -1;

@@ -103,8 +103,8 @@ static int
 exec_output (void *ctx, int stream, const uint8_t *data, size_t len)
 {
   err_t err = ERR_INIT;
-  /* ExecEvent.stdout is field 1, stderr field 2 */
-  int rc = api_send_bytes_field_start (((exec_call_t *) ctx)->call, stream == 1 ? 1 : 2, data, len, &err);
+  uint32_t field = stream == 1 ? API_FIELD_EXEC_EVENT_STDOUT : API_FIELD_EXEC_EVENT_STDERR;
+  int rc = api_send_bytes_field_start (((exec_call_t *) ctx)->call, field, data, len, &err);
   err_release (&err);
   return rc;
 }
