@@ -63,9 +63,8 @@ rpc_call_finish_reason (rpc_call_t *c, grpc_status_code code, const char *detail
 {
   if (c->finished)
     return 0;
-  err_t ignored = ERR_INIT;
+  cleanup_err err_t ignored = ERR_INIT;
   rpc_call_send_wait (c, &ignored); /* a status follows the messages */
-  err_release (&ignored);
   c->finished = true;
   grpc_op ops[3];
   size_t n = 0;

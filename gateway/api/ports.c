@@ -161,7 +161,7 @@ close_write (fwd_t *f)
 static void
 apply_frame (fwd_t *f, const Sandbox__V1__ForwardFrame *fr)
 {
-  err_t e = ERR_INIT;
+  cleanup_err err_t e = ERR_INIT;
   if ((fr->sandbox_id != NULL && fr->sandbox_id[0] != '\0') || fr->port != 0 || fr->connected
       || fr->idle_timeout_seconds != 0)
     err_make (&e, EINVAL, "Forward: only the first frame names the sandbox and the port");
@@ -186,13 +186,12 @@ reader_main (fwd_t *f)
   while (!atomic_load (&f->stop))
     {
       ProtobufCMessage *m = NULL;
-      err_t e = ERR_INIT;
+      cleanup_err err_t e = ERR_INIT;
       int rc = rpc_call_recv (f->call, &sandbox__v1__forward_frame__descriptor, &m, &e);
       if (rc < 0)
         {
           /* Cancelled (the client went away), or a frame that does not decode. */
           fwd_stop (f, e.status == ECANCELED ? NULL : &e);
-          err_release (&e);
           return;
         }
       if (rc == 0)

@@ -102,19 +102,17 @@ typedef struct exec_call_s
 static int
 exec_output (void *ctx, int stream, const uint8_t *data, size_t len)
 {
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   uint32_t field = stream == 1 ? API_FIELD_EXEC_EVENT_STDOUT : API_FIELD_EXEC_EVENT_STDERR;
   int rc = api_send_bytes_field_start (((exec_call_t *) ctx)->call, field, data, len, &err);
-  err_release (&err);
   return rc;
 }
 
 static int
 exec_ready (void *ctx, int wait_ms)
 {
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   int rc = rpc_call_send_wait_for (((exec_call_t *) ctx)->call, wait_ms, &err);
-  err_release (&err);
   return rc;
 }
 
@@ -149,13 +147,12 @@ static void
 exec_ended (void *ctx, const sbx_exec_result_t *res)
 {
   exec_call_t *x = ctx;
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   if (!res->cancelled)
     {
       x->answered = true;
       send_exit (x->call, res, &err);
     }
-  err_release (&err);
 }
 
 static void
