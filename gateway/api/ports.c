@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "common/cleanup.h"
+#include "common/idle_pool.h"
 #include "gateway/api/internal.h"
 
 /* The most bytes one data frame carries: a socket read's worth. Every
@@ -60,10 +61,9 @@ typedef struct fwd_s
   atomic_bool stop;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  bool input_done;          /* mu: the client closed its direction */
-  bool reader_done;         /* mu: the reader is done with this call */
-  err_t error;              /* mu: a protocol error of the client's stream */
-  struct fwd_s *queue_next; /* handed to an idle reader thread */
+  bool input_done;  /* mu: the client closed its direction */
+  bool reader_done; /* mu: the reader is done with this call */
+  err_t error;      /* mu: a protocol error of the client's stream */
 } fwd_t;
 
 static int64_t
@@ -213,59 +213,24 @@ reader_main (fwd_t *f)
  * few: a call's second thread is then a wake-up, not a thread's start. */
 #define FWD_IDLE_READERS 4
 
-static pthread_mutex_t readers_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t readers_cv = PTHREAD_COND_INITIALIZER;
-static size_t readers_idle;
-static fwd_t *readers_queue; /* calls handed to idle readers */
+static idle_pool_t readers = IDLE_POOL_INIT (FWD_IDLE_READERS, 0);
 
-static void *
-reader_thread (void *arg)
+static void
+reader_job (void *arg)
 {
   fwd_t *f = arg;
-  for (;;)
-    {
-      reader_main (f);
-      pthread_mutex_lock (&f->mu);
-      f->reader_done = true; /* from here on `f` is the call's again */
-      pthread_cond_broadcast (&f->cv);
-      pthread_mutex_unlock (&f->mu);
-      pthread_mutex_lock (&readers_mu);
-      if (readers_idle >= FWD_IDLE_READERS)
-        break;
-      readers_idle++;
-      while (readers_queue == NULL)
-        pthread_cond_wait (&readers_cv, &readers_mu);
-      f = readers_queue; /* idle was counted down by reader_start */
-      readers_queue = f->queue_next;
-      pthread_mutex_unlock (&readers_mu);
-    }
-  pthread_mutex_unlock (&readers_mu);
-  return NULL;
+  reader_main (f);
+  pthread_mutex_lock (&f->mu);
+  f->reader_done = true; /* from here on `f` is the call's again */
+  pthread_cond_broadcast (&f->cv);
+  pthread_mutex_unlock (&f->mu);
 }
 
 /* Gives the call's input to a reader thread: an idle one, else a new one. */
 static bool
 reader_start (fwd_t *f)
 {
-  pthread_mutex_lock (&readers_mu);
-  bool handed = readers_idle > 0;
-  if (handed)
-    {
-      readers_idle--;
-      f->queue_next = readers_queue;
-      readers_queue = f;
-      pthread_cond_signal (&readers_cv);
-    }
-  pthread_mutex_unlock (&readers_mu);
-  if (handed)
-    return true;
-  pthread_attr_t attr;
-  pthread_attr_init (&attr);
-  pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t t;
-  bool ok = pthread_create (&t, &attr, reader_thread, f) == 0;
-  pthread_attr_destroy (&attr);
-  return ok;
+  return idle_pool_run (&readers, reader_job, f) == 0;
 }
 
 /* Waits until the reader is done with the call. */
