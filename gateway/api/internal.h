@@ -64,6 +64,11 @@ void api_names_free (api_names_t *n);
 #define cleanup_names __attribute__ ((cleanup (api_names_free)))
 int api_file_info_to_proto (const sbx_file_wire_t *in, const char *path, const char *target,
                             Sandbox__V1__FileInfo *out, api_names_t *names, err_t *err);
+/* The runtime's file type (SBX_FTYPE_*) and watch event kind (SBX_EVENT_*)
+ * as the proto's enums; anything else is FILE_TYPE_OTHER and
+ * KIND_UNSPECIFIED. */
+Sandbox__V1__FileType api_file_type_to_proto (uint32_t t);
+Sandbox__V1__FileEvent__Kind api_event_kind_to_proto (uint32_t k);
 
 /* Receives the single request message of a unary or server-streaming
  * call into *out (freed by the caller: cleanup_message). EINVAL when there

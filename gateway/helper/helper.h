@@ -2,7 +2,8 @@
  * channel to the gateway, and the steps of a launch (see main.c for the
  * program as a whole).
  *
- *   main.c    arguments, reports
+ *   main.c    the subcommands, reports
+ *   options.c the command line, volume specs, id maps (pure)
  *   launch.c  cgroups, disk, restore, forking the holder, READY
  *   rootfs.c  the holder's namespaces and root (overlay, /proc, /dev, volumes)
  *   netns.c   loopback and egress routes
@@ -52,6 +53,19 @@ typedef struct helper_opts_s
   unsigned long uid_base, uid_range;
 } helper_opts_t;
 
+/* options.c: the defaults of what the command line leaves out. */
+#define HELPER_DEFAULT_DISK_MB 2048
+#define HELPER_DEFAULT_INODES_PER_MB 128 /* --disk-inodes: this many per MiB of --disk-mb */
+#define HELPER_DEFAULT_MAX_ENTRIES 1000000
+/* Fills *o from the options after the subcommand (argv[2] on); o->volumes,
+ * masks and blocked must have room for argc entries each. Defaults for
+ * what is not given. -1 for an unknown option (getopt has said which on
+ * stderr); --id and the rest are checked by the caller. */
+int helper_opts_parse (int argc, char **argv, helper_opts_t *o);
+/* One line of a uid_map or gid_map: "inside outside count\n" into buf;
+ * its length, or -1 when it does not fit `cap` bytes. */
+int helper_id_map_line (char *buf, size_t cap, long inside, unsigned long outside, unsigned long count);
+
 /* The report socket to the gateway (fd 3). */
 extern int helper_report_fd;
 /* The memory of this program's arguments, scrubbed in the sandbox's pid 1:
@@ -84,6 +98,8 @@ typedef struct helper_volume_s
    * none — the sandbox's own ids, as they are on the host. */
   long uid, gid;
 } helper_volume_t;
+/* options.c: splits `in` (copied into v->spec, cut at its size); no
+ * destination: v->dst is "". Unknown options are ignored. */
 void helper_parse_volume (const char *in, helper_volume_t *v);
 /* A detached copy of volume `v`'s tree, cloned from `fd` (the gateway's
  * descriptor of its host path): nosuid, nodev, read-only all the way down
@@ -96,6 +112,10 @@ int helper_volume_clone (const helper_volume_t *v, int fd, unsigned long root_id
  * make (restore) and overlay hides from the sandbox; it also means no
  * redirects and no metacopy, so renamed and chmod-ed image files are real
  * data in the upper layer, as a snapshot needs. */
+/* The same without a user namespace: overlay's marks are trusted.overlay.*
+ * xattrs, and redirects are off outright. */
+#define HELPER_OVERLAY_OPTS(lower)                                                                                   \
+  "lowerdir=" lower ",upperdir=upper,workdir=work,redirect_dir=off,metacopy=off,index=off"
 #define HELPER_USERNS_OVERLAY_OPTS(lower)                                                                            \
   "lowerdir=" lower ",upperdir=upper,workdir=work,userxattr,redirect_dir=nofollow,metacopy=off,index=off"
 /* `sandbox-helper base --state DIR`: makes the base mount namespace every

@@ -252,37 +252,6 @@ setup_proc (const helper_opts_t *o, const char *root, const host_refs_t *refs, e
   return 0;
 }
 
-void
-helper_parse_volume (const char *in, helper_volume_t *v)
-{
-  snprintf (v->spec, sizeof v->spec, "%s", in);
-  v->host = v->spec;
-  v->dst = strchr (v->spec, ':');
-  v->ro = false;
-  v->uid = v->gid = -1;
-  if (v->dst == NULL)
-    {
-      v->dst = v->spec + strlen (v->spec);
-      return;
-    }
-  *v->dst++ = '\0';
-  char *opt = strchr (v->dst, ':');
-  if (opt != NULL)
-    *opt++ = '\0';
-  for (char *next = NULL; opt != NULL; opt = next)
-    {
-      next = strchr (opt, ':');
-      if (next != NULL)
-        *next++ = '\0';
-      if (strcmp (opt, "ro") == 0)
-        v->ro = true;
-      else if (strncmp (opt, "uid=", 4) == 0)
-        v->uid = strtol (opt + 4, NULL, 10);
-      else if (strncmp (opt, "gid=", 4) == 0)
-        v->gid = strtol (opt + 4, NULL, 10);
-    }
-}
-
 /* A user namespace whose only ids are `uid`/`gid`, standing for host ids
  * `root_id`: idmapping a mount through it makes what host id root_id (the
  * sandbox's root) writes there land as uid/gid on the host, and shows
@@ -318,9 +287,11 @@ owner_userns (long uid, long gid, unsigned long root_id, int *out, err_t *err)
   for (int i = 0; i < 2 && rc == 0; i++)
     {
       snprintf (path, sizeof path, "/proc/%d/%s", host_pid, files[i]);
-      int len = snprintf (map, sizeof map, "%ld %lu 1\n", i == 0 ? uid : gid, root_id);
-      cleanup_close int fd = open (path, O_WRONLY | O_CLOEXEC);
-      if (fd < 0 || write (fd, map, (size_t) len) != len)
+      int len = helper_id_map_line (map, sizeof map, i == 0 ? uid : gid, root_id, 1);
+      cleanup_close int fd = len < 0 ? -1 : open (path, O_WRONLY | O_CLOEXEC);
+      if (len < 0)
+        rc = err_make (err, ENAMETOOLONG, "the %s line does not fit %zu bytes", files[i], sizeof map);
+      else if (fd < 0 || write (fd, map, (size_t) len) != len)
         rc = err_make_sys (err, errno, "write %s `%s`", files[i], map);
     }
   snprintf (path, sizeof path, "/proc/%d/ns/user", host_pid);
@@ -550,9 +521,7 @@ mount_overlay (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
    * is real data in the upper layer, never an overlay redirect or
    * metadata-only copy that a snapshot (which carries no trusted.overlay.*
    * xattrs) would lose. */
-  const char *opts = o->uid_range > 0 ? HELPER_USERNS_OVERLAY_OPTS (BASE_LOWER)
-                                      : "lowerdir=" BASE_LOWER
-                                        ",upperdir=upper,workdir=work,redirect_dir=off,metacopy=off,index=off";
+  const char *opts = o->uid_range > 0 ? HELPER_USERNS_OVERLAY_OPTS (BASE_LOWER) : HELPER_OVERLAY_OPTS (BASE_LOWER);
   if (chdir (BASE_DISK) < 0)
     return err_make_sys (err, errno, "enter the disk");
   if (mount ("overlay", BASE_ROOT, "overlay", MS_NOSUID | MS_NODEV, opts) < 0)

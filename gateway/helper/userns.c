@@ -40,7 +40,9 @@ write_map (pid_t pid, const char *file, const helper_opts_t *o, err_t *err)
 {
   char path[64], map[64];
   snprintf (path, sizeof path, "/proc/%d/%s", (int) pid, file);
-  int len = snprintf (map, sizeof map, "0 %lu %lu\n", o->uid_base, o->uid_range);
+  int len = helper_id_map_line (map, sizeof map, 0, o->uid_base, o->uid_range);
+  if (len < 0)
+    return err_make (err, ENAMETOOLONG, "the %s line does not fit %zu bytes", file, sizeof map);
   cleanup_close int fd = open (path, O_WRONLY | O_CLOEXEC);
   if (fd < 0 || write (fd, map, (size_t) len) != len)
     return err_make_sys (err, errno, "write %s `%s`", file, map);
