@@ -407,6 +407,13 @@ bc_get (rpc_channel_t *ch, const char *id, err_t *err)
 }
 
 int
+bc_list (rpc_channel_t *ch, err_t *err)
+{
+  Sandbox__V1__ListRequest req = SANDBOX__V1__LIST_REQUEST__INIT;
+  return unary (ch, "/sandbox.v1.Sandbox/List", &req.base, &sandbox__v1__list_response__descriptor, err);
+}
+
+int
 bc_call_start (rpc_channel_t *ch, const char *method, int64_t timeout_ms, const ProtobufCMessage *req,
                rpc_client_call_t **out, err_t *err)
 {

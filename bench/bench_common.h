@@ -109,6 +109,8 @@ rpc_channel_t *bc_channel (const char *prog, const char *target);
 int bc_launch (rpc_channel_t *ch, const char *id, err_t *err);
 int bc_delete (rpc_channel_t *ch, const char *id, err_t *err);
 int bc_get (rpc_channel_t *ch, const char *id, err_t *err);
+/* List of every live sandbox (60 s deadline, reply dropped). */
+int bc_list (rpc_channel_t *ch, err_t *err);
 
 /* Starts a call of `method` with the authorization metadata that sends the
  * single request `req` and half-closes, for calls whose server streams the

@@ -67,6 +67,8 @@ typedef struct opts_s
   const char *density_levels; /* live sandboxes at which launch is timed */
   int density_n;              /* launches timed at each level */
   int scale_n;                /* the scale run's sandboxes */
+  int list_live;              /* live sandboxes while List is called in a loop */
+  int list_execs;             /* execs timed with and without the lister */
   pid_t gateway_pid;
   bool hide_cgroup2;
   const char *fork_timer; /* the fork_exec_timer program */
@@ -84,6 +86,8 @@ static opts_t O = {
     .density_levels = "10,1000,3000",
     .density_n = 60,
     .scale_n = 10000,
+    .list_live = 3000,
+    .list_execs = 200,
     .fork_timer = "bazel-bin/bench/fork_exec_timer",
 };
 
@@ -1120,6 +1124,106 @@ bench_scale (void)
                      0);
 }
 
+/* ---- list: exec while another client lists every sandbox ----------------- */
+
+static struct
+{
+  pthread_mutex_t mu;
+  bool on;   /* the lister lists */
+  bool stop; /* the lister ends */
+  long lists;
+  err_t err;
+  rpc_channel_t *ch; /* its own channel: another client */
+} LISTER = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void *
+lister_main (void *unused)
+{
+  (void) unused;
+  for (;;)
+    {
+      pthread_mutex_lock (&LISTER.mu);
+      bool stop = LISTER.stop, on = LISTER.on;
+      pthread_mutex_unlock (&LISTER.mu);
+      if (stop)
+        return NULL;
+      if (!on)
+        {
+          usleep (1000);
+          continue;
+        }
+      err_t err = ERR_INIT;
+      int rc = bc_list (LISTER.ch, &err);
+      pthread_mutex_lock (&LISTER.mu);
+      if (rc < 0 && LISTER.err.msg == NULL)
+        LISTER.err = err;
+      else
+        err_release (&err);
+      LISTER.lists += rc == 0;
+      pthread_mutex_unlock (&LISTER.mu);
+    }
+}
+
+static void
+lister_set (bool on)
+{
+  pthread_mutex_lock (&LISTER.mu);
+  LISTER.on = on;
+  pthread_mutex_unlock (&LISTER.mu);
+  usleep (20 * 1000); /* a List in flight ends or one starts */
+}
+
+/* With O.list_live sandboxes live, Exec of /bin/true in one of them is
+ * timed in blocks of 10 alternately with and without a second client
+ * calling List in a loop, so that noise hits both sides alike. */
+static void
+bench_list (void)
+{
+  double t0 = bc_now_ms ();
+  int live = fill ("list", 0, O.list_live);
+  fprintf (stderr, PROG ": list: %d live (filled in %.1f s); %d execs each way\n", live, (bc_now_ms () - t0) / 1e3,
+           O.list_execs);
+  if (live == 0)
+    bc_die (PROG, "list: no sandbox launched", NULL);
+  usleep (2000 * 1000); /* the kernel's deferred part of the fill */
+  LISTER.ch = bc_channel (PROG, O.target);
+  pthread_t th;
+  if (pthread_create (&th, NULL, lister_main, NULL) != 0)
+    bc_die (PROG, "list: thread", NULL);
+  char id[80];
+  snprintf (id, sizeof id, "%s-list-%05d", O.prefix, live / 2);
+  char *argv[] = {"/bin/true"};
+  bc_series_t with = {0}, without = {0};
+  err_t err = ERR_INIT;
+  const int block = 10, warm = 10;
+  for (int i = 0; i < warm + 2 * O.list_execs; i++)
+    {
+      bool listing = i >= warm && ((i - warm) / block) % 2 == 1;
+      if (i >= warm && (i - warm) % block == 0)
+        lister_set (listing);
+      double s0 = bc_now_ms ();
+      if (bc_exec (CH, id, argv, 1, 0, NULL, &err) < 0)
+        bc_die (PROG, "list: exec", &err);
+      double ms = bc_now_ms () - s0;
+      if (i >= warm)
+        bc_series_add (listing ? &with : &without, ms);
+    }
+  pthread_mutex_lock (&LISTER.mu);
+  LISTER.stop = true;
+  pthread_mutex_unlock (&LISTER.mu);
+  pthread_join (th, NULL);
+  if (LISTER.err.msg != NULL)
+    bc_die (PROG, "list: List", &LISTER.err);
+  fprintf (stderr, PROG ": list: %ld List calls of %d sandboxes while timed\n", LISTER.lists, live);
+  rpc_channel_destroy (LISTER.ch);
+  char what[96];
+  snprintf (what, sizeof what, "exec round trip, List in a loop, %d live", live);
+  bc_row_add (what, "ms", &with, 99, "without the lister", &without);
+  t0 = bc_now_ms ();
+  delete_all ("list", live);
+  fprintf (stderr, PROG ": list: %d deleted in %.1f s\n", live, (bc_now_ms () - t0) / 1e3);
+}
+
 /* ---- main ---------------------------------------------------------------- */
 
 static void
@@ -1139,11 +1243,13 @@ usage (FILE *f)
               "  --exec N                exec runs (default 300), --exec-warmup N (default 30)\n"
               "  --tput N                throughput runs (default 3), --tput-mib N (default 1024)\n"
               "  --sandboxes N           idle sandboxes for the memory test (default 200; 0 skips)\n"
-              "  --only LIST             comma-separated subset of launch,exec,run,tput,mem,density,scale\n"
+              "  --only LIST             comma-separated subset of launch,exec,run,tput,mem,density,list,scale\n"
               "                          (default: all but scale)\n"
               "  --density LIST          live sandboxes at which launch is timed (default 10,1000,3000)\n"
               "  --density-launches N    launches timed at each of them (default 60)\n"
               "  --scale N               the scale run: N sandboxes, exec in 100, delete all (default 10000)\n"
+              "  --list-live N           the list run: exec while another client calls List, N live (default 3000)\n"
+              "  --list-execs N          execs timed with and without the lister (default 200)\n"
               "  --fork-timer PATH       the fork_exec_timer program (default bazel-bin/bench/fork_exec_timer)\n"
               "  --markdown FILE         also write the table to FILE in Markdown\n");
 }
@@ -1167,6 +1273,8 @@ main (int argc, char **argv)
       {"density", required_argument, 0, 'D'},
       {"density-launches", required_argument, 0, 'N'},
       {"scale", required_argument, 0, 'X'},
+      {"list-live", required_argument, 0, 'V'},
+      {"list-execs", required_argument, 0, 'R'},
       {"only", required_argument, 0, 'o'},
       {"markdown", required_argument, 0, 'm'},
       {"fork-timer", required_argument, 0, 'F'},
@@ -1174,7 +1282,7 @@ main (int argc, char **argv)
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0},
   };
-  const char *only = "launch,exec,run,tput,mem,density";
+  const char *only = "launch,exec,run,tput,mem,density,list";
   int ch;
   while ((ch = getopt_long (argc, argv, "h", lo, NULL)) != -1)
     switch (ch)
@@ -1194,6 +1302,8 @@ main (int argc, char **argv)
       case 'D': O.density_levels = optarg; break;
       case 'N': O.density_n = atoi (optarg); break;
       case 'X': O.scale_n = atoi (optarg); break;
+      case 'V': O.list_live = atoi (optarg); break;
+      case 'R': O.list_execs = atoi (optarg); break;
       case 'o': only = optarg; break;
       case 'm': O.markdown = optarg; break;
       case 'F': O.fork_timer = optarg; break;
@@ -1240,8 +1350,9 @@ main (int argc, char **argv)
   {
     const char *name;
     void (*fn) (void);
-  } stages[] = {{"launch", bench_launch}, {"exec", bench_exec},       {"tput", bench_throughput}, {"run", bench_run},
-                {"mem", bench_memory},    {"density", bench_density}, {"scale", bench_scale}};
+  } stages[]
+      = {{"launch", bench_launch}, {"exec", bench_exec},       {"tput", bench_throughput}, {"run", bench_run},
+         {"mem", bench_memory},    {"density", bench_density}, {"list", bench_list},       {"scale", bench_scale}};
   for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++)
     {
       char key[32];

@@ -59,7 +59,11 @@ cleanup_pid_fn (pid_t *pid)
 #define cleanup_pipe __attribute__ ((cleanup (cleanup_pipe_fn)))
 #define cleanup_pid __attribute__ ((cleanup (cleanup_pid_fn)))
 
-/* Returns *pp and sets it to NULL: ownership leaves the scope. */
+/* Returns *pp and sets it to NULL: ownership leaves the scope. `pp` must
+ * point to a pointer: the unevaluated `0 ? *(pp) :` arm makes anything
+ * else (a pointer to an int, the pointer itself) a compile error
+ * (pointer/integer mismatch, or no `*` to apply), as bubblewrap's
+ * steal_pointer does. */
 static inline void *
 take_ptr_impl (void *pp)
 {
@@ -68,7 +72,7 @@ take_ptr_impl (void *pp)
   *p = NULL;
   return v;
 }
-#define take_ptr(pp) take_ptr_impl ((void *) (pp))
+#define take_ptr(pp) (0 ? *(pp) : take_ptr_impl ((void *) (pp)))
 
 /* Returns *pid and sets it to -1: the caller reaps it. */
 static inline pid_t

@@ -41,6 +41,19 @@ err_make (err_t *err, int status, const char *fmt, ...)
 }
 
 int
+err_make_reason (err_t *err, int status, const char *reason, const char *fmt, ...)
+{
+  va_list ap;
+  va_start (ap, fmt);
+  char *msg = vformat (fmt, ap);
+  va_end (ap);
+  int rc = fill (err, status, msg);
+  if (err != NULL)
+    err->reason = reason;
+  return rc;
+}
+
+int
 err_make_sys (err_t *err, int status, const char *fmt, ...)
 {
   va_list ap;
@@ -85,6 +98,7 @@ err_release (err_t *err)
   free (err->msg);
   err->msg = NULL;
   err->status = 0;
+  err->reason = NULL;
 }
 
 const char *

@@ -24,22 +24,37 @@ typedef struct err_s
 {
   int status; /* errno value; 0 when no error */
   char *msg;  /* owned; NULL when no error */
+  /* What the error means to another program, where a status alone does not
+   * say it: a static string (one of the ERR_REASON_* below) or NULL.
+   * The message is for people and may be reworded; this is the contract
+   * (the call layer sends it as the `status-reason` trailer). */
+  const char *reason;
 } err_t;
 
 /* clang-format off */
-#define ERR_INIT {0, NULL}
+#define ERR_INIT {0, NULL, NULL}
 /* clang-format on */
+
+/* The reasons that cross between the programs (at most RPC_REASON_MAX
+ * bytes of [a-z0-9-]). */
+/* ENOENT: the sandbox the call names is not held by the gateway that
+ * answers (the shim's restore-on-miss acts on it). */
+#define ERR_REASON_SANDBOX_NOT_FOUND "sandbox-not-found"
 
 /* Fills *err with `status` and the formatted message and returns -1.
  * Any previous content of *err is released first. `status` 0 is stored as
  * EIO so that a filled error is never mistaken for success. */
 int err_make (err_t *err, int status, const char *fmt, ...) __attribute__ ((format (printf, 3, 4)));
 
+/* As err_make, with `reason` (static, may be NULL) in err->reason. */
+int err_make_reason (err_t *err, int status, const char *reason, const char *fmt, ...)
+    __attribute__ ((format (printf, 4, 5)));
+
 /* As err_make, appending ": <strerror(status)>" to the message. */
 int err_make_sys (err_t *err, int status, const char *fmt, ...) __attribute__ ((format (printf, 3, 4)));
 
 /* Prefixes the message of an already filled *err with context:
- * "launch `a`: " + old message. Keeps the status. Returns -1. */
+ * "launch `a`: " + old message. Keeps the status and the reason. Returns -1. */
 int err_wrap (err_t *err, const char *fmt, ...) __attribute__ ((format (printf, 2, 3)));
 
 /* Frees the message and resets *err to ERR_INIT. Safe on an empty err. */

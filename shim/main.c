@@ -276,12 +276,11 @@ main (int argc, char **argv)
       fprintf (stderr, "sandbox-shim: unknown argument `%s` (see --help)\n", argv[i]);
       return 2;
     }
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   struct sockaddr_storage ss;
   if (load_config (&err) < 0 || listen_address (&ss, &err) < 0)
     {
       log_msg (SEV_ERROR, "configuration: %s", err_msg (&err));
-      err_release (&err);
       return 2;
     }
   if (shim.cfg.secret == NULL)
@@ -294,7 +293,6 @@ main (int argc, char **argv)
   if (d == NULL)
     {
       log_msg (SEV_ERROR, "start: %s", err_msg (&err));
-      err_release (&err);
       members_stop ();
       rpc_shutdown ();
       return 1;

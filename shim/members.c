@@ -204,12 +204,11 @@ set_listed (char names[][MEMBER_NAME_MAX], size_t n)
   for (size_t j = 0; j < n; j++)
     if (find (names[j]) == NULL)
       {
-        err_t err = ERR_INIT;
+        cleanup_err err_t err = ERR_INIT;
         if (add_locked (names[j], &err) == NULL)
           log_msg (SEV_ERROR, "gateway set: %s", err_msg (&err));
         else
           log_fields (SEV_INFO, json_pack ("{s:s}", "gateway", names[j]), "gateway `%s` joins the set", names[j]);
-        err_release (&err);
       }
   pthread_cond_broadcast (&g.cond);
   pthread_mutex_unlock (&g.mu);
@@ -237,7 +236,7 @@ probe (member_t *m, int64_t deadline_ms)
   hreq.service = "sandbox.v1.Sandbox";
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   char why[400];
   member_state_t s = MEMBER_DOWN;
   bool answered = rpc_client_unary (m->ch, "/grpc.health.v1.Health/Check", deadline_ms, NULL, 0, &hreq.base,
@@ -257,7 +256,7 @@ probe (member_t *m, int64_t deadline_ms)
       Sandbox__V1__StatusRequest sreq = SANDBOX__V1__STATUS_REQUEST__INIT;
       ProtobufCMessage *sresp = NULL;
       rpc_status_t sst = RPC_STATUS_INIT;
-      err_t serr = ERR_INIT;
+      cleanup_err err_t serr = ERR_INIT;
       int rc = rpc_client_unary (m->ch, "/sandbox.v1.Sandbox/Status", deadline_ms, g.cfg.md, g.cfg.n_md, &sreq.base,
                                  &sandbox__v1__status_response__descriptor, &sresp, &sst, &serr);
       s = members_state_of_probe (true, false, rc < 0 && sst.code == GRPC_STATUS_UNAVAILABLE && sst.from_handler);
@@ -271,7 +270,6 @@ probe (member_t *m, int64_t deadline_ms)
       if (sresp != NULL)
         protobuf_c_message_free_unpacked (sresp, NULL);
       rpc_status_release (&sst);
-      err_release (&serr);
     }
   if (resp != NULL)
     protobuf_c_message_free_unpacked (resp, NULL);

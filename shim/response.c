@@ -58,39 +58,30 @@ shim_req_fail (shim_req_t *r, unsigned code, const char *detail)
   r->discard = true;
 }
 
-/* The sandbox the last gateway error of this thread said was not found
- * ("" for none): see shim_missed. */
-static __thread char missed[SHIM_ID_MAX + 1];
+/* Whether the last gateway error answered on this thread was its owner
+ * saying it does not hold the call's sandbox: see shim_missed. */
+static __thread bool missed;
 
-/* Notes a gateway's "sandbox `<id>` not found" (its wording for a sandbox
- * it does not hold, sandbox.proto). */
+/* Notes a gateway's "no such sandbox": NOT_FOUND from its handler with the
+ * reason ERR_REASON_SANDBOX_NOT_FOUND (the message is for people and is
+ * not read). */
 static void
 note_missing (grpc_status_code code, const rpc_status_t *st)
 {
-  static const char prefix[] = "sandbox `";
-  missed[0] = '\0';
-  if (code != GRPC_STATUS_NOT_FOUND || st == NULL || !st->from_handler || st->details == NULL
-      || strncmp (st->details, prefix, sizeof prefix - 1) != 0)
-    return;
-  const char *id = st->details + sizeof prefix - 1;
-  const char *end = strstr (id, "` not found");
-  if (end != NULL && (size_t) (end - id) <= SHIM_ID_MAX)
-    {
-      memcpy (missed, id, (size_t) (end - id));
-      missed[end - id] = '\0';
-    }
+  missed = code == GRPC_STATUS_NOT_FOUND && st != NULL && st->from_handler
+           && strcmp (st->reason, ERR_REASON_SANDBOX_NOT_FOUND) == 0;
 }
 
 void
 shim_missed_reset (void)
 {
-  missed[0] = '\0';
+  missed = false;
 }
 
 bool
-shim_missed (const char *id)
+shim_missed (void)
 {
-  return missed[0] != '\0' && strcmp (missed, id) == 0;
+  return missed;
 }
 
 /* The one mapping of gateway statuses to HTTP statuses. */

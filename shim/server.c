@@ -200,7 +200,7 @@ handle (shim_req_t *r, unsigned *status)
   struct MHD_Response *resp = r->route->handle (r, status);
   const shim_route_t *rt = r->route;
   if (!shim.cfg.restore_on_miss || *status != 404 || r->id[0] == '\0' || rt->body == SHIM_BODY_STREAM
-      || rt->cleanup != NULL || strcmp (rt->method, "DELETE") == 0 || !shim_missed (r->id)
+      || rt->cleanup != NULL || strcmp (rt->method, "DELETE") == 0 || !shim_missed ()
       || !route_restore_missing (r->id))
     return resp;
   MHD_destroy_response (resp);

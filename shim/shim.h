@@ -143,9 +143,10 @@ struct MHD_Response *shim_gateway_error (grpc_status_code code, const rpc_status
  * found" would be wrong. */
 struct MHD_Response *shim_gateway_error_named (grpc_status_code code, const rpc_status_t *st, unsigned *status);
 /* Whether the last gateway error answered on this thread (through the two
- * functions above) was its owner saying it does not hold sandbox `id`;
+ * functions above) was its owner saying it does not hold the sandbox the
+ * call named (the status's reason, ERR_REASON_SANDBOX_NOT_FOUND);
  * shim_missed_reset forgets it. */
-bool shim_missed (const char *id);
+bool shim_missed (void);
 void shim_missed_reset (void);
 /* The HTTP status for a failed gateway call: `from_handler` tells the
  * gateway's own UNAVAILABLE (503) from no gateway at all (502). */

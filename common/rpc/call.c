@@ -51,11 +51,25 @@ add_initial_md (rpc_call_t *c, grpc_op *ops, size_t *n)
 int
 rpc_call_finish (rpc_call_t *c, grpc_status_code code, const char *details)
 {
+  return rpc_call_finish_reason (c, code, details, NULL);
+}
+
+int
+rpc_call_finish_err (rpc_call_t *c, int rc, const err_t *err)
+{
+  if (rc == 0)
+    return rpc_call_finish (c, GRPC_STATUS_OK, NULL);
+  return rpc_call_finish_reason (c, rpc_status_from_errno (err->status), err_msg (err),
+                                 err->status != 0 ? err->reason : NULL);
+}
+
+int
+rpc_call_finish_reason (rpc_call_t *c, grpc_status_code code, const char *details, const char *reason)
+{
   if (c->finished)
     return 0;
-  err_t ignored = ERR_INIT;
+  cleanup_err err_t ignored = ERR_INIT;
   rpc_call_send_wait (c, &ignored); /* a status follows the messages */
-  err_release (&ignored);
   c->finished = true;
   grpc_op ops[3];
   size_t n = 0;
@@ -72,10 +86,14 @@ rpc_call_finish (rpc_call_t *c, grpc_status_code code, const char *details)
   ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
   ops[n].data.send_status_from_server.status = code;
   ops[n].data.send_status_from_server.status_details = &det;
-  grpc_metadata origin = {.key = grpc_slice_from_static_string (RPC_ORIGIN_KEY),
-                          .value = grpc_slice_from_static_string (RPC_ORIGIN_HANDLER)};
-  ops[n].data.send_status_from_server.trailing_metadata_count = 1;
-  ops[n].data.send_status_from_server.trailing_metadata = &origin;
+  grpc_metadata trailers[2] = {{.key = grpc_slice_from_static_string (RPC_ORIGIN_KEY),
+                                .value = grpc_slice_from_static_string (RPC_ORIGIN_HANDLER)}};
+  size_t n_trailers = 1;
+  if (code != GRPC_STATUS_OK && reason != NULL && reason[0] != '\0' && strlen (reason) <= RPC_REASON_MAX)
+    trailers[n_trailers++] = (grpc_metadata){.key = grpc_slice_from_static_string (RPC_REASON_KEY),
+                                             .value = grpc_slice_from_copied_string (reason)};
+  ops[n].data.send_status_from_server.trailing_metadata_count = n_trailers;
+  ops[n].data.send_status_from_server.trailing_metadata = trailers;
   n++;
   /* A client that stopped reading does not keep the thread: past
    * RPC_FINISH_MS the call is cancelled, which completes the batch. */
@@ -92,6 +110,8 @@ rpc_call_finish (rpc_call_t *c, grpc_status_code code, const char *details)
       ok = ev.type == GRPC_OP_COMPLETE && ev.success;
     }
   grpc_slice_unref (det);
+  if (n_trailers > 1)
+    grpc_slice_unref (trailers[1].value);
   return ok ? 0 : -1;
 }
 

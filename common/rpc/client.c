@@ -284,6 +284,22 @@ rpc_client_recv (rpc_client_call_t *c, const ProtobufCMessageDescriptor *desc, P
   return 1;
 }
 
+/* A status-reason trailer: kept when it is a short word of [a-z0-9-]
+ * (anything else from a peer is taken as no reason). */
+static void
+take_reason (rpc_status_t *st, grpc_slice v)
+{
+  size_t n = GRPC_SLICE_LENGTH (v);
+  const char *p = (const char *) GRPC_SLICE_START_PTR (v);
+  if (n == 0 || n > RPC_REASON_MAX)
+    return;
+  for (size_t i = 0; i < n; i++)
+    if (!((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= '0' && p[i] <= '9') || p[i] == '-'))
+      return;
+  memcpy (st->reason, p, n);
+  st->reason[n] = '\0';
+}
+
 grpc_status_code
 rpc_client_finish (rpc_client_call_t *c, rpc_status_t *st)
 {
@@ -299,10 +315,16 @@ rpc_client_finish (rpc_client_call_t *c, rpc_status_t *st)
       st->details
           = strndup ((const char *) GRPC_SLICE_START_PTR (c->status_details), GRPC_SLICE_LENGTH (c->status_details));
       st->from_handler = false;
+      st->reason[0] = '\0';
       for (size_t i = 0; i < c->trailing_md.count; i++)
-        if (grpc_slice_str_cmp (c->trailing_md.metadata[i].key, RPC_ORIGIN_KEY) == 0
-            && grpc_slice_str_cmp (c->trailing_md.metadata[i].value, RPC_ORIGIN_HANDLER) == 0)
-          st->from_handler = true;
+        {
+          const grpc_metadata *md = &c->trailing_md.metadata[i];
+          if (grpc_slice_str_cmp (md->key, RPC_ORIGIN_KEY) == 0
+              && grpc_slice_str_cmp (md->value, RPC_ORIGIN_HANDLER) == 0)
+            st->from_handler = true;
+          else if (grpc_slice_str_cmp (md->key, RPC_REASON_KEY) == 0)
+            take_reason (st, md->value);
+        }
     }
   return c->status;
 }

@@ -51,6 +51,7 @@ rpc_status_release (rpc_status_t *st)
   st->details = NULL;
   st->code = GRPC_STATUS_OK;
   st->from_handler = false;
+  st->reason[0] = '\0';
 }
 
 static const struct

@@ -137,6 +137,9 @@ typedef struct rpc_opts_s
 #define RPC_CONN_RESETS_PER_SECOND 200
 #define RPC_CONN_RESETS_BURST 400
 
+/* The longest reason a status carries (RPC_REASON_KEY). */
+#define RPC_REASON_MAX 31
+
 /* A finished call's status. `details` is owned (free with rpc_status_release). */
 typedef struct rpc_status_s
 {
@@ -146,15 +149,23 @@ typedef struct rpc_status_s
    * RPC_ORIGIN_KEY trailer), not from the transport: "the server said
    * unavailable" rather than "there is no server". */
   bool from_handler;
+  /* The handler's reason (its err_t's `reason`, sent as the RPC_REASON_KEY
+   * trailer), "" for none; a longer or malformed value is taken as none. */
+  char reason[RPC_REASON_MAX + 1];
 } rpc_status_t;
 
 /* clang-format off */
-#define RPC_STATUS_INIT {GRPC_STATUS_OK, NULL, false}
+#define RPC_STATUS_INIT {GRPC_STATUS_OK, NULL, false, ""}
 /* clang-format on */
 
 /* Trailing metadata the server layer adds to every status it sends. */
 #define RPC_ORIGIN_KEY "status-origin"
 #define RPC_ORIGIN_HANDLER "handler"
+
+/* Trailing metadata the server layer adds to a failed status whose error
+ * has a reason: what the failure means to a program, in a word that does
+ * not change when the message is reworded. */
+#define RPC_REASON_KEY "status-reason"
 
 void rpc_status_release (rpc_status_t *st);
 
@@ -307,6 +318,12 @@ int rpc_call_reply (rpc_call_t *call, const ProtobufCMessage *msg, err_t *err);
  * when code is OK). Later sends fail. Returns 0, or -1 when it could not be
  * sent (the client has gone). */
 int rpc_call_finish (rpc_call_t *call, grpc_status_code code, const char *details);
+/* As rpc_call_finish, with `reason` (may be NULL; at most RPC_REASON_MAX
+ * bytes of [a-z0-9-]) in the RPC_REASON_KEY trailer. */
+int rpc_call_finish_reason (rpc_call_t *call, grpc_status_code code, const char *details, const char *reason);
+/* rpc_call_finish with a handler's result: OK for rc 0, else the status,
+ * message and reason of *err. */
+int rpc_call_finish_err (rpc_call_t *call, int rc, const err_t *err);
 
 /* True when the client cancelled the call, its deadline passed, or the
  * server is cancelling calls at shutdown. Cheap; does not block. */

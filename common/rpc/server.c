@@ -115,17 +115,11 @@ call_run (rpc_call_t *c)
   if (rpc_call_start_batch (c, &op, 1, &c->close_tag) != GRPC_CALL_OK)
     c->closed = true; /* nothing to wait for */
 
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   int rc = c->method->fn (c, c->method->user, &err);
   if (!c->finished)
-    {
-      if (rc < 0)
-        rpc_call_finish (c, rpc_status_from_errno (err.status), err_msg (&err));
-      else
-        rpc_call_finish (c, GRPC_STATUS_OK, NULL);
-    }
+    rpc_call_finish_err (c, rc < 0 ? -1 : 0, &err);
   rpc_call_drain_ahead (c);
-  err_release (&err);
   if (!c->closed)
     {
       /* The close comes once the status is out; a client that stopped

@@ -110,17 +110,6 @@ api_env_from_start (Sandbox__V1__ProcessStart__EnvEntry **entries, size_t n, cha
   ENV_FROM (entries, n, out, err);
 }
 
-size_t
-api_field_header (uint8_t *head, uint32_t field, size_t len)
-{
-  size_t n = 0;
-  head[n++] = (uint8_t) ((field << 3) | 2); /* fields below 16: one byte */
-  for (; len >= 0x80; len >>= 7)
-    head[n++] = (uint8_t) (len | 0x80);
-  head[n++] = (uint8_t) len;
-  return n;
-}
-
 static void
 release_lent (void *data)
 {
@@ -131,7 +120,7 @@ static int
 send_bytes_field (rpc_call_t *call, uint32_t field, const uint8_t *data, size_t len, bool lent, bool start,
                   err_t *err)
 {
-  uint8_t head[11];
+  uint8_t head[API_FIELD_HEADER_MAX];
   size_t n = api_field_header (head, field, len);
   int (*send) (rpc_call_t *, grpc_slice *, size_t, err_t *) = start ? rpc_call_send_raw_start : rpc_call_send_raw;
   if (!lent)

@@ -256,8 +256,8 @@ api_read_file (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
         return -1;
       if (rc > 0 && msg.kind != SBX_FRAME_DATA)
         return err_make (err, EIO, "ReadFile: an unexpected answer");
-      /* FileChunk.data is field 1; sent from the runtime's own buffer. */
-      if (rc > 0 && api_send_bytes_field (call, 1, msg.data, msg.len, true, err) < 0)
+      /* Sent from the runtime's own buffer. */
+      if (rc > 0 && api_send_bytes_field (call, API_FIELD_FILE_CHUNK_DATA, msg.data, msg.len, true, err) < 0)
         return -1;
     }
   return 0;

@@ -89,8 +89,8 @@ page_add (page_t *pg, const sbx_file_msg_t *msg, err_t *err)
   if (api_file_info_to_proto (&msg->info, msg->path, msg->target, &info, &names, err) < 0)
     return -1;
   size_t len = protobuf_c_message_get_packed_size (&info.base);
-  uint8_t head[11];
-  size_t hn = api_field_header (head, 1, len); /* ListDirResponse.entries */
+  uint8_t head[API_FIELD_HEADER_MAX];
+  size_t hn = api_field_header (head, API_FIELD_LIST_DIR_ENTRIES, len);
   if (pg->len + hn + len > API_LIST_PAGE_MAX_BYTES)
     return 0;
   if (atomic_fetch_add (&list_bytes_held, hn + len) + hn + len > API_LIST_TOTAL_MAX_BYTES)
@@ -116,7 +116,7 @@ page_token (page_t *pg, uint64_t next)
 {
   char tok[24];
   int k = snprintf (tok, sizeof tok, "%" PRIu64, next);
-  pg->len += api_field_header (pg->data + pg->len, 2, (size_t) k);
+  pg->len += api_field_header (pg->data + pg->len, API_FIELD_LIST_DIR_NEXT_PAGE_TOKEN, (size_t) k);
   memcpy (pg->data + pg->len, tok, (size_t) k);
   pg->len += (size_t) k;
 }

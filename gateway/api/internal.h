@@ -5,6 +5,7 @@
 #define SBX_GATEWAY_API_INTERNAL_H
 
 #include "gateway/api/api.h"
+#include "gateway/api/fields.h"
 #include "gateway/runtime/runtime.h"
 #include "gateway/snapshot/export.h"
 #include "sandbox/v1/sandbox.pb-c.h"
@@ -102,7 +103,8 @@ void api_info_to_proto (const sbx_info_t *in, Sandbox__V1__SandboxInfo *out);
 /* Replies to a unary call with a SandboxInfo. */
 int api_reply_info (rpc_call_t *call, const sbx_info_t *info, err_t *err);
 /* The exec result as an ExitStatus (pointing into `in`). */
-/* Sends a message whose only field is `field` (length-delimited) holding
+/* Sends a message whose only field is `field` (length-delimited, an
+ * API_FIELD_* constant of fields.h) holding
  * `data`, without packing it: `lent` data (an exec's output buffer) goes
  * to gRPC as is and is kept until sent (sbx_exec_hold); else it is copied
  * once, into the message. */
@@ -110,9 +112,6 @@ int api_send_bytes_field (rpc_call_t *call, uint32_t field, const uint8_t *data,
 /* The same for lent data, without waiting until the transport has it
  * (rpc_call_send_raw_start: see rpc_call_send_wait_for). */
 int api_send_bytes_field_start (rpc_call_t *call, uint32_t field, const uint8_t *data, size_t len, err_t *err);
-/* The field header (tag and varint length) of a length-delimited field:
- * its size, at most 11 bytes. */
-size_t api_field_header (uint8_t *head, uint32_t field, size_t len);
 void api_exit_to_proto (const sbx_exec_result_t *in, Sandbox__V1__ExitStatus *out);
 /* Names a sandbox or a client chose, for proto3 `string` fields (which
  * must hold valid UTF-8; see FileInfo in the proto): api_utf8_valid tells

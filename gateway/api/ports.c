@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "common/cleanup.h"
+#include "common/idle_pool.h"
 #include "gateway/api/internal.h"
 
 /* The most bytes one data frame carries: a socket read's worth. Every
@@ -45,9 +46,6 @@
 #define FWD_SPARE_BUFS 4
 /* How often a busy connection renews its sandbox's idle timer. */
 #define FWD_TOUCH_MS 10000
-/* ForwardFrame's fields. */
-#define FWD_FIELD_DATA 3
-#define FWD_FIELD_CONNECTED 5
 
 typedef struct fwd_s
 {
@@ -63,10 +61,9 @@ typedef struct fwd_s
   atomic_bool stop;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  bool input_done;          /* mu: the client closed its direction */
-  bool reader_done;         /* mu: the reader is done with this call */
-  err_t error;              /* mu: a protocol error of the client's stream */
-  struct fwd_s *queue_next; /* handed to an idle reader thread */
+  bool input_done;  /* mu: the client closed its direction */
+  bool reader_done; /* mu: the reader is done with this call */
+  err_t error;      /* mu: a protocol error of the client's stream */
 } fwd_t;
 
 static int64_t
@@ -164,7 +161,7 @@ close_write (fwd_t *f)
 static void
 apply_frame (fwd_t *f, const Sandbox__V1__ForwardFrame *fr)
 {
-  err_t e = ERR_INIT;
+  cleanup_err err_t e = ERR_INIT;
   if ((fr->sandbox_id != NULL && fr->sandbox_id[0] != '\0') || fr->port != 0 || fr->connected
       || fr->idle_timeout_seconds != 0)
     err_make (&e, EINVAL, "Forward: only the first frame names the sandbox and the port");
@@ -189,13 +186,12 @@ reader_main (fwd_t *f)
   while (!atomic_load (&f->stop))
     {
       ProtobufCMessage *m = NULL;
-      err_t e = ERR_INIT;
+      cleanup_err err_t e = ERR_INIT;
       int rc = rpc_call_recv (f->call, &sandbox__v1__forward_frame__descriptor, &m, &e);
       if (rc < 0)
         {
           /* Cancelled (the client went away), or a frame that does not decode. */
           fwd_stop (f, e.status == ECANCELED ? NULL : &e);
-          err_release (&e);
           return;
         }
       if (rc == 0)
@@ -217,59 +213,24 @@ reader_main (fwd_t *f)
  * few: a call's second thread is then a wake-up, not a thread's start. */
 #define FWD_IDLE_READERS 4
 
-static pthread_mutex_t readers_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t readers_cv = PTHREAD_COND_INITIALIZER;
-static size_t readers_idle;
-static fwd_t *readers_queue; /* calls handed to idle readers */
+static idle_pool_t readers = IDLE_POOL_INIT (FWD_IDLE_READERS, 0);
 
-static void *
-reader_thread (void *arg)
+static void
+reader_job (void *arg)
 {
   fwd_t *f = arg;
-  for (;;)
-    {
-      reader_main (f);
-      pthread_mutex_lock (&f->mu);
-      f->reader_done = true; /* from here on `f` is the call's again */
-      pthread_cond_broadcast (&f->cv);
-      pthread_mutex_unlock (&f->mu);
-      pthread_mutex_lock (&readers_mu);
-      if (readers_idle >= FWD_IDLE_READERS)
-        break;
-      readers_idle++;
-      while (readers_queue == NULL)
-        pthread_cond_wait (&readers_cv, &readers_mu);
-      f = readers_queue; /* idle was counted down by reader_start */
-      readers_queue = f->queue_next;
-      pthread_mutex_unlock (&readers_mu);
-    }
-  pthread_mutex_unlock (&readers_mu);
-  return NULL;
+  reader_main (f);
+  pthread_mutex_lock (&f->mu);
+  f->reader_done = true; /* from here on `f` is the call's again */
+  pthread_cond_broadcast (&f->cv);
+  pthread_mutex_unlock (&f->mu);
 }
 
 /* Gives the call's input to a reader thread: an idle one, else a new one. */
 static bool
 reader_start (fwd_t *f)
 {
-  pthread_mutex_lock (&readers_mu);
-  bool handed = readers_idle > 0;
-  if (handed)
-    {
-      readers_idle--;
-      f->queue_next = readers_queue;
-      readers_queue = f;
-      pthread_cond_signal (&readers_cv);
-    }
-  pthread_mutex_unlock (&readers_mu);
-  if (handed)
-    return true;
-  pthread_attr_t attr;
-  pthread_attr_init (&attr);
-  pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t t;
-  bool ok = pthread_create (&t, &attr, reader_thread, f) == 0;
-  pthread_attr_destroy (&attr);
-  return ok;
+  return idle_pool_run (&readers, reader_job, f) == 0;
 }
 
 /* Waits until the reader is done with the call. */
@@ -292,7 +253,7 @@ reader_wait (fwd_t *f)
  * again. */
 enum
 {
-  FWD_HEAD_ROOM = 11 /* the largest field header */
+  FWD_HEAD_ROOM = API_FIELD_HEADER_MAX
 };
 
 typedef struct fwd_buf_s
@@ -361,7 +322,7 @@ relay_chunk (fwd_t *f, err_t *err)
       return err_make_sys (err, e, "Forward: recv");
     }
   uint8_t head[FWD_HEAD_ROOM];
-  size_t hn = api_field_header (head, FWD_FIELD_DATA, (size_t) r);
+  size_t hn = api_field_header (head, API_FIELD_FORWARD_FRAME_DATA, (size_t) r);
   memcpy (start - hn, head, hn);
   grpc_slice msg = grpc_slice_new_with_user_data (start - hn, hn + (size_t) r, fwd_buf_put, b);
   return rpc_call_send_raw_start (f->call, &msg, 1, err) < 0 ? -1 : 1;
@@ -422,7 +383,7 @@ forward_open (fwd_t *f, const Sandbox__V1__ForwardFrame *first, err_t *err)
   if (sbx_port_connect (f->rt, f->id, first->port, &f->sock, err) < 0)
     return -1;
   size_t done = sock_write (f, first->data.data, first->data.len, true);
-  static const uint8_t connected[] = {FWD_FIELD_CONNECTED << 3, 1}; /* a varint: true */
+  static const uint8_t connected[] = {API_TAG (API_FIELD_FORWARD_FRAME_CONNECTED, API_WIRE_VARINT), 1}; /* true */
   grpc_slice ok = grpc_slice_from_static_buffer (connected, sizeof connected);
   if (rpc_call_send_raw_start (f->call, &ok, 1, err) < 0)
     return -1;
@@ -489,8 +450,7 @@ api_forward (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     }
   /* End the call, then the reader: its receive or its watch of the call
    * returns once the call is over, its socket wait on the wake. */
-  rpc_call_finish (call, rc == 0 ? GRPC_STATUS_OK : rpc_status_from_errno (err->status),
-                   rc == 0 ? NULL : err_msg (err));
+  rpc_call_finish_err (call, rc == 0 ? 0 : -1, err);
   atomic_store (&f.stop, true);
   fwd_wake (&f);
   if (reader_started)

@@ -90,19 +90,18 @@ end_input (run_t *r)
       sbx_proc_end_input (r->rt, r->proc, r->wake);
       return;
     }
-  err_t e = ERR_INIT;
+  cleanup_err err_t e = ERR_INIT;
   if (r->pty_fd >= 0)
     sbx_exec_end_input_pty (r->pty_fd, r->wake, &e);
   else
     close_stdin (r);
-  err_release (&e);
 }
 
 /* Applies one input message. */
 static void
 apply_input (run_t *r, const Sandbox__V1__ProcessInput *in)
 {
-  err_t e = ERR_INIT;
+  cleanup_err err_t e = ERR_INIT;
   switch (in->input_case)
     {
     case SANDBOX__V1__PROCESS_INPUT__INPUT_STDIN:
@@ -160,7 +159,6 @@ apply_input (run_t *r, const Sandbox__V1__ProcessInput *in)
       run_fail (r, &e);
       break;
     }
-  err_release (&e);
 }
 
 static void *
@@ -170,7 +168,7 @@ reader_main (void *arg)
   for (;;)
     {
       ProtobufCMessage *m = NULL;
-      err_t e = ERR_INIT;
+      cleanup_err err_t e = ERR_INIT;
       int rc = rpc_call_recv (r->call, &sandbox__v1__process_input__descriptor, &m, &e);
       if (rc <= 0)
         {
@@ -220,7 +218,7 @@ run_started (void *ctx, const sbx_exec_started_t *st)
     fcntl (r->stdin_fd, F_SETFL, O_NONBLOCK);
   Sandbox__V1__ProcessInfo info = SANDBOX__V1__PROCESS_INFO__INIT;
   info.pid = st->pid;
-  err_t e = ERR_INIT;
+  cleanup_err err_t e = ERR_INIT;
   if (api_argv_to_proto (r->start->argv, r->start->n_argv, &info, &e) < 0)
     atomic_store (&r->stop, true);
   info.running = true;
@@ -243,9 +241,8 @@ run_started (void *ctx, const sbx_exec_started_t *st)
 static int
 send_output (run_t *r, int stream, const uint8_t *data, size_t len, bool lent)
 {
-  err_t e = ERR_INIT;
+  cleanup_err err_t e = ERR_INIT;
   int rc = api_send_bytes_field (r->call, stream == 1 ? 2 : 3, data, len, lent, &e);
-  err_release (&e);
   return rc;
 }
 
@@ -476,8 +473,7 @@ api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     rc = run_command (&r, &xr, err);
   /* End the call, then the reader: its receive or its watch of the call
    * returns once the call is over, its stdin wait on the wake. */
-  rpc_call_finish (call, rc == 0 ? GRPC_STATUS_OK : rpc_status_from_errno (err->status),
-                   rc == 0 ? NULL : err_msg (err));
+  rpc_call_finish_err (call, rc == 0 ? 0 : -1, err);
   uint64_t one = 1;
   ssize_t woke = write (wake, &one, sizeof one); /* fails only on overflow: awake anyway */
   (void) woke;

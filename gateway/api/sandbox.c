@@ -57,7 +57,7 @@ api_delete (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
       err_release (err);
       rc = snap_delete_stored (ctx->store, req->sandbox_id, &snapshot_deleted, err);
       if (rc == 0 && !live && !snapshot_deleted)
-        rc = err_make (err, ENOENT, "sandbox `%s` not found, and no stored snapshot", req->sandbox_id);
+        rc = sbx_err_not_found (err, req->sandbox_id, ", and no stored snapshot");
     }
   if (rc < 0)
     return -1;
@@ -103,19 +103,17 @@ typedef struct exec_call_s
 static int
 exec_output (void *ctx, int stream, const uint8_t *data, size_t len)
 {
-  err_t err = ERR_INIT;
-  /* ExecEvent.stdout is field 1, stderr field 2 */
-  int rc = api_send_bytes_field_start (((exec_call_t *) ctx)->call, stream == 1 ? 1 : 2, data, len, &err);
-  err_release (&err);
+  cleanup_err err_t err = ERR_INIT;
+  uint32_t field = stream == 1 ? API_FIELD_EXEC_EVENT_STDOUT : API_FIELD_EXEC_EVENT_STDERR;
+  int rc = api_send_bytes_field_start (((exec_call_t *) ctx)->call, field, data, len, &err);
   return rc;
 }
 
 static int
 exec_ready (void *ctx, int wait_ms)
 {
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   int rc = rpc_call_send_wait_for (((exec_call_t *) ctx)->call, wait_ms, &err);
-  err_release (&err);
   return rc;
 }
 

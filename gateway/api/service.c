@@ -77,7 +77,7 @@ api_undo_if_gone (rpc_call_t *call, sbx_runtime_t *rt, const char *id, err_t *er
   if (!rpc_call_cancelled (call) && rpc_call_deadline_ms_left (call) > 0)
     return 0;
   /* Nobody will learn of this sandbox: it must not linger and count. */
-  err_t derr = ERR_INIT;
+  cleanup_err err_t derr = ERR_INIT;
   sbx_delete (rt, id, &derr);
   err_warn_release (&derr, "undo `%s`", id);
   return err_make (err, ETIMEDOUT, "the call ended (deadline or cancellation) before `%s` was ready: undone", id);

@@ -155,8 +155,8 @@ release_piece (void *data)
 static int
 export_sink (void *ctx, const uint8_t *data, size_t len, err_t *err)
 {
-  uint8_t head[11];
-  size_t n = api_field_header (head, 1, len); /* SnapshotChunk.data */
+  uint8_t head[API_FIELD_HEADER_MAX];
+  size_t n = api_field_header (head, API_FIELD_SNAPSHOT_CHUNK_DATA, len);
   snap_export_hold (data);
   grpc_slice slices[2] = {grpc_slice_from_copied_buffer ((const char *) head, n),
                           grpc_slice_new_with_user_data ((void *) data, len, release_piece, (void *) data)};

@@ -421,7 +421,7 @@ exec_acquire (sbx_runtime_t *rt, const sbx_exec_req_t *req, sbx_t **out, err_t *
 {
   sbx_t *s = sbx_acquire (rt, req->id);
   if (s == NULL)
-    return err_make (err, ENOENT, "sandbox `%s` not found", req->id);
+    return sbx_err_not_found (err, req->id, NULL);
   pthread_mutex_lock (&rt->mu);
   bool dead = s->dead;
   if (!dead && req->background)

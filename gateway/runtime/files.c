@@ -129,7 +129,7 @@ sbx_file_start (sbx_runtime_t *rt, const sbx_file_req_t *req, sbx_gone_fn gone, 
     return -1;
   sbx_t *s = sbx_acquire (rt, req->id);
   if (s == NULL)
-    return err_make (err, ENOENT, "sandbox `%s` not found", req->id);
+    return sbx_err_not_found (err, req->id, NULL);
   sbx_file_t *f = calloc (1, sizeof *f);
   if (f == NULL)
     {

@@ -14,7 +14,14 @@
  *
  * Threading: `mu` guards the registry list, every sandbox's bookkeeping
  * fields (ready, deleting, refs, helper, last_used_ms, exec_seq) and
- * `stopping`; it is never held across I/O. `cv` signals changes to them.
+ * `stopping`; it is never held across I/O or a wait but its own condition
+ * waits on `cv`: what Get and List report of a process count or a disk is
+ * read after it, from referenced records (sbx_info_measure); logs are
+ * written after it. Held across a syscall only where the lock is what
+ * makes it right, and none of them blocks: kill, waitid(WNOHANG) and
+ * pidfd_open on a holder the lock keeps unreaped (the reaper and a
+ * delete take the pid under it), and a layer user's cancel, which marks a
+ * call cancelled. `cv` signals changes to them.
  */
 #ifndef SBX_GATEWAY_RUNTIME_INTERNAL_H
 #define SBX_GATEWAY_RUNTIME_INTERNAL_H
@@ -219,7 +226,13 @@ int sbx_index_init (sbx_runtime_t *rt, err_t *err);
 sbx_t *sbx_find_locked (sbx_runtime_t *rt, const char *id);
 void sbx_link_locked (sbx_runtime_t *rt, sbx_t *s);
 void sbx_unlink_locked (sbx_runtime_t *rt, sbx_t *s);
-void sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out);
+/* What a Get, a List or a launch answers, in two steps so that the
+ * registry lock is never held across the reads: sbx_info_copy_locked
+ * copies the bookkeeping fields (rt->mu held) and takes a reference;
+ * sbx_info_measure (rt->mu not held) reads the process count and the disk
+ * use and drops that reference. */
+void sbx_info_copy_locked (sbx_t *s, sbx_info_t *out);
+void sbx_info_measure (sbx_runtime_t *rt, sbx_t *s, sbx_info_t *out);
 /* A ready sandbox, referenced (renews its idle timer), or NULL. */
 sbx_t *sbx_acquire (sbx_runtime_t *rt, const char *id);
 void sbx_release (sbx_runtime_t *rt, sbx_t *s);

@@ -448,8 +448,10 @@ sbx_launch_on (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_i
   s->cg_seen = seen;
   s->ready = true;
   if (out != NULL)
-    sbx_fill_info_locked (rt, s, out);
+    sbx_info_copy_locked (s, out);
   pthread_mutex_unlock (&rt->mu);
+  if (out != NULL)
+    sbx_info_measure (rt, s, out);
   log_fields (
       SEV_INFO,
       json_pack ("{s:s, s:b, s:i}", "sandbox_id", id, "allow_egress", s->allow_egress, "holder_pid", (int) s->holder),

@@ -155,7 +155,7 @@ holder_pidfd (sbx_runtime_t *rt, const char *id, err_t *err)
     }
   pthread_mutex_unlock (&rt->mu);
   if (s == NULL || (fd < 0 && saved == 0))
-    return err_make (err, ENOENT, "sandbox `%s` not found", id);
+    return sbx_err_not_found (err, id, NULL);
   if (fd < 0)
     return err_make_sys (err, saved == ESRCH ? ENOENT : saved, "sandbox `%s`: pidfd of its pid 1", id);
   return fd;

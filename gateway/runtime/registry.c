@@ -54,6 +54,13 @@ sbx_id_valid (const char *id)
   return true;
 }
 
+int
+sbx_err_not_found (err_t *err, const char *id, const char *more)
+{
+  return err_make_reason (err, ENOENT, ERR_REASON_SANDBOX_NOT_FOUND, "sandbox `%s` not found%s", id,
+                          more != NULL ? more : "");
+}
+
 size_t
 sbx_count (sbx_runtime_t *rt)
 {
@@ -208,7 +215,7 @@ sbx_release (sbx_runtime_t *rt, sbx_t *s)
 }
 
 void
-sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out)
+sbx_info_copy_locked (sbx_t *s, sbx_info_t *out)
 {
   memset (out, 0, sizeof *out);
   snprintf (out->id, sizeof out->id, "%s", s->id);
@@ -222,6 +229,12 @@ sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out)
   memcpy (out->image, s->image, sizeof out->image);
   memcpy (out->image_digest, s->image_digest, sizeof out->image_digest);
   memcpy (out->dead_reason, s->dead_reason, sizeof out->dead_reason);
+  s->refs++; /* keeps the record, its id and its disk descriptor */
+}
+
+void
+sbx_info_measure (sbx_runtime_t *rt, sbx_t *s, sbx_info_t *out)
+{
   long n = sbx_cg_count (&rt->cg, s->id, NULL);
   out->process_count = n > 0 ? n : 0;
   struct statfs sf;
@@ -230,6 +243,11 @@ sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out)
       out->disk_limit_bytes = (uint64_t) sf.f_blocks * (uint64_t) sf.f_bsize;
       out->disk_used_bytes = (uint64_t) (sf.f_blocks - sf.f_bfree) * (uint64_t) sf.f_bsize;
     }
+  pthread_mutex_lock (&rt->mu);
+  bool last = sbx_unref_locked (rt, s);
+  pthread_mutex_unlock (&rt->mu);
+  if (last)
+    sbx_free_record (s);
 }
 
 void
@@ -265,23 +283,41 @@ sbx_cancel_layer_users_locked (sbx_t *s, int status, const char *why)
       }
 }
 
+/* Exports cancelled per pass whose warning is logged (the lock is not held
+ * across the log's write; any beyond are cancelled all the same and
+ * counted in one line). */
+#define FREEZE_LOGGED_PER_PASS 16
+
 void
 sbx_enforce_freeze_deadlines (sbx_runtime_t *rt)
 {
   int64_t now = sbx_mono_ms ();
+  char ids[FREEZE_LOGGED_PER_PASS][SBX_ID_MAX + 1];
+  size_t n = 0, unlogged = 0;
   pthread_mutex_lock (&rt->mu);
   for (sbx_t *s = rt->layer_users > 0 ? rt->list : NULL; s != NULL; s = s->next)
     for (sbx_layer_user_t *u = s->layer_users; u != NULL; u = u->next)
       if (!u->cancelled && u->freeze_deadline_ms > 0 && now >= u->freeze_deadline_ms && u->cancel != NULL)
         {
           u->cancelled = true;
-          log_fields (SEV_WARNING,
-                      json_pack ("{s:s, s:i}", "sandbox_id", s->id, "seconds", (int) rt->cfg.freeze_max_seconds),
-                      "an export kept the sandbox frozen too long: cancelled");
+          if (n < FREEZE_LOGGED_PER_PASS)
+            snprintf (ids[n++], sizeof ids[0], "%s", s->id);
+          else
+            unlogged++;
+          /* The cancel does not block (it marks the call cancelled): the
+           * user it reaches lives on its caller's stack until it unlinks
+           * itself under this lock. */
           u->cancel (u->ctx, ETIMEDOUT,
                      "the export kept the sandbox frozen too long (SANDBOX_EXPORT_FREEZE_SECONDS)");
         }
   pthread_mutex_unlock (&rt->mu);
+  for (size_t i = 0; i < n; i++)
+    log_fields (SEV_WARNING,
+                json_pack ("{s:s, s:i}", "sandbox_id", ids[i], "seconds", (int) rt->cfg.freeze_max_seconds),
+                "an export kept the sandbox frozen too long: cancelled");
+  if (unlogged > 0)
+    log_fields (SEV_WARNING, json_pack ("{s:i}", "more", (int) unlogged),
+                "more exports kept their sandboxes frozen too long: cancelled");
 }
 
 /* Takes (or shares) the sandbox's freeze. */
@@ -335,7 +371,7 @@ sbx_with_layer (sbx_runtime_t *rt, const char *id, bool freeze, sbx_layer_fn fn,
     return err_make (err, EINVAL, "invalid sandbox id");
   sbx_t *s = sbx_acquire (rt, id);
   if (s == NULL)
-    return err_make (err, ENOENT, "sandbox `%s` not found", id);
+    return sbx_err_not_found (err, id, NULL);
   sbx_layer_user_t user = {.cancel = cancel, .ctx = cancel_ctx};
   pthread_mutex_lock (&rt->mu);
   user.next = s->layer_users;
@@ -391,7 +427,7 @@ lock_ready (sbx_runtime_t *rt, const char *id, err_t *err)
   if (s != NULL && s->ready && !s->deleting)
     return s;
   pthread_mutex_unlock (&rt->mu);
-  err_make (err, ENOENT, "sandbox `%s` not found", id);
+  sbx_err_not_found (err, id, NULL);
   return NULL;
 }
 
@@ -455,8 +491,9 @@ sbx_get (sbx_runtime_t *rt, const char *id, sbx_info_t *out, err_t *err)
   if (s == NULL)
     return -1;
   s->last_used_ms = sbx_mono_ms ();
-  sbx_fill_info_locked (rt, s, out);
+  sbx_info_copy_locked (s, out);
   pthread_mutex_unlock (&rt->mu);
+  sbx_info_measure (rt, s, out);
   return 0;
 }
 
@@ -476,21 +513,32 @@ info_cmp (const void *a, const void *b)
   return strcmp (((const sbx_info_t *) a)->id, ((const sbx_info_t *) b)->id);
 }
 
+/* A List copies every record under the registry lock, referenced, and
+ * reads their process counts and disks after it: the lock every exec takes
+ * is never held across those reads, whatever the number of sandboxes. */
 int
 sbx_list (sbx_runtime_t *rt, sbx_info_t **out, size_t *n, err_t *err)
 {
   pthread_mutex_lock (&rt->mu);
-  sbx_info_t *v = calloc (rt->count + 1, sizeof *v);
-  if (v == NULL)
+  size_t cap = rt->count + 1;
+  sbx_info_t *v = calloc (cap, sizeof *v);
+  cleanup_free sbx_t **held = calloc (cap, sizeof *held);
+  if (v == NULL || held == NULL)
     {
       pthread_mutex_unlock (&rt->mu);
+      free (v);
       return err_make (err, ENOMEM, "list: out of memory");
     }
   size_t k = 0;
-  for (sbx_t *s = rt->list; s != NULL; s = s->next)
+  for (sbx_t *s = rt->list; s != NULL && k < cap; s = s->next)
     if (s->ready && !s->deleting)
-      sbx_fill_info_locked (rt, s, &v[k++]);
+      {
+        held[k] = s;
+        sbx_info_copy_locked (s, &v[k++]);
+      }
   pthread_mutex_unlock (&rt->mu);
+  for (size_t i = 0; i < k; i++)
+    sbx_info_measure (rt, held[i], &v[i]);
   qsort (v, k, sizeof *v, info_cmp);
   *out = v;
   *n = k;

@@ -102,6 +102,10 @@ bool sbx_egress_filtered (const sbx_runtime_t *rt);
 /* True when `id` matches ^[A-Za-z0-9][A-Za-z0-9_-]*$ and has at most 64
  * characters. */
 bool sbx_id_valid (const char *id);
+/* The one "no such sandbox" error: ENOENT, reason
+ * ERR_REASON_SANDBOX_NOT_FOUND, the message "sandbox `<id>` not found" and
+ * `more` (may be NULL) after it. Returns -1. */
+int sbx_err_not_found (err_t *err, const char *id, const char *more);
 
 /* Detects cgroups, removes what a previous run left (processes, mounts,
  * cgroups, state directories) and starts the idle reaper. `cfg` strings are

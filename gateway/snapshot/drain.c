@@ -160,9 +160,8 @@ sandbox_gone (sbx_runtime_t *rt, const char *id, const err_t *perr)
   if (perr->status != ENOENT)
     return false;
   sbx_info_t info;
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   bool gone = sbx_get (rt, id, &info, &err) < 0 && err.status == ENOENT;
-  err_release (&err);
   return gone;
 }
 
@@ -209,7 +208,7 @@ skip_stale (drain_t *d, const char *id)
 {
   sbx_info_t info;
   snap_gen_t now;
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   int stale = sbx_get (d->rt, id, &info, &err) < 0 ? 0 : snap_copy_stale (d->store, &info, &now, &err);
   if (stale < 0)
     err_warn_release (&err, "persist at shutdown `%s`: cannot compare with the stored snapshot; persisting", id);
@@ -250,12 +249,11 @@ worker_main (void *arg)
         continue;
       int64_t t0 = snap_drain_now_ms ();
       snap_persisted_t done = {0};
-      err_t err = ERR_INIT;
+      cleanup_err err_t err = ERR_INIT;
       snap_canceller_t stop = {stop_worker, w, worker_stopped};
       int rc = snap_persist (d->rt, d->store, id, no_progress, NULL, &stop, &w->stop, &done, &err);
       record (w, id, rc, &done, &err, snap_drain_now_ms () - t0);
       free (done.object);
-      err_release (&err);
     }
   pthread_mutex_lock (&d->mu);
   d->running--;
@@ -429,7 +427,7 @@ snap_drain (sbx_runtime_t *rt, snap_store_t *store, int64_t deadline_ms, snap_dr
       return;
     }
   *d = (drain_t){.rt = rt, .store = store, .deadline_ms = deadline_ms, .refs = 1};
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   if (sbx_list (rt, &d->list, &d->n, &err) < 0)
     {
       err_warn_release (&err, "persist at shutdown: list the sandboxes (none is persisted)");

@@ -138,7 +138,7 @@ snap_persist (sbx_runtime_t *rt, snap_store_t *store, const char *id, snap_progr
   /* The version this copy wrote: a later persist on shutdown checks that
    * nobody has written one since. */
   snap_gen_t gen;
-  err_t serr = ERR_INIT;
+  cleanup_err err_t serr = ERR_INIT;
   if (store->ops->stat (store, object, &gen, &serr) == 1)
     sbx_set_store_gen (rt, id, gen.gen);
   else
@@ -216,7 +216,7 @@ static int
 replace_stale (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egress, sbx_info_t *info, err_t *err)
 {
   snap_gen_t now;
-  err_t serr = ERR_INIT;
+  cleanup_err err_t serr = ERR_INIT;
   int stale = snap_copy_stale (store, info, &now, &serr);
   if (stale < 0)
     err_warn_release (&serr, "connect `%s`: cannot compare with the stored snapshot; the live copy serves", id);
@@ -268,7 +268,7 @@ connect_once (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egres
   if (exists < 0)
     return -1;
   if (!exists && !create)
-    return err_make (err, ENOENT, "sandbox `%s` not found, and no stored snapshot", id);
+    return sbx_err_not_found (err, id, ", and no stored snapshot");
   int r
       = exists ? restore_from_store (rt, store, id, egress, &gen, info, err) : sbx_launch (rt, id, egress, info, err);
   if (r == 0)

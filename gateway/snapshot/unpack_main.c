@@ -46,7 +46,7 @@ report_err (const err_t *err)
 int
 main (int argc, char **argv)
 {
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   bool userxattr = argc == 4 && strcmp (argv[3], "userxattr") == 0;
   if (argc != 3 && !userxattr)
     {

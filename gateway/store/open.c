@@ -12,8 +12,9 @@ store_open (const store_choice_t *c, snap_store_t **out, err_t *err)
   int rc;
   if (c->gcs_bucket != NULL)
     {
-      gcs_config_t g;
-      gcs_config_from_env (&g);
+      /* Every setting from the gateway's configuration table (config.c):
+       * the variables are read there and nowhere else. */
+      gcs_config_t g = {0};
       g.bucket = c->gcs_bucket;
       g.prefix = c->prefix;
       g.emulator_host = c->gcs_emulator;

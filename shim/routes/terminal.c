@@ -402,7 +402,7 @@ term_attach (shim_req_t *r, term_t *t, bool replay, struct MHD_Response **resp, 
   rpc_client_call_t *call = NULL;
   if (rpc_client_start (members_route (r->id), "/sandbox.v1.Sandbox/Run", 0, shim.md, shim.n_md, &call, &err) < 0)
     {
-      rpc_status_t st = {GRPC_STATUS_UNAVAILABLE, (char *) err_msg (&err), false};
+      rpc_status_t st = {.code = GRPC_STATUS_UNAVAILABLE, .details = (char *) err_msg (&err)};
       *resp = shim_gateway_error (st.code, &st, status);
       err_release (&err);
       return -1;

@@ -100,13 +100,33 @@ out:
   return rc;
 }
 
+static const char *
+env_or_null (const char *name)
+{
+  const char *v = getenv (name);
+  return v != NULL && v[0] != '\0' ? v : NULL;
+}
+
+/* This tool's settings come from the variables the gateway also reads
+ * (its configuration table, gateway/config.c), empty counting as unset. */
+static void
+config_from_env (gcs_config_t *cfg)
+{
+  memset (cfg, 0, sizeof *cfg);
+  cfg->bucket = env_or_null ("CLOUD_RUN_SANDBOX_GCS_BUCKET");
+  cfg->prefix = env_or_null ("CLOUD_RUN_SANDBOX_SNAPSHOT_PREFIX");
+  cfg->emulator_host = env_or_null ("STORAGE_EMULATOR_HOST");
+  cfg->credentials_file = env_or_null ("GOOGLE_APPLICATION_CREDENTIALS");
+  cfg->metadata_host = env_or_null ("GCE_METADATA_HOST");
+}
+
 int
 main (int argc, char **argv)
 {
   log_set_program ("gcs_cli");
   log_set_level (SEV_WARNING);
   gcs_config_t cfg;
-  gcs_config_from_env (&cfg);
+  config_from_env (&cfg);
   int i = 1;
   for (; i + 1 < argc && strncmp (argv[i], "--", 2) == 0; i += 2)
     {

@@ -80,24 +80,6 @@ static const snap_store_ops_t gcs_ops = {
 
 /* ---- settings ------------------------------------------------------------ */
 
-static const char *
-env_or_null (const char *name)
-{
-  const char *v = getenv (name);
-  return v != NULL && v[0] != '\0' ? v : NULL;
-}
-
-void
-gcs_config_from_env (gcs_config_t *cfg)
-{
-  memset (cfg, 0, sizeof *cfg);
-  cfg->bucket = env_or_null ("CLOUD_RUN_SANDBOX_GCS_BUCKET");
-  cfg->prefix = env_or_null ("CLOUD_RUN_SANDBOX_SNAPSHOT_PREFIX");
-  cfg->emulator_host = env_or_null ("STORAGE_EMULATOR_HOST");
-  cfg->credentials_file = env_or_null ("GOOGLE_APPLICATION_CREDENTIALS");
-  cfg->metadata_host = env_or_null ("GCE_METADATA_HOST");
-}
-
 static int
 check_bucket (const char *bucket, err_t *err)
 {

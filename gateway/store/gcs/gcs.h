@@ -56,11 +56,6 @@ typedef struct gcs_config_s
   long stall_timeout_s;   /* a transfer below 1 byte/s for this long has failed */
 } gcs_config_t;
 
-/* Fills *cfg with the defaults and the environment variables named above
- * (the pointers are getenv's: valid until the environment changes). Empty
- * values count as unset. Never fails. */
-void gcs_config_from_env (gcs_config_t *cfg);
-
 /* Creates the store described by *cfg: kind "gcs", prefix cfg->prefix or
  * GCS_DEFAULT_PREFIX. Checks the settings and loads the service-account key
  * (if any) but makes no request. 0 ok with *out (destroy with

@@ -72,9 +72,8 @@ writer_cancel (gcs_writer_t *w)
     return;
   gcs_req_t req = {.method = "DELETE", .url = w->session, .timeout_s = CANCEL_TIMEOUT_S};
   gcs_resp_t resp = {0};
-  err_t err = ERR_INIT;
-  if (gcs_authed_do (w->store, w->h, &req, &resp, &err) < 0)
-    err_release (&err);
+  cleanup_err err_t err = ERR_INIT;
+  gcs_authed_do (w->store, w->h, &req, &resp, &err); /* best effort: the session expires anyway */
   gcs_resp_clear (&resp);
 }
 

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "common/bearer.h"
+#include "common/cleanup.h"
 #include "common/config.h"
 #include "common/err.h"
 
@@ -170,11 +171,50 @@ test_bearer_matches_only_the_exact_secret (void **state)
   assert_false (bearer_matches ("Bearer x", NULL));
 }
 
+/* An error filled in a scope of its own, released when the scope ends
+ * (under the ASan build a leak here fails the test). */
+static const char *
+make_and_drop (void)
+{
+  cleanup_err err_t e = ERR_INIT;
+  err_make (&e, ENOENT, "gone");
+  return e.msg != NULL ? "made" : "not made";
+}
+
+static void
+test_cleanup_err_releases_and_reason_travels_with_the_error (void **state)
+{
+  assert_string_equal (make_and_drop (), "made");
+  cleanup_err err_t e = ERR_INIT;
+  err_make_reason (&e, ENOENT, ERR_REASON_SANDBOX_NOT_FOUND, "sandbox `%s` not found", "a");
+  assert_int_equal (e.status, ENOENT);
+  assert_string_equal (e.reason, ERR_REASON_SANDBOX_NOT_FOUND);
+  err_wrap (&e, "exec");
+  assert_string_equal (e.reason, ERR_REASON_SANDBOX_NOT_FOUND); /* kept by a wrap */
+  assert_string_equal (err_msg (&e), "exec: sandbox `a` not found");
+  err_make (&e, EIO, "other");
+  assert_null (e.reason); /* a new error has none */
+  err_release (&e);
+  assert_null (e.reason);
+}
+
+static void
+test_take_ptr_hands_the_pointer_out_and_clears_it (void **state)
+{
+  cleanup_free char *s = strdup ("x");
+  char *got = take_ptr (&s);
+  assert_null (s);
+  assert_string_equal (got, "x");
+  free (got);
+}
+
 int
 main (void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test (test_err_make_and_wrap_build_one_message),
+      cmocka_unit_test (test_cleanup_err_releases_and_reason_travels_with_the_error),
+      cmocka_unit_test (test_take_ptr_hands_the_pointer_out_and_clears_it),
       cmocka_unit_test (test_config_reads_defaults_and_values),
       cmocka_unit_test (test_config_refuses_bad_values_naming_the_variable),
       cmocka_unit_test (test_config_help_lists_every_variable_and_hides_secrets),

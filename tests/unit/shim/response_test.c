@@ -3,7 +3,8 @@
  * difference between the gateway's own UNAVAILABLE (503) and no gateway at
  * all (502), and shim_gateway_error (and its variant that keeps the
  * gateway's detail, shim_gateway_error_named) answering with that status
- * and counting the failure in the metrics.
+ * and counting the failure in the metrics; restore-on-miss's signal
+ * (shim_missed) is the status's reason, never its wording.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -153,6 +154,38 @@ test_gateway_error_named_keeps_the_gateway_detail_of_404_and_409 (void **state)
   MHD_destroy_response (resp);
 }
 
+/* Whether the gateway said the call's sandbox is missing, for a status. */
+static bool
+missed_after (grpc_status_code code, const char *details, bool from_handler, const char *reason)
+{
+  rpc_status_t st = {.code = code, .details = (char *) details, .from_handler = from_handler};
+  snprintf (st.reason, sizeof st.reason, "%s", reason);
+  unsigned status = 0;
+  shim_missed_reset ();
+  struct MHD_Response *resp = shim_gateway_error (code, &st, &status);
+  MHD_destroy_response (resp);
+  return shim_missed ();
+}
+
+static void
+test_a_missing_sandbox_is_told_by_the_reason_whatever_the_wording (void **state)
+{
+  /* Any wording with the reason: missing. */
+  assert_true (missed_after (GRPC_STATUS_NOT_FOUND, "sandbox `a` not found", true, ERR_REASON_SANDBOX_NOT_FOUND));
+  assert_true (missed_after (GRPC_STATUS_NOT_FOUND, "no such sandbox here", true, ERR_REASON_SANDBOX_NOT_FOUND));
+  assert_true (missed_after (GRPC_STATUS_NOT_FOUND, "", true, ERR_REASON_SANDBOX_NOT_FOUND));
+  /* The old sentence without the reason (a file, a process): not missing. */
+  assert_false (missed_after (GRPC_STATUS_NOT_FOUND, "sandbox `a` not found", true, ""));
+  assert_false (missed_after (GRPC_STATUS_NOT_FOUND, "sandbox `a` not found", true, "file-not-found"));
+  /* The reason on another code, or not from the gateway's handler layer. */
+  assert_false (missed_after (GRPC_STATUS_INTERNAL, "x", true, ERR_REASON_SANDBOX_NOT_FOUND));
+  assert_false (missed_after (GRPC_STATUS_NOT_FOUND, "x", false, ERR_REASON_SANDBOX_NOT_FOUND));
+  /* Forgotten by the next error and by the reset. */
+  assert_true (missed_after (GRPC_STATUS_NOT_FOUND, "x", true, ERR_REASON_SANDBOX_NOT_FOUND));
+  shim_missed_reset ();
+  assert_false (shim_missed ());
+}
+
 int
 main (void)
 {
@@ -163,6 +196,7 @@ main (void)
       cmocka_unit_test (test_gateway_error_answers_with_the_mapped_status_and_counts_it),
       cmocka_unit_test (test_gateway_error_tells_unavailable_apart_by_origin),
       cmocka_unit_test (test_gateway_error_named_keeps_the_gateway_detail_of_404_and_409),
+      cmocka_unit_test (test_a_missing_sandbox_is_told_by_the_reason_whatever_the_wording),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

@@ -52,7 +52,8 @@ echo_unary (rpc_call_t *call, void *user, err_t *err)
   Echo__V1__EchoRequest *req = (Echo__V1__EchoRequest *) m;
   if (req->fail_with != 0)
     {
-      rc = err_make (err, req->fail_with, "asked to fail with %d", req->fail_with);
+      rc = err_make_reason (err, req->fail_with, req->with_reason ? ERR_REASON_SANDBOX_NOT_FOUND : NULL,
+                            "asked to fail with %d", req->fail_with);
       protobuf_c_message_free_unpacked (m, NULL);
       return rc;
     }
@@ -402,6 +403,32 @@ test_handler_errors_map_to_grpc_status (void **state)
       assert_string_equal (st.details, want);
       assert_non_null (strstr (err_msg (&err), want));
       rpc_status_release (&st);
+      err_release (&err);
+    }
+}
+
+/* The reason of a handler's error reaches the client's rpc_status_t (the
+ * status-reason trailer); an error without one has none. */
+static void
+test_a_handler_error_reason_reaches_the_client_status (void **state)
+{
+  fixture_t *f = *state;
+  for (int with = 0; with < 2; with++)
+    {
+      err_t err = ERR_INIT;
+      Echo__V1__EchoRequest req = ECHO__V1__ECHO_REQUEST__INIT;
+      req.fail_with = ENOENT;
+      req.with_reason = with;
+      ProtobufCMessage *resp = NULL;
+      rpc_status_t st = RPC_STATUS_INIT;
+      assert_int_equal (rpc_client_unary (f->channel, "/echo.v1.Echo/Unary", 5000, NULL, 0, &req.base,
+                                          &echo__v1__echo_reply__descriptor, &resp, &st, &err),
+                        -1);
+      assert_int_equal (st.code, GRPC_STATUS_NOT_FOUND);
+      assert_true (st.from_handler);
+      assert_string_equal (st.reason, with ? ERR_REASON_SANDBOX_NOT_FOUND : "");
+      rpc_status_release (&st);
+      assert_string_equal (st.reason, "");
       err_release (&err);
     }
 }
@@ -1052,6 +1079,7 @@ main (void)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown (test_unary_echoes_payload_metadata_and_deadline, setup, teardown),
       cmocka_unit_test_setup_teardown (test_handler_errors_map_to_grpc_status, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_a_handler_error_reason_reaches_the_client_status, setup, teardown),
       cmocka_unit_test_setup_teardown (test_unregistered_method_is_unimplemented, setup, teardown),
       cmocka_unit_test_setup_teardown (test_server_streaming_delivers_every_message_in_order, setup, teardown),
       cmocka_unit_test_setup_teardown (test_sends_started_without_waiting_arrive_in_order_and_give_their_buffers_back,

@@ -514,26 +514,6 @@ test_bad_settings_are_refused_with_the_reason (void **state)
   st->ops->destroy (st);
 }
 
-static void
-test_config_from_env_reads_the_documented_variables (void **state)
-{
-  setenv ("CLOUD_RUN_SANDBOX_GCS_BUCKET", "b1", 1);
-  setenv ("CLOUD_RUN_SANDBOX_SNAPSHOT_PREFIX", "p/", 1);
-  setenv ("STORAGE_EMULATOR_HOST", "", 1);
-  setenv ("GCE_METADATA_HOST", "127.0.0.1:9", 1);
-  gcs_config_t cfg;
-  gcs_config_from_env (&cfg);
-  assert_string_equal (cfg.bucket, "b1");
-  assert_string_equal (cfg.prefix, "p/");
-  assert_null (cfg.emulator_host); /* empty counts as unset */
-  assert_string_equal (cfg.metadata_host, "127.0.0.1:9");
-  assert_int_equal (cfg.chunk_size, 0);
-  unsetenv ("CLOUD_RUN_SANDBOX_GCS_BUCKET");
-  unsetenv ("CLOUD_RUN_SANDBOX_SNAPSHOT_PREFIX");
-  unsetenv ("STORAGE_EMULATOR_HOST");
-  unsetenv ("GCE_METADATA_HOST");
-}
-
 /* ---- round trips and upload faults --------------------------------------- */
 
 static void
@@ -1028,7 +1008,6 @@ main (void)
       cmocka_unit_test (test_goog_hash_parsing_finds_crc32c_and_refuses_garbage),
       cmocka_unit_test (test_header_lines_match_names_in_any_case_only),
       cmocka_unit_test (test_bad_settings_are_refused_with_the_reason),
-      cmocka_unit_test (test_config_from_env_reads_the_documented_variables),
       cmocka_unit_test_setup (test_multi_chunk_object_round_trips_byte_identical, test_setup),
       cmocka_unit_test_setup (test_upload_survives_injected_503s, test_setup),
       cmocka_unit_test_setup (test_upload_survives_429s, test_setup),
