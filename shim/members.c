@@ -60,72 +60,6 @@ static struct
   atomic_ullong routed_nowhere;
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
-/* ---- hashing ------------------------------------------------------------- */
-
-/* MurmurHash3's 64-bit finaliser: every input bit affects every output bit. */
-static uint64_t
-mix64 (uint64_t k)
-{
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdULL;
-  k ^= k >> 33;
-  k *= 0xc4ceb9fe1a85ec53ULL;
-  k ^= k >> 33;
-  return k;
-}
-
-/* FNV-1a over the text, then mixed. */
-static uint64_t
-hash_text (const char *s)
-{
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (; *s != '\0'; s++)
-    h = (h ^ (unsigned char) *s) * 0x100000001b3ULL;
-  return mix64 (h);
-}
-
-/* The rendezvous weight of member hash `m` for id hash `id`. */
-static uint64_t
-weight (uint64_t m, uint64_t id)
-{
-  return mix64 (m ^ mix64 (id + 0x9e3779b97f4a7c15ULL));
-}
-
-uint64_t
-members_weight (const char *member, const char *id)
-{
-  return weight (hash_text (member), hash_text (id != NULL ? id : ""));
-}
-
-int
-members_choose (const uint64_t *weights, const bool *listed, const member_state_t *states, size_t n, bool *failover)
-{
-  int best = -1, live = -1;
-  for (size_t i = 0; i < n; i++)
-    {
-      if (!listed[i])
-        continue;
-      if (best < 0 || weights[i] > weights[best])
-        best = (int) i;
-      if (states[i] != MEMBER_DOWN && (live < 0 || weights[i] > weights[live]))
-        live = (int) i;
-    }
-  if (live < 0)
-    live = best;
-  *failover = live != best;
-  return live;
-}
-
-member_state_t
-members_state_of_probe (bool answered, bool serving, bool refused_by_handler)
-{
-  if (!answered)
-    return MEMBER_DOWN;
-  if (serving)
-    return MEMBER_UP;
-  return refused_by_handler ? MEMBER_DRAINING : MEMBER_DOWN;
-}
-
 /* ---- the table ------------------------------------------------------------- */
 
 static int64_t
@@ -163,7 +97,7 @@ add_locked (const char *name, err_t *err)
   member_t *m = &g.table[n];
   memset (m, 0, sizeof *m);
   snprintf (m->name, sizeof m->name, "%s", name);
-  m->hash = hash_text (name);
+  m->hash = members_hash_text (name);
   if (rpc_channel_new (name, &g.opts, &m->ch, err) < 0)
     return NULL;
   /* A single gateway is never probed: it is up. */
@@ -538,7 +472,7 @@ members_stop (void)
 rpc_channel_t *
 members_route (const char *id)
 {
-  uint64_t idh = hash_text (id != NULL ? id : "");
+  uint64_t idh = members_hash_text (id != NULL ? id : "");
   uint64_t w[MEMBERS_MAX];
   bool listed[MEMBERS_MAX];
   member_state_t states[MEMBERS_MAX];
@@ -548,7 +482,7 @@ members_route (const char *id)
       member_t *m = &g.table[i];
       listed[i] = atomic_load (&m->listed);
       states[i] = (member_state_t) atomic_load (&m->state);
-      w[i] = weight (m->hash, idh);
+      w[i] = members_weight_of (m->hash, idh);
     }
   bool failover = false;
   int k = members_choose (w, listed, states, (size_t) n, &failover);

@@ -91,6 +91,10 @@ typedef enum member_state_e
 /* The rendezvous weight of member name `member` for sandbox `id` (NULL:
  * ""): the owner of an id is the eligible member of highest weight. */
 uint64_t members_weight (const char *member, const char *id);
+/* rendezvous.c: FNV-1a then MurmurHash3's finaliser over `s`; and the
+ * rendezvous weight of member hash `m` for id hash `id`. */
+uint64_t members_hash_text (const char *s);
+uint64_t members_weight_of (uint64_t m, uint64_t id);
 
 /* The owner among n members (their weights for one id, whether each is
  * listed, their states): the listed member of highest weight that is not

@@ -165,4 +165,17 @@ bool rpc_call_run_batch (rpc_call_t *c, const grpc_op *ops, size_t n);
 /* Starts a batch tagged `tag` without waiting. */
 grpc_call_error rpc_call_start_batch (rpc_call_t *c, const grpc_op *ops, size_t n, void *tag);
 
+/* Outstanding accept slots per method: enough to take a burst of calls
+ * without waiting for a thread to re-arm. */
+#define RPC_ACCEPT_DEPTH 8
+
+/* server.c, for server_stop.c: CLOCK_MONOTONIC in milliseconds; frees
+ * refusals whose answer went out (all: cancels every one, at shutdown). */
+int64_t rpc_mono_ms (void);
+void rpc_sweep_refusing (rpc_server_t *s, bool all);
+/* server.c, for server_setup.c: arms an accept slot for method index
+ * `method`; starts a server thread (false when it could not). */
+void rpc_slot_request (rpc_server_t *s, long method);
+bool rpc_spawn_thread (rpc_server_t *s);
+
 #endif

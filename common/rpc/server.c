@@ -12,7 +12,10 @@
  * waiting when their calls are done, sparing the next calls a thread's
  * start. All operations of a call are plucked from its queue by that
  * thread, so handlers are plain blocking code and a slow call never holds
- * up another.
+ * up another. (This is why these threads are not common/idle_pool's: a
+ * pool hands a job to a waiting thread, while here the waiting is on the
+ * completion queue itself, and the thread that wakes is the one that runs
+ * the call — a hand-off would add a wake-up to every call.)
  *
  * Every call starts RECV_CLOSE_ON_SERVER at once; rpc_call_cancelled()
  * peeks at it without blocking.
@@ -34,10 +37,6 @@
 
 #include "common/cleanup.h"
 #include "common/log.h"
-
-/* Outstanding accept slots per method: enough to take a burst of calls
- * without waiting for a thread to re-arm. */
-#define RPC_ACCEPT_DEPTH 8
 
 /* Stack of a server thread (it runs handlers). */
 #define RPC_HANDLER_STACK (2u * 1024u * 1024u)
@@ -64,8 +63,8 @@ slot_free (rpc_slot_t *slot)
 }
 
 /* Arms one accept slot for `method` (-1: unregistered methods). */
-static void
-slot_request (rpc_server_t *s, long method)
+void
+rpc_slot_request (rpc_server_t *s, long method)
 {
   rpc_slot_t *slot = calloc (1, sizeof *slot);
   if (slot == NULL)
@@ -134,8 +133,8 @@ call_run (rpc_call_t *c)
     }
 }
 
-static int64_t
-mono_ms (void)
+int64_t
+rpc_mono_ms (void)
 {
   struct timespec ts;
   clock_gettime (CLOCK_MONOTONIC, &ts);
@@ -214,7 +213,7 @@ start_refusal (rpc_call_t *c, grpc_status_code code, const char *message)
 
 /* Answers a call on the accepting thread, without giving it a thread of
  * its own or waiting for the answer to go out: the call joins the
- * server's list of refusals, which sweep_refusing frees once the answer
+ * server's list of refusals, which rpc_sweep_refusing frees once the answer
  * is out, cancelling it at RPC_REFUSE_MS. Past RPC_MAX_REFUSING answers
  * under way, the call is cancelled with the status (no `status-origin`
  * trailer) and freed at once. Either way it counts against its
@@ -231,7 +230,7 @@ refuse (rpc_call_t *c, grpc_status_code code, const char *message)
   pthread_mutex_unlock (&s->mu);
   if (room && start_refusal (c, code, message))
     {
-      c->refuse_until_ms = mono_ms () + RPC_REFUSE_MS;
+      c->refuse_until_ms = rpc_mono_ms () + RPC_REFUSE_MS;
       pthread_mutex_lock (&s->mu);
       c->refusing_next = s->refusing;
       s->refusing = c;
@@ -252,10 +251,10 @@ refuse (rpc_call_t *c, grpc_status_code code, const char *message)
  * their time (they are freed at a later sweep: a cancelled call's batches
  * complete at once). `all`: cancel every one now (shutdown). At most one
  * thread sweeps at a time; the others skip. */
-static void
-sweep_refusing (rpc_server_t *s, bool all)
+void
+rpc_sweep_refusing (rpc_server_t *s, bool all)
 {
-  int64_t now = mono_ms ();
+  int64_t now = rpc_mono_ms ();
   pthread_mutex_lock (&s->mu);
   if (!all && now - s->last_refusal_sweep_ms < 25)
     {
@@ -346,7 +345,7 @@ admit (rpc_server_t *s, rpc_call_t *c)
     {
       s->inflight++;
       s->inflight_open += c->open ? 1 : 0;
-      c->accepted_ms = mono_ms ();
+      c->accepted_ms = rpc_mono_ms ();
       c->waiting = true;
       c->wait_next = s->waiting;
       if (s->waiting != NULL)
@@ -365,7 +364,7 @@ admit (rpc_server_t *s, rpc_call_t *c)
 static void
 sweep_waiting (rpc_server_t *s)
 {
-  int64_t now = mono_ms ();
+  int64_t now = rpc_mono_ms ();
   pthread_mutex_lock (&s->mu);
   if (now - s->last_sweep_ms >= 250)
     {
@@ -378,12 +377,12 @@ sweep_waiting (rpc_server_t *s)
   pthread_mutex_unlock (&s->mu);
 }
 
-static void *server_thread (void *arg);
-
 /* Starts a server thread, counted in `threads` and `listening` by the
  * caller (under `mu`), who takes them back on failure. */
-static bool
-spawn_thread (rpc_server_t *s)
+static void *server_thread (void *arg);
+
+bool
+rpc_spawn_thread (rpc_server_t *s)
 {
   pthread_attr_t attr;
   pthread_attr_init (&attr);
@@ -453,7 +452,7 @@ ensure_listener (rpc_server_t *s)
       s->threads++;
     }
   pthread_mutex_unlock (&s->mu);
-  if (start && !spawn_thread (s))
+  if (start && !rpc_spawn_thread (s))
     {
       pthread_mutex_lock (&s->mu);
       s->listening--;
@@ -470,7 +469,7 @@ server_thread (void *arg)
     {
       grpc_event ev = grpc_completion_queue_next (s->cq, rpc_deadline_in_ms (250), NULL);
       sweep_waiting (s);
-      sweep_refusing (s, false);
+      rpc_sweep_refusing (s, false);
       if (ev.type == GRPC_QUEUE_SHUTDOWN)
         break;
       if (ev.type != GRPC_OP_COMPLETE)
@@ -490,7 +489,7 @@ server_thread (void *arg)
           continue;
         }
       if (!atomic_load (&s->shutting_down))
-        slot_request (s, slot->method);
+        rpc_slot_request (s, slot->method);
       /* This thread goes to the call; another waits for the next one. */
       pthread_mutex_lock (&s->mu);
       s->listening--;
@@ -506,7 +505,7 @@ server_thread (void *arg)
       if (start)
         s->threads++;
       pthread_mutex_unlock (&s->mu);
-      if (need && (!start || !spawn_thread (s)))
+      if (need && (!start || !rpc_spawn_thread (s)))
         {
           /* No other thread would wait for calls while this one runs (for
            * as long as its call lasts), and none may start (the cap, or
@@ -549,309 +548,4 @@ server_thread (void *arg)
   pthread_cond_broadcast (&s->cv);
   pthread_mutex_unlock (&s->mu);
   return NULL;
-}
-
-int
-rpc_server_new (const rpc_opts_t *opts, rpc_server_t **out, err_t *err)
-{
-  rpc_server_t *s = calloc (1, sizeof *s);
-  if (s == NULL)
-    return err_make (err, ENOMEM, "rpc server: out of memory");
-  if (opts != NULL)
-    s->opts = *opts;
-  s->tls_cert_file = s->opts.tls_cert_file != NULL ? strdup (s->opts.tls_cert_file) : NULL;
-  s->tls_key_file = s->opts.tls_key_file != NULL ? strdup (s->opts.tls_key_file) : NULL;
-  s->tls_ca_file = s->opts.tls_ca_file != NULL ? strdup (s->opts.tls_ca_file) : NULL;
-  pthread_mutex_init (&s->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init (&ca);
-  pthread_condattr_setclock (&ca, CLOCK_MONOTONIC);
-  pthread_cond_init (&s->cv, &ca);
-  pthread_condattr_destroy (&ca);
-  atomic_init (&s->shutting_down, false);
-  atomic_init (&s->draining, false);
-  s->max_calls = s->opts.max_calls > 0 ? s->opts.max_calls : RPC_DEFAULT_MAX_CALLS;
-  s->max_open_calls = s->opts.max_open_calls > 0 ? s->opts.max_open_calls : RPC_DEFAULT_MAX_OPEN_CALLS;
-  s->first_message_ms = s->opts.first_message_ms > 0 ? s->opts.first_message_ms : RPC_DEFAULT_FIRST_MESSAGE_MS;
-
-  s->max_threads = RPC_MAX_THREADS (s->max_calls);
-  s->opts.max_calls = s->max_calls;
-
-  /* gRPC core's own budget: memory for its transports (near it, it sends
-   * GOAWAY to connections without calls, then cancels streams) and threads
-   * (gRPC core 1.51 applies the thread budget only to the C++ synchronous
-   * server; this layer's own cap, max_threads, is the one that holds). */
-  s->quota = grpc_resource_quota_create ("rpc server");
-  grpc_resource_quota_resize (s->quota, RPC_MEMORY_QUOTA_BYTES);
-  grpc_resource_quota_set_max_threads (s->quota, (int) s->max_threads);
-  rpc_channel_args_t args;
-  rpc_channel_args_init (&args, &s->opts, true);
-  grpc_arg *q = &args.args[args.channel_args.num_args++];
-  q->type = GRPC_ARG_POINTER;
-  q->key = (char *) GRPC_ARG_RESOURCE_QUOTA;
-  q->value.pointer.p = s->quota;
-  q->value.pointer.vtable = grpc_resource_quota_arg_vtable ();
-  s->max_message = args.max_message;
-  s->server = grpc_server_create (&args.channel_args, NULL);
-  s->cq = grpc_completion_queue_create_for_next (NULL);
-  grpc_server_register_completion_queue (s->server, s->cq, NULL);
-  *out = s;
-  return 0;
-}
-
-int
-rpc_server_add_method (rpc_server_t *s, const char *path, rpc_handler_fn fn, void *user, err_t *err)
-{
-  return rpc_server_add_admitted_method (s, path, NULL, fn, user, err);
-}
-
-int
-rpc_server_add_admitted_method (rpc_server_t *s, const char *path, rpc_admit_fn admit_fn, rpc_handler_fn fn,
-                                void *user, err_t *err)
-{
-  if (s->started)
-    return err_make (err, EBUSY, "register `%s`: the server has already started", path);
-  rpc_method_t *m = realloc (s->methods, (s->n_methods + 1) * sizeof *m);
-  if (m == NULL)
-    return err_make (err, ENOMEM, "register `%s`: out of memory", path);
-  s->methods = m;
-  rpc_method_t *nm = &s->methods[s->n_methods];
-  nm->path = strdup (path);
-  nm->fn = fn;
-  nm->admit = admit_fn;
-  nm->user = user;
-  nm->handle = grpc_server_register_method (s->server, path, NULL, GRPC_SRM_PAYLOAD_NONE, 0);
-  if (nm->path == NULL || nm->handle == NULL)
-    {
-      free (nm->path);
-      return err_make (err, EINVAL, "register `%s`: refused (registered twice?)", path);
-    }
-  s->n_methods++;
-  return 0;
-}
-
-static int
-server_credentials (rpc_server_t *s, grpc_server_credentials **out, err_t *err)
-{
-  if (s->tls_cert_file == NULL && s->tls_key_file == NULL)
-    {
-      *out = grpc_insecure_server_credentials_create ();
-      return 0;
-    }
-  if (s->tls_cert_file == NULL || s->tls_key_file == NULL)
-    return err_make (err, EINVAL, "TLS needs both a certificate and a key file");
-  cleanup_free char *cert = NULL;
-  cleanup_free char *key = NULL;
-  cleanup_free char *ca = NULL;
-  if (rpc_read_pem (s->tls_cert_file, &cert, err) < 0 || rpc_read_pem (s->tls_key_file, &key, err) < 0)
-    return err_wrap (err, "TLS");
-  if (s->tls_ca_file != NULL && rpc_read_pem (s->tls_ca_file, &ca, err) < 0)
-    return err_wrap (err, "TLS client CA");
-  grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
-  *out
-      = grpc_ssl_server_credentials_create_ex (ca, &pair, 1,
-                                               ca != NULL ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-                                                          : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-                                               NULL);
-  if (*out == NULL)
-    return err_make (err, EINVAL, "TLS: the certificate or key is not valid PEM");
-  return 0;
-}
-
-int
-rpc_server_start (rpc_server_t *s, const char *addr, int *bound_port, err_t *err)
-{
-  if (s->started)
-    return err_make (err, EBUSY, "the server has already started");
-  /* Plaintext: the layer listens itself (listen.c), so that connections
-   * are capped; TLS: gRPC core does (it takes ready sockets only without
-   * TLS), uncapped. */
-  bool own = s->tls_cert_file == NULL && s->tls_key_file == NULL && strncmp (addr, "unix:", 5) != 0;
-  int port = 0;
-  if (!own)
-    {
-      grpc_server_credentials *creds = NULL;
-      if (server_credentials (s, &creds, err) < 0)
-        return -1;
-      port = grpc_server_add_http2_port (s->server, addr, creds);
-      grpc_server_credentials_release (creds);
-      if (port == 0)
-        return err_make (err, EADDRINUSE, "cannot listen on `%s` (address in use or not valid)", addr);
-    }
-  grpc_server_start (s->server);
-  s->started = true;
-  pthread_mutex_lock (&s->mu);
-  s->threads = s->listening = 1;
-  pthread_mutex_unlock (&s->mu);
-  if (!spawn_thread (s))
-    {
-      pthread_mutex_lock (&s->mu);
-      s->threads = s->listening = 0;
-      pthread_mutex_unlock (&s->mu);
-      return err_make (err, EAGAIN, "cannot start the rpc server's thread");
-    }
-  for (int d = 0; d < RPC_ACCEPT_DEPTH; d++)
-    {
-      for (size_t i = 0; i < s->n_methods; i++)
-        slot_request (s, (long) i);
-      if (d < 2)
-        slot_request (s, -1);
-    }
-  if (own)
-    {
-      size_t max_conns = s->opts.max_connections > 0 ? s->opts.max_connections : RPC_DEFAULT_MAX_CONNECTIONS;
-      size_t per_peer = s->opts.max_connections_per_peer > 0 ? s->opts.max_connections_per_peer
-                                                             : RPC_DEFAULT_MAX_CONNECTIONS_PER_PEER;
-      if (rpc_listener_start (s->server, addr, max_conns, per_peer, &s->listener, &port, err) < 0)
-        return err->status == EADDRINUSE ? -1 : err_make (err, EADDRINUSE, "cannot listen: %s", err_msg (err));
-    }
-  if (bound_port != NULL)
-    *bound_port = port;
-  return 0;
-}
-
-bool
-rpc_server_shutting_down (const rpc_server_t *s)
-{
-  return atomic_load (&((rpc_server_t *) s)->shutting_down);
-}
-
-size_t
-rpc_server_inflight (rpc_server_t *s)
-{
-  pthread_mutex_lock (&s->mu);
-  size_t n = s->inflight;
-  pthread_mutex_unlock (&s->mu);
-  return n;
-}
-
-/* CLOCK_MONOTONIC `ms` from now. */
-static struct timespec
-mono_in (int64_t ms)
-{
-  struct timespec until;
-  clock_gettime (CLOCK_MONOTONIC, &until);
-  if (ms < 0)
-    ms = 0;
-  int64_t ns = (int64_t) until.tv_nsec + ms % 1000 * 1000000;
-  until.tv_sec += ms / 1000 + ns / 1000000000;
-  until.tv_nsec = ns % 1000000000;
-  return until;
-}
-
-int64_t
-rpc_server_drain (rpc_server_t *s, int64_t grace_ms)
-{
-  int64_t start = mono_ms ();
-  atomic_store (&s->draining, true);
-  struct timespec until = mono_in (grace_ms);
-  pthread_mutex_lock (&s->mu);
-  size_t left = s->inflight - s->inflight_open;
-  if (left > 0)
-    log_msg (SEV_INFO, "rpc: draining: %zu call(s) in flight may finish; new calls are refused", left);
-  while (s->inflight - s->inflight_open > 0)
-    if (pthread_cond_timedwait (&s->cv, &s->mu, &until) == ETIMEDOUT)
-      break;
-  left = s->inflight - s->inflight_open;
-  pthread_mutex_unlock (&s->mu);
-  int64_t rest = grace_ms - (mono_ms () - start);
-  if (left > 0)
-    return 0;
-  return rest > 0 ? rest : 0;
-}
-
-void
-rpc_server_shutdown (rpc_server_t *s, int64_t grace_ms)
-{
-  pthread_mutex_lock (&s->mu);
-  if (s->shutdown_called)
-    {
-      pthread_mutex_unlock (&s->mu);
-      return;
-    }
-  s->shutdown_called = true;
-  pthread_mutex_unlock (&s->mu);
-  atomic_store (&s->shutting_down, true);
-
-  if (!s->started)
-    {
-      /* No thread: wait for the shutdown tag here. */
-      grpc_server_shutdown_and_notify (s->server, s->cq, &s->shutdown_tag);
-      for (;;)
-        {
-          grpc_event ev = grpc_completion_queue_next (s->cq, gpr_inf_future (GPR_CLOCK_REALTIME), NULL);
-          if (ev.type == GRPC_OP_COMPLETE && ev.tag == &s->shutdown_tag)
-            break;
-        }
-      grpc_server_destroy (s->server);
-      grpc_completion_queue_shutdown (s->cq);
-      while (grpc_completion_queue_next (s->cq, gpr_inf_future (GPR_CLOCK_REALTIME), NULL).type
-             != GRPC_QUEUE_SHUTDOWN)
-        ;
-      s->destroyed_grpc = true;
-      return;
-    }
-
-  rpc_listener_stop (s->listener); /* no new connections */
-  grpc_server_shutdown_and_notify (s->server, s->cq, &s->shutdown_tag);
-  struct timespec until = mono_in (grace_ms);
-
-  pthread_mutex_lock (&s->mu);
-  while (!s->shutdown_done)
-    if (pthread_cond_timedwait (&s->cv, &s->mu, &until) == ETIMEDOUT)
-      break;
-  bool done = s->shutdown_done;
-  size_t left = s->inflight;
-  pthread_mutex_unlock (&s->mu);
-  if (!done)
-    {
-      log_msg (SEV_WARNING, "rpc: grace period over; cancelling %zu call(s) still in flight", left);
-      grpc_server_cancel_all_calls (s->server);
-    }
-  pthread_mutex_lock (&s->mu);
-  while (!s->shutdown_done || s->inflight > 0)
-    pthread_cond_wait (&s->cv, &s->mu);
-  pthread_mutex_unlock (&s->mu);
-  /* Refusals still under way are cancelled; their batches then complete. */
-  for (;;)
-    {
-      sweep_refusing (s, true);
-      pthread_mutex_lock (&s->mu);
-      size_t refusing = s->n_refusing;
-      pthread_mutex_unlock (&s->mu);
-      if (refusing == 0)
-        break;
-      struct timespec pause = {0, 5 * 1000 * 1000};
-      nanosleep (&pause, NULL);
-    }
-
-  grpc_server_destroy (s->server);
-  grpc_completion_queue_shutdown (s->cq);
-  /* No call comes any more: the threads see the queue's end and go. */
-  pthread_mutex_lock (&s->mu);
-  while (s->threads > 0)
-    pthread_cond_wait (&s->cv, &s->mu);
-  pthread_mutex_unlock (&s->mu);
-  s->destroyed_grpc = true;
-}
-
-void
-rpc_server_destroy (rpc_server_t *s)
-{
-  if (s == NULL)
-    return;
-  rpc_server_shutdown (s, 0);
-  rpc_listener_free (s->listener);
-  if (s->quota != NULL)
-    grpc_resource_quota_unref (s->quota);
-  grpc_completion_queue_destroy (s->cq);
-  for (size_t i = 0; i < s->n_methods; i++)
-    free (s->methods[i].path);
-  free (s->methods);
-  free (s->tls_cert_file);
-  free (s->tls_key_file);
-  free (s->tls_ca_file);
-  pthread_cond_destroy (&s->cv);
-  pthread_mutex_destroy (&s->mu);
-  free (s);
 }
