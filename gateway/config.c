@@ -20,7 +20,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 51
+#define N_VARS 52
 
 /* The table of variables, with targets in *c. */
 static void
@@ -164,6 +164,9 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        "output buffers all Exec and Run calls together hold beyond each one's first 16 KiB, in MiB; at it they read "
        "16 KiB at a time (a call's buffers grow up to 256 KiB only while its client keeps reading)",
        1, 65536, &c->exec_buffer_total_mb, NULL, false},
+      {"SANDBOX_MAX_CONTEXTS", CFG_INT, "8",
+       "most code contexts (Jupyter kernels, CreateContext) one sandbox may have; more: RESOURCE_EXHAUSTED", 1, 256,
+       &c->max_contexts, NULL, false},
   };
   _Static_assert(sizeof table / sizeof table[0] == N_VARS, "N_VARS matches the table");
   memcpy (vars, table, sizeof table);
@@ -728,5 +731,6 @@ gw_config_runtime (const gw_config_t *c, sbx_config_t *out)
       .max_watches = c->max_watches,
       .exec_buffer_total_bytes = c->exec_buffer_total_mb * 1024 * 1024,
       .idle_counts_processes = c->idle_counts_processes,
+      .max_contexts = c->max_contexts,
   };
 }

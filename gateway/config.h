@@ -81,6 +81,7 @@ typedef struct gw_config_s
   long max_watches;
   long exec_buffer_total_mb;
   bool idle_counts_processes;
+  long max_contexts; /* SANDBOX_MAX_CONTEXTS */
 
   /* Derived by gw_config_load. */
   bool persist_on_shutdown; /* SANDBOX_PERSIST_ON_SHUTDOWN, or whether a store was chosen */

@@ -7,6 +7,7 @@
 
 #include "common/cleanup.h"
 #include "gateway/api/internal.h"
+#include "gateway/code/kernel.h"
 
 void
 api_info_to_proto (const sbx_info_t *in, Sandbox__V1__SandboxInfo *out)
@@ -21,6 +22,7 @@ api_info_to_proto (const sbx_info_t *in, Sandbox__V1__SandboxInfo *out)
   out->disk_limit_bytes = in->disk_limit_bytes;
   out->dead = in->dead;
   out->dead_reason = (char *) in->dead_reason;
+  out->context_count = (uint32_t) code_count (in->id, in->created_ms);
 }
 
 int
@@ -104,6 +106,12 @@ api_env_from_proto (Sandbox__V1__ExecRequest__EnvEntry **entries, size_t n, char
 
 int
 api_env_from_start (Sandbox__V1__ProcessStart__EnvEntry **entries, size_t n, char ***out, err_t *err)
+{
+  ENV_FROM (entries, n, out, err);
+}
+
+int
+api_env_from_context (Sandbox__V1__CreateContextRequest__EnvEntry **entries, size_t n, char ***out, err_t *err)
 {
   ENV_FROM (entries, n, out, err);
 }

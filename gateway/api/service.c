@@ -42,6 +42,11 @@ static const api_method_t api_methods[] = {
     {"/sandbox.v1.Sandbox/Watch", api_watch},
     {"/sandbox.v1.Sandbox/Forward", api_forward},
     {"/sandbox.v1.Sandbox/ListPorts", api_list_ports},
+    {"/sandbox.v1.Sandbox/CreateContext", api_create_context},
+    {"/sandbox.v1.Sandbox/ListContexts", api_list_contexts},
+    {"/sandbox.v1.Sandbox/RestartContext", api_restart_context},
+    {"/sandbox.v1.Sandbox/DeleteContext", api_delete_context},
+    {"/sandbox.v1.Sandbox/RunCode", api_run_code},
 };
 
 #define N_METHODS (sizeof api_methods / sizeof api_methods[0])
