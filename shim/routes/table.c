@@ -45,5 +45,11 @@ const shim_route_t shim_routes[] = {
     {"*", "/sandboxes/{id}/ports/{port}/{*}", SHIM_BODY_STREAM, true, proxy_handle, proxy_upload, proxy_cleanup,
      false, NULL},
     {"*", "/p/{*}", SHIM_BODY_STREAM, false, proxy_handle, proxy_upload, proxy_cleanup, false, proxy_admit},
+    {"POST", "/sandboxes/{id}/code", SHIM_BODY_JSON, true, route_code, NULL, NULL, false, NULL},
+    {"POST", "/sandboxes/{id}/contexts", SHIM_BODY_JSON, true, route_context_create, NULL, NULL, false, NULL},
+    {"GET", "/sandboxes/{id}/contexts", SHIM_BODY_NONE, true, route_context_list, NULL, NULL, false, NULL},
+    {"DELETE", "/sandboxes/{id}/contexts/{pid}", SHIM_BODY_NONE, true, route_context_delete, NULL, NULL, false, NULL},
+    {"POST", "/sandboxes/{id}/contexts/{pid}/restart", SHIM_BODY_JSON, true, route_context_restart, NULL, NULL, false,
+     NULL},
 };
 const size_t shim_n_routes = sizeof shim_routes / sizeof shim_routes[0];

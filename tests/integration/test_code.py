@@ -6,6 +6,7 @@ module (a kernel takes about a second to start)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 import threading
@@ -18,6 +19,7 @@ import pytest
 from tests.lib import code
 from tests.lib.client import sandbox_client
 from tests.lib.gateway import running_gateway
+from tests.lib.shim import running_shim
 
 MAX_CONTEXTS = 4
 MEMORY_MB = 768
@@ -229,3 +231,60 @@ def test_the_cap_gives_resource_exhausted_and_contexts_die_with_delete(client):
     assert list(code.contexts(client, sid).contexts) == []
     assert client.get(sid).context_count == 0
     client.delete(sid)
+
+
+# --- REST (sandbox-shim) --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def shimc(gwc):
+    with running_shim(gwc, check=True) as s:
+        yield s
+
+
+CHART = ("import matplotlib.pyplot as plt\nprint('drawing')\nplt.plot([0, 1], [1, 0]); plt.show()\n"
+         "import pandas as pd\npd.DataFrame({'v': [1]})")
+
+
+def test_rest_code_answers_one_json_document_with_base64_images(shimc, sid):
+    resp = shimc.request("POST", f"/sandboxes/{sid}/code", {"code": CHART}, timeout=120)
+    assert resp.status == 200, resp
+    doc = resp.json()
+    assert {"results", "logs", "error", "execution_count"} <= set(doc)
+    assert doc["logs"] == {"stdout": ["drawing\n"], "stderr": []} and doc["error"] is None
+    png = [r for r in doc["results"] if "png" in r]
+    assert len(png) == 1 and not png[0]["is_main_result"]
+    png_chunks(base64.b64decode(png[0]["png"]))
+    main = [r for r in doc["results"] if r["is_main_result"]]
+    assert len(main) == 1 and "<table" in main[0]["html"]
+    err = shimc.request("POST", f"/sandboxes/{sid}/code", {"code": "raise ValueError('no')"}, timeout=120).json()
+    assert err["error"]["name"] == "ValueError" and err["error"]["value"] == "no" and err["error"]["traceback"]
+
+
+def test_rest_code_streams_ndjson_events_in_order(shimc, sid):
+    resp = shimc.request("POST", f"/sandboxes/{sid}/code", {"code": CHART},
+                         headers={"Accept": "application/x-ndjson"}, timeout=120)
+    assert resp.status == 200 and "application/x-ndjson" in {k.lower(): v for k, v in dict(resp.headers).items()}.get("content-type", "")
+    lines = [json.loads(line) for line in resp.body.decode().splitlines() if line]
+    types = [e["type"] for e in lines]
+    assert types[0] == "stdout" and types[-1] == "end" and types.count("result") == 2, types
+    png = next(e for e in lines if e["type"] == "result" and "png" in e)
+    png_chunks(base64.b64decode(png["png"]))
+
+
+def test_rest_contexts_create_list_restart_delete(shimc, sid):
+    resp = shimc.request("POST", f"/sandboxes/{sid}/contexts", {"language": "python3", "cwd": "/tmp"}, timeout=120)
+    assert resp.status == 201, resp
+    cid = resp.json()["context_id"]
+    assert resp.json()["cwd"] == "/tmp"
+    run = shimc.request("POST", f"/sandboxes/{sid}/code", {"code": "import os; q = 3; os.getcwd()",
+                                                             "context_id": cid}, timeout=120).json()
+    assert run["results"][0]["text"] == "'/tmp'"
+    listed = shimc.request("GET", f"/sandboxes/{sid}/contexts").json()
+    assert cid in [c["context_id"] for c in listed["contexts"]] and "python3" in listed["languages"]
+    assert shimc.request("POST", f"/sandboxes/{sid}/contexts/{cid}/restart", timeout=120).status == 200
+    run = shimc.request("POST", f"/sandboxes/{sid}/code", {"code": "q", "context_id": cid}, timeout=120).json()
+    assert run["error"]["name"] == "NameError"
+    assert shimc.request("DELETE", f"/sandboxes/{sid}/contexts/{cid}").status == 204
+    assert shimc.request("DELETE", f"/sandboxes/{sid}/contexts/{cid}").status == 404
+    assert shimc.request("POST", f"/sandboxes/{sid}/code", {"code": 5}).status == 422
+    assert shimc.request("POST", f"/sandboxes/{sid}/code", {"code": "1", "timeout": -1}).status == 422
