@@ -133,13 +133,13 @@ jmsg_parse (const char *key, const void *const *frames, const size_t *lens, size
   while (d < n && !(lens[d] == strlen (DELIM) && memcmp (frames[d], DELIM, lens[d]) == 0))
     d++;
   if (d == n || n - d < 6)
-    return err_make (err, EBADMSG, "the kernel sent a message that is not a Jupyter message (%zu frames)", n);
+    return err_make (err, EPROTO, "the kernel sent a message that is not a Jupyter message (%zu frames)", n);
   const void *const *f = frames + d + 2;
   const size_t *fl = lens + d + 2;
   char want[65];
   jmsg_sign (key, f, fl, want);
   if (lens[d + 1] != 64 || CRYPTO_memcmp (frames[d + 1], want, 64) != 0)
-    return err_make (err, EKEYREJECTED, "the kernel sent a message with a wrong signature");
+    return err_make (err, EPROTO, "the kernel sent a message with a wrong signature");
   jmsg_t m = {0};
   m.header = parse_object (f[0], fl[0]);
   m.parent = parse_object (f[1], fl[1]);
@@ -149,7 +149,7 @@ jmsg_parse (const char *key, const void *const *frames, const size_t *lens, size
   if (m.header == NULL || m.parent == NULL || m.metadata == NULL || m.content == NULL || m.msg_type == NULL)
     {
       jmsg_clear (&m);
-      return err_make (err, EBADMSG, "the kernel sent a message whose JSON is not the protocol's");
+      return err_make (err, EPROTO, "the kernel sent a message whose JSON is not the protocol's");
     }
   m.parent_id = json_string_value (json_object_get (m.parent, "msg_id"));
   if (m.parent_id == NULL)
@@ -194,7 +194,7 @@ jmsg_recv (void *sock, const char *key, jmsg_t *out, err_t *err)
       n++;
     }
   if (rc == 0 && too_many)
-    rc = err_make (err, EBADMSG, "the kernel sent a message of more than %d frames", JMSG_FRAMES_MAX);
+    rc = err_make (err, EPROTO, "the kernel sent a message of more than %d frames", JMSG_FRAMES_MAX);
   if (rc == 0)
     rc = jmsg_parse (key, frames, lens, n, out, err);
   for (size_t i = 0; i < n; i++)

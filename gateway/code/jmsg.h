@@ -46,9 +46,10 @@ int jmsg_send (void *sock, const char *key, const char *session, const char *msg
                char id_out[37], err_t *err);
 
 /* Receives one message without waiting (the caller polled): 1 with *out,
- * 0 when none is there, -1 with *err — EBADMSG for a message that is not
- * the protocol's (too many frames, no delimiter, JSON that does not parse
- * or is not an object, no msg_type), EKEYREJECTED for a wrong signature.
+ * 0 when none is there, -1 with *err — EPROTO (INTERNAL at the edge) for
+ * a wrong signature or a message that is not the protocol's (too many
+ * frames, no delimiter, JSON that does not parse or is not an object, no
+ * msg_type).
  * A message that fails is consumed whole. */
 int jmsg_recv (void *sock, const char *key, jmsg_t *out, err_t *err);
 

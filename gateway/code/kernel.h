@@ -133,7 +133,7 @@ typedef struct code_run_req_s
 
 /* Runs a cell, its events to `sink`, END last. 0 when the cell ran (errors
  * of the code itself are events), -1 with *err when it could not (ENOENT,
- * EBADMSG/EKEYREJECTED a kernel that broke the protocol, ECANCELED). */
+ * EPROTO a kernel that broke the protocol, ECANCELED). */
 int code_run (sbx_runtime_t *rt, const code_run_req_t *req, const code_sink_t *sink, err_t *err);
 
 #endif
