@@ -13,6 +13,7 @@
 #include "common/cleanup.h"
 #include "sandbox/v1/sandbox.pb-c.h"
 #include "shim/hangup.h"
+#include "shim/validate.h"
 #include "shim/routes/routes.h"
 
 /* The most bytes of events one buffered answer gathers (beyond: 503, and
@@ -24,6 +25,16 @@
 #define ROUTE_CODE_DEFAULT_TIMEOUT 1800
 /* Deadline of CreateContext and RestartContext (a kernel's start). */
 #define ROUTE_CONTEXT_CALL_MS 120000
+
+/* A 422 in FastAPI's shape, for one body field. */
+static struct MHD_Response *
+invalid (const char *field, const char *msg, unsigned *status)
+{
+  shim_errors_t e;
+  shim_errors_init (&e);
+  shim_errors_add (&e, "value_error", "body", field, msg);
+  return shim_json (shim_errors_take (&e), 422, status);
+}
 
 static bool
 wants_ndjson (shim_req_t *r)
@@ -43,7 +54,7 @@ body_object (shim_req_t *r, bool empty_ok, struct MHD_Response **out, unsigned *
   if (!json_is_object (j))
     {
       json_decref (j);
-      *out = shim_detail (422, "The body must be a JSON object", status);
+      *out = invalid (NULL, "The body must be a JSON object", status);
       return NULL;
     }
   return j;
@@ -101,7 +112,7 @@ route_context_create (shim_req_t *r, unsigned *status)
       || (env != NULL && !json_is_object (env)))
     {
       json_decref (b);
-      return shim_detail (422, "language and cwd must be strings, env an object of strings", status);
+      return invalid ("language", "language and cwd must be strings, env an object of strings", status);
     }
   size_t n = json_object_size (env), i = 0;
   Sandbox__V1__CreateContextRequest__EnvEntry *entries = calloc (n + 1, sizeof *entries);
@@ -123,7 +134,7 @@ route_context_create (shim_req_t *r, unsigned *status)
     i++;
   }
   if (bad)
-    out = shim_detail (422, "env must be an object of strings", status);
+    out = invalid ("env", "env must be an object of strings", status);
   else
     {
       Sandbox__V1__CreateContextRequest req = SANDBOX__V1__CREATE_CONTEXT_REQUEST__INIT;
@@ -372,10 +383,10 @@ route_code (shim_req_t *r, unsigned *status)
   if (!ok)
     {
       json_decref (b);
-      return shim_detail (422,
-                          "code must be a string; language and context_id strings; timeout an integer of "
-                          "seconds from 0 to 3600",
-                          status);
+      return invalid ("code",
+                      "code must be a string; language and context_id strings; timeout an integer of seconds "
+                      "from 0 to 3600",
+                      status);
     }
   uint32_t t = json_is_integer (timeout) ? (uint32_t) json_integer_value (timeout) : 0;
   Sandbox__V1__RunCodeRequest req = SANDBOX__V1__RUN_CODE_REQUEST__INIT;
