@@ -1,4 +1,4 @@
-/* gcs_test: the GCS snapshot store (gateway/gcs) against fake_gcs.py, a
+/* gcs_test: the GCS snapshot store (gateway/store/gcs) against fake_gcs.py, a
  * local fake of the storage JSON API started by this test on loopback, with
  * faults injected through its control endpoints: round trips, uploads that
  * survive 503s, 429s, dropped connections, partial commits and stalls, an

@@ -1006,8 +1006,8 @@ static void
 test_tls_round_trip_and_plaintext_client_refused (void **state)
 {
   (void) state;
-  rpc_opts_t server_opts
-      = {.tls_cert_file = "tests/unit/rpc/localhost.crt", .tls_key_file = "tests/unit/rpc/localhost.key"};
+  rpc_opts_t server_opts = {.tls_cert_file = "tests/unit/common/rpc/localhost.crt",
+                            .tls_key_file = "tests/unit/common/rpc/localhost.key"};
   int port = 0;
   rpc_server_t *s = start_echo_server (&server_opts, &port);
   char target[64];
@@ -1015,7 +1015,7 @@ test_tls_round_trip_and_plaintext_client_refused (void **state)
 
   err_t err = ERR_INIT;
   rpc_opts_t client_opts
-      = {.tls = true, .tls_ca_file = "tests/unit/rpc/localhost.crt", .tls_server_name = "localhost"};
+      = {.tls = true, .tls_ca_file = "tests/unit/common/rpc/localhost.crt", .tls_server_name = "localhost"};
   rpc_channel_t *tls = NULL;
   assert_int_equal (rpc_channel_new (target, &client_opts, &tls, &err), 0);
   Echo__V1__EchoReply *reply = NULL;
@@ -1034,7 +1034,8 @@ test_tls_round_trip_and_plaintext_client_refused (void **state)
   rpc_channel_destroy (plain);
 
   /* A missing key file is a clear error, not a crash. */
-  rpc_opts_t bad = {.tls_cert_file = "tests/unit/rpc/localhost.crt", .tls_key_file = "tests/unit/rpc/missing.key"};
+  rpc_opts_t bad
+      = {.tls_cert_file = "tests/unit/common/rpc/localhost.crt", .tls_key_file = "tests/unit/common/rpc/missing.key"};
   rpc_server_t *s2 = NULL;
   assert_int_equal (rpc_server_new (&bad, &s2, &err), 0);
   assert_int_equal (rpc_server_start (s2, "127.0.0.1:0", NULL, &err), -1);
