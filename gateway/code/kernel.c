@@ -610,6 +610,44 @@ release_list (code_ctx_t *dead, sbx_runtime_t *rt)
     }
 }
 
+/* Drops the contexts of sandboxes that are gone without a Delete (the
+ * idle reaper), so that their ZMQ threads do not wait for the id's next
+ * use. sbx_list renews no idle timer. Best effort. */
+static void
+sweep_gone (sbx_runtime_t *rt)
+{
+  sbx_info_t *all = NULL;
+  size_t n = 0;
+  err_t e = ERR_INIT;
+  if (sbx_list (rt, &all, &n, &e) < 0)
+    {
+      err_release (&e);
+      return;
+    }
+  code_ctx_t *dead = NULL;
+  pthread_mutex_lock (&reg_mu);
+  for (code_ctx_t **pp = &reg_head; *pp != NULL;)
+    {
+      code_ctx_t *c = *pp;
+      bool live = false;
+      for (size_t i = 0; i < n && !live; i++)
+        live = strcmp (all[i].id, c->sid) == 0 && all[i].created_ms == c->sbx_created_ms;
+      if (!live)
+        {
+          *pp = c->next;
+          c->removed = true;
+          atomic_store (&c->closing, true);
+          c->next = dead;
+          dead = c;
+        }
+      else
+        pp = &c->next;
+    }
+  pthread_mutex_unlock (&reg_mu);
+  free (all);
+  release_list (dead, rt);
+}
+
 /* The sandbox (renewing its idle timer), stale contexts dropped. */
 static int
 sandbox_checked (sbx_runtime_t *rt, const char *sid, int64_t *created, err_t *err)
@@ -729,6 +767,7 @@ create_started (sbx_runtime_t *rt, const char *sid, const char *lang, const char
   int64_t created;
   if (sandbox_checked (rt, sid, &created, err) < 0)
     return -1;
+  sweep_gone (rt);
   code_ctx_t *c = NULL;
   if (ctx_new (rt, sid, created, lang, cwd, env, is_default, &c, err) < 0)
     return -1;
