@@ -48,4 +48,12 @@ void err_release (err_t *err);
 /* The message, or "" for an empty error. The pointer stays owned by *err. */
 const char *err_msg (const err_t *err);
 
+/* An err_t released when its scope ends: `cleanup_err err_t e = ERR_INIT;`. */
+static inline void
+err_cleanup_ (err_t *e)
+{
+  err_release (e);
+}
+#define cleanup_err __attribute__ ((cleanup (err_cleanup_)))
+
 #endif

@@ -20,7 +20,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 52
+#define N_VARS 55
 
 /* The table of variables, with targets in *c. */
 static void
@@ -164,6 +164,17 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        "output buffers all Exec and Run calls together hold beyond each one's first 16 KiB, in MiB; at it they read "
        "16 KiB at a time (a call's buffers grow up to 256 KiB only while its client keeps reading)",
        1, 65536, &c->exec_buffer_total_mb, NULL, false},
+      {"SANDBOX_IMAGE_UID", CFG_INT, "900000",
+       "first of the 65536 host ids that own the unpacked image layers (an unprivileged range outside the "
+       "sandboxes' pool; sandboxes see it as their own ids 0..65535)",
+       1, 4294901759L, &c->image_uid, NULL, false},
+      {"SANDBOX_REGISTRY_AUTH_FILE", CFG_STRING, NULL,
+       "a Docker config.json whose \"auths\" give registry credentials (user:password in base64) for pulls; "
+       "unset: anonymous",
+       0, 0, &c->registry_auth_file, NULL, false},
+      {"SANDBOX_INSECURE_REGISTRIES", CFG_STRING, NULL,
+       "registries (host:port, comma-separated) pulled from over plain HTTP; every other one over verified TLS", 0, 0,
+       &c->insecure_registries, NULL, false},
       {"SANDBOX_MAX_CONTEXTS", CFG_INT, "8",
        "most code contexts (Jupyter kernels, CreateContext) one sandbox may have; more: RESOURCE_EXHAUSTED", 1, 256,
        &c->max_contexts, NULL, false},
@@ -610,6 +621,12 @@ gw_config_load (gw_config_t *c, err_t *err)
     return err_make (err, EINVAL, "SANDBOX_STATE_DIR and SANDBOX_ROOTFS must be absolute paths");
   if (size_uid_pool (c, err) < 0)
     return -1;
+  /* The layers' owner must be nobody a sandbox of this gateway runs as. */
+  if (c->userns && c->image_uid + 65536 > c->uid_base && c->image_uid < c->uid_base + c->uid_slots * c->uid_range)
+    return err_make (err, EINVAL,
+                     "SANDBOX_IMAGE_UID %ld .. %ld overlaps the sandboxes' uid pool (SANDBOX_UID_BASE %ld, "
+                     "SANDBOX_UID_SLOTS %ld x SANDBOX_UID_RANGE %ld)",
+                     c->image_uid, c->image_uid + 65535, c->uid_base, c->uid_slots, c->uid_range);
   fit_connections (c);
   if (c->helper == NULL)
     {
@@ -731,6 +748,7 @@ gw_config_runtime (const gw_config_t *c, sbx_config_t *out)
       .max_watches = c->max_watches,
       .exec_buffer_total_bytes = c->exec_buffer_total_mb * 1024 * 1024,
       .idle_counts_processes = c->idle_counts_processes,
+      .image_uid = c->image_uid,
       .max_contexts = c->max_contexts,
   };
 }

@@ -80,6 +80,9 @@ typedef struct gw_config_s
   long process_buffer_bytes;
   long max_watches;
   long exec_buffer_total_mb;
+  long image_uid;            /* SANDBOX_IMAGE_UID */
+  char *registry_auth_file;  /* SANDBOX_REGISTRY_AUTH_FILE, or NULL */
+  char *insecure_registries; /* SANDBOX_INSECURE_REGISTRIES, or NULL */
   bool idle_counts_processes;
   long max_contexts; /* SANDBOX_MAX_CONTEXTS */
 

@@ -34,6 +34,7 @@
 #include "gateway/config.h"
 #include "gateway/runtime/runtime.h"
 #include "gateway/snapshot/drain.h"
+#include "gateway/image/image.h"
 #include "gateway/store/open.h"
 
 extern const unsigned char gateway_descriptor_set[];
@@ -61,6 +62,7 @@ typedef struct gateway_s
   gw_config_t cfg;
   sbx_runtime_t *rt;
   snap_store_t *store;
+  img_cache_t *images;
   rpc_server_t *server;
   api_t *api;
   int port;
@@ -154,6 +156,12 @@ start (gateway_t *g, err_t *err)
   };
   if (store_open (&choice, &g->store, err) < 0)
     return -1;
+  img_cache_opts_t io = {.state_dir = c->state_dir,
+                         .auth_file = c->registry_auth_file,
+                         .insecure_registries = c->insecure_registries,
+                         .rt = g->rt};
+  if (img_cache_new (&io, &g->images, err) < 0)
+    return err_wrap (err, "the image cache");
   rpc_opts_t opts = {
       .fixed_window = true,
       .max_message_bytes = (size_t) c->max_message_mb * 1024 * 1024,
@@ -167,7 +175,8 @@ start (gateway_t *g, err_t *err)
       .tls_key_file = c->tls_key,
       .tls_ca_file = c->tls_client_ca,
   };
-  api_ctx_t ctx = {.secret = c->secret, .rt = g->rt, .store = g->store, .gateway_name = c->gateway_name};
+  api_ctx_t ctx
+      = {.secret = c->secret, .rt = g->rt, .store = g->store, .gateway_name = c->gateway_name, .images = g->images};
   if (rpc_server_new (&opts, &g->server, err) < 0 || api_register (g->server, &ctx, &g->api, err) < 0
       || health_register (g->server, served_services, err) < 0
       || reflection_register (g->server, gateway_descriptor_set, gateway_descriptor_set_len, err) < 0)
@@ -193,6 +202,7 @@ stop (gateway_t *g)
   rpc_server_destroy (g->server);
   api_free (g->api);
   sbx_runtime_destroy (g->rt);
+  img_cache_free (g->images);
   if (g->store != NULL)
     g->store->ops->destroy (g->store);
   reflection_release ();

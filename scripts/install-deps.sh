@@ -40,6 +40,9 @@ TEST_PACKAGES=(
   chromium
   # SRV records for the gateway set (tests/integration/test_scaleout.py)
   python3-dnslib
+  # Images: a real registry on loopback, and a static shell for tiny test
+  # images (tests/integration/test_images.py)
+  docker-registry busybox-static
 )
 
 PACKAGES=("${RUN_PACKAGES[@]}")

@@ -23,6 +23,10 @@ bazel build //gateway:sandbox-gateway //shim:sandbox-shim
 GATEWAY_BIN=bazel-out/k8-fastbuild/bin/gateway/sandbox-gateway
 SHIM_BIN=bazel-out/k8-fastbuild/bin/shim/sandbox-shim
 
+# The image sandboxes see: the prepared Debian base by default, never the
+# host's own / unless asked for by name (scripts/local-rootfs.sh).
+SANDBOX_ROOTFS="$(scripts/local-rootfs.sh)"
+export SANDBOX_ROOTFS
 export SANDBOX_LISTEN="${SANDBOX_LISTEN:-127.0.0.1:50051}"
 export SANDBOX_STATE_DIR="${SANDBOX_STATE_DIR:-/var/lib/sandbox-gateway}"
 if [[ -z "${CLOUD_RUN_SANDBOX_GATEWAY_SECRET:-}" ]]; then

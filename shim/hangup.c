@@ -1,6 +1,6 @@
 /* hangup: the hang-up watcher (see hangup.h). State: one epoll set and a
- * table of slots, both guarded by `watch_mu`. Events name a slot and its
- * generation, so an event that races with watch_remove finds a freed or
+ * table of slots, both guarded by `hangup_mu`. Events name a slot and its
+ * generation, so an event that races with hangup_remove finds a freed or
  * reused slot and is ignored: the watcher never touches a call that is no
  * longer registered. */
 #include "shim/hangup.h"
@@ -21,30 +21,34 @@ typedef struct slot_s
   bool hung_up;
 } slot_t;
 
-struct watch_s
+/* The most hang-ups taken from epoll at once (more wait for the next
+ * round: a batch, not a cap). */
+#define HANGUP_EVENT_BATCH 64
+
+struct hangup_s
 {
   uint32_t index;
   uint32_t gen;
 };
 
-static int watch_epfd = -1;
-static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
+static int hangup_epfd = -1;
+static pthread_mutex_t hangup_mu = PTHREAD_MUTEX_INITIALIZER;
 static slot_t *slots;
 static uint32_t n_slots;
 
 static void *
-watch_main (void *arg)
+hangup_main (void *arg)
 {
   (void) arg;
-  struct epoll_event evs[64];
+  struct epoll_event evs[HANGUP_EVENT_BATCH];
   for (;;)
     {
-      int n = epoll_wait (watch_epfd, evs, 64, -1);
+      int n = epoll_wait (hangup_epfd, evs, HANGUP_EVENT_BATCH, -1);
       if (n < 0 && errno == EINTR)
         continue;
       if (n < 0)
         return NULL;
-      pthread_mutex_lock (&watch_mu);
+      pthread_mutex_lock (&hangup_mu);
       for (int i = 0; i < n; i++)
         {
           uint32_t index = (uint32_t) (evs[i].data.u64 >> 32), gen = (uint32_t) evs[i].data.u64;
@@ -55,36 +59,36 @@ watch_main (void *arg)
             {
               s->hung_up = true;
               rpc_client_cancel (s->call);
-              epoll_ctl (watch_epfd, EPOLL_CTL_DEL, s->fd, NULL);
+              epoll_ctl (hangup_epfd, EPOLL_CTL_DEL, s->fd, NULL);
             }
         }
-      pthread_mutex_unlock (&watch_mu);
+      pthread_mutex_unlock (&hangup_mu);
     }
 }
 
 int
-watch_start (err_t *err)
+hangup_start (err_t *err)
 {
-  watch_epfd = epoll_create1 (EPOLL_CLOEXEC);
-  if (watch_epfd < 0)
+  hangup_epfd = epoll_create1 (EPOLL_CLOEXEC);
+  if (hangup_epfd < 0)
     return err_make_sys (err, errno, "epoll_create1");
   pthread_t th;
-  int rc = pthread_create (&th, NULL, watch_main, NULL);
+  int rc = pthread_create (&th, NULL, hangup_main, NULL);
   if (rc != 0)
     return err_make_sys (err, rc, "start the hang-up watcher");
   pthread_detach (th);
   return 0;
 }
 
-watch_t *
-watch_add (int fd, rpc_client_call_t *call)
+hangup_t *
+hangup_add (int fd, rpc_client_call_t *call)
 {
-  if (watch_epfd < 0 || fd < 0)
+  if (hangup_epfd < 0 || fd < 0)
     return NULL;
-  watch_t *w = calloc (1, sizeof *w);
+  hangup_t *w = calloc (1, sizeof *w);
   if (w == NULL)
     return NULL;
-  pthread_mutex_lock (&watch_mu);
+  pthread_mutex_lock (&hangup_mu);
   uint32_t i = 0;
   while (i < n_slots && slots[i].used)
     i++;
@@ -94,7 +98,7 @@ watch_add (int fd, rpc_client_call_t *call)
       slot_t *g = realloc (slots, cap * sizeof *g);
       if (g == NULL)
         {
-          pthread_mutex_unlock (&watch_mu);
+          pthread_mutex_unlock (&hangup_mu);
           free (w);
           return NULL;
         }
@@ -110,32 +114,32 @@ watch_add (int fd, rpc_client_call_t *call)
   s->used = true;
   s->hung_up = false;
   struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLHUP | EPOLLERR, .data.u64 = ((uint64_t) i << 32) | s->gen};
-  if (epoll_ctl (watch_epfd, EPOLL_CTL_ADD, fd, &ev) < 0)
+  if (epoll_ctl (hangup_epfd, EPOLL_CTL_ADD, fd, &ev) < 0)
     {
       s->used = false;
-      pthread_mutex_unlock (&watch_mu);
+      pthread_mutex_unlock (&hangup_mu);
       free (w);
       return NULL;
     }
   w->index = i;
   w->gen = s->gen;
-  pthread_mutex_unlock (&watch_mu);
+  pthread_mutex_unlock (&hangup_mu);
   return w;
 }
 
 bool
-watch_remove (watch_t *w)
+hangup_remove (hangup_t *w)
 {
   if (w == NULL)
     return false;
-  pthread_mutex_lock (&watch_mu);
+  pthread_mutex_lock (&hangup_mu);
   slot_t *s = &slots[w->index];
   bool hung_up = s->hung_up;
   if (!hung_up)
-    epoll_ctl (watch_epfd, EPOLL_CTL_DEL, s->fd, NULL);
+    epoll_ctl (hangup_epfd, EPOLL_CTL_DEL, s->fd, NULL);
   s->used = false;
   s->call = NULL;
-  pthread_mutex_unlock (&watch_mu);
+  pthread_mutex_unlock (&hangup_mu);
   free (w);
   return hung_up;
 }

@@ -7,8 +7,8 @@
  * not wake it) and cancels the registered call, which the gateway turns
  * into killing the command.
  *
- * Threading: watch_add/watch_remove from request threads; the watcher
- * thread cancels under the registry lock, so after watch_remove returns
+ * Threading: hangup_add/hangup_remove from request threads; the watcher
+ * thread cancels under the registry lock, so after hangup_remove returns
  * the call is never touched again.
  */
 #ifndef SBX_SHIM_HANGUP_H
@@ -17,15 +17,15 @@
 #include "common/err.h"
 #include "common/rpc/rpc.h"
 
-typedef struct watch_s watch_t;
+typedef struct hangup_s hangup_t;
 
-int watch_start (err_t *err);
+int hangup_start (err_t *err);
 
 /* Watches `fd`; cancels `call` if the peer hangs up. NULL if it cannot
  * watch (the request then simply runs unwatched). */
-watch_t *watch_add (int fd, rpc_client_call_t *call);
+hangup_t *hangup_add (int fd, rpc_client_call_t *call);
 
 /* Stops watching. NULL is ignored. Returns true when the peer had hung up. */
-bool watch_remove (watch_t *w);
+bool hangup_remove (hangup_t *w);
 
 #endif

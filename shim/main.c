@@ -117,6 +117,13 @@ static const cfg_var_t shim_vars[] = {
      0, 0, &shim.cfg.public_url, NULL, false},
     {"SHIM_LOG_LEVEL", CFG_STRING, "info", "lowest log severity written: debug, info, warning or error", 0, 0,
      &shim.cfg.log_level, NULL, false},
+    {"SHIM_MAX_FILE_UPLOAD_BYTES", CFG_INT, "4294967296",
+     "largest file body (PUT /sandboxes/{id}/files); above it: 413 (the sandbox's disk quota may stop it sooner: "
+     "507)",
+     1024, 1099511627776L, &shim.cfg.max_file_upload_bytes, NULL, false},
+    {"SHIM_MAX_PROXY_BODY_BYTES", CFG_INT, "4294967296",
+     "largest request body the port proxy and preview links forward into a sandbox; above it: 413", 1024,
+     1099511627776L, &shim.cfg.max_proxy_body_bytes, NULL, false},
 };
 
 #define N_VARS (sizeof shim_vars / sizeof shim_vars[0])
@@ -250,7 +257,7 @@ start (const struct sockaddr_storage *ss, err_t *err)
       .md = shim.md,
       .n_md = shim.n_md,
   };
-  if (members_start (&mc, err) < 0 || watch_start (err) < 0)
+  if (members_start (&mc, err) < 0 || hangup_start (err) < 0)
     return NULL;
   return shim_server_start ((const struct sockaddr *) ss, err);
 }

@@ -22,14 +22,12 @@
 #define SRV_PREFIX "dns-srv:"
 /* Calls go here when no member is listed: a path nothing can create, so
  * the call fails at once, UNAVAILABLE. */
+/* The longest a health probe may take (at most one health period): a hung
+ * gateway is then found down within two periods. */
+#define MEMBERS_PROBE_DEADLINE_MS 5000
+/* How often the first probes are looked for at start. */
+#define MEMBERS_FIRST_PROBE_POLL_MS 50
 #define NOWHERE_TARGET "unix:/proc/self/sandbox-shim-no-gateway"
-
-typedef enum member_state_e
-{
-  MEMBER_DOWN = 0,
-  MEMBER_UP = 1,
-  MEMBER_DRAINING = 2,
-} member_state_t;
 
 static const char *const state_names[] = {"down", "up", "draining"};
 
@@ -91,6 +89,41 @@ static uint64_t
 weight (uint64_t m, uint64_t id)
 {
   return mix64 (m ^ mix64 (id + 0x9e3779b97f4a7c15ULL));
+}
+
+uint64_t
+members_weight (const char *member, const char *id)
+{
+  return weight (hash_text (member), hash_text (id != NULL ? id : ""));
+}
+
+int
+members_choose (const uint64_t *weights, const bool *listed, const member_state_t *states, size_t n, bool *failover)
+{
+  int best = -1, live = -1;
+  for (size_t i = 0; i < n; i++)
+    {
+      if (!listed[i])
+        continue;
+      if (best < 0 || weights[i] > weights[best])
+        best = (int) i;
+      if (states[i] != MEMBER_DOWN && (live < 0 || weights[i] > weights[live]))
+        live = (int) i;
+    }
+  if (live < 0)
+    live = best;
+  *failover = live != best;
+  return live;
+}
+
+member_state_t
+members_state_of_probe (bool answered, bool serving, bool refused_by_handler)
+{
+  if (!answered)
+    return MEMBER_DOWN;
+  if (serving)
+    return MEMBER_UP;
+  return refused_by_handler ? MEMBER_DRAINING : MEMBER_DOWN;
 }
 
 /* ---- the table ------------------------------------------------------------- */
@@ -207,15 +240,16 @@ probe (member_t *m, int64_t deadline_ms)
   err_t err = ERR_INIT;
   char why[400];
   member_state_t s = MEMBER_DOWN;
-  if (rpc_client_unary (m->ch, "/grpc.health.v1.Health/Check", deadline_ms, NULL, 0, &hreq.base,
-                        &grpc__health__v1__health_check_response__descriptor, &resp, &st, &err)
-      < 0)
+  bool answered = rpc_client_unary (m->ch, "/grpc.health.v1.Health/Check", deadline_ms, NULL, 0, &hreq.base,
+                                    &grpc__health__v1__health_check_response__descriptor, &resp, &st, &err)
+                  == 0;
+  if (!answered)
     snprintf (why, sizeof why, "health check failed (%s): %.300s", rpc_status_name (st.code),
               st.details != NULL ? st.details : "");
   else if (((Grpc__Health__V1__HealthCheckResponse *) resp)->status
            == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING)
     {
-      s = MEMBER_UP;
+      s = members_state_of_probe (true, true, false);
       snprintf (why, sizeof why, "serving");
     }
   else
@@ -226,9 +260,9 @@ probe (member_t *m, int64_t deadline_ms)
       err_t serr = ERR_INIT;
       int rc = rpc_client_unary (m->ch, "/sandbox.v1.Sandbox/Status", deadline_ms, g.cfg.md, g.cfg.n_md, &sreq.base,
                                  &sandbox__v1__status_response__descriptor, &sresp, &sst, &serr);
-      if (rc < 0 && sst.code == GRPC_STATUS_UNAVAILABLE && sst.from_handler)
+      s = members_state_of_probe (true, false, rc < 0 && sst.code == GRPC_STATUS_UNAVAILABLE && sst.from_handler);
+      if (s == MEMBER_DRAINING)
         {
-          s = MEMBER_DRAINING;
           snprintf (why, sizeof why, "not serving, refusing sandbox calls (%.300s)",
                     sst.details != NULL ? sst.details : "");
         }
@@ -273,7 +307,7 @@ prober_main (void *arg)
   int64_t period = g.cfg.health_seconds * 1000;
   /* A probe answers within the period, so a hung gateway is found down
    * within two periods. */
-  int64_t deadline = period < 5000 ? period : 5000;
+  int64_t deadline = period < MEMBERS_PROBE_DEADLINE_MS ? period : MEMBERS_PROBE_DEADLINE_MS;
   pthread_mutex_lock (&g.mu);
   while (!g.stopping)
     {
@@ -414,7 +448,7 @@ members_check_spec (const char *gateways)
   if (why == NULL && n == 0)
     why = "names no gateway";
   if (why == NULL && n > MEMBERS_MAX)
-    why = "names more than 256 gateways";
+    why = "names more than " MEMBERS_MAX_TEXT " gateways";
   if (why == NULL && (gateways[0] == ',' || gateways[strlen (gateways) - 1] == ',' || strstr (gateways, ",,")))
     why = "has an empty entry";
   return why;
@@ -436,7 +470,7 @@ wait_first_probes (int64_t ms)
       int64_t left = end - mono_ms ();
       if (all || left <= 0)
         break;
-      wait_until (mono_ms () + (left < 50 ? left : 50));
+      wait_until (mono_ms () + (left < MEMBERS_FIRST_PROBE_POLL_MS ? left : MEMBERS_FIRST_PROBE_POLL_MS));
     }
   pthread_mutex_unlock (&g.mu);
 }
@@ -507,35 +541,27 @@ rpc_channel_t *
 members_route (const char *id)
 {
   uint64_t idh = hash_text (id != NULL ? id : "");
-  member_t *best = NULL, *live = NULL;
-  uint64_t best_w = 0, live_w = 0;
+  uint64_t w[MEMBERS_MAX];
+  bool listed[MEMBERS_MAX];
+  member_state_t states[MEMBERS_MAX];
   int n = atomic_load (&g.n);
   for (int i = 0; i < n; i++)
     {
       member_t *m = &g.table[i];
-      if (!atomic_load (&m->listed))
-        continue;
-      uint64_t w = weight (m->hash, idh);
-      if (best == NULL || w > best_w)
-        {
-          best = m;
-          best_w = w;
-        }
-      if (atomic_load (&m->state) != MEMBER_DOWN && (live == NULL || w > live_w))
-        {
-          live = m;
-          live_w = w;
-        }
+      listed[i] = atomic_load (&m->listed);
+      states[i] = (member_state_t) atomic_load (&m->state);
+      w[i] = weight (m->hash, idh);
     }
-  if (best == NULL)
+  bool failover = false;
+  int k = members_choose (w, listed, states, (size_t) n, &failover);
+  if (k < 0)
     {
       atomic_fetch_add (&g.routed_nowhere, 1);
       return g.nowhere;
     }
-  if (live == NULL)
-    live = best;
+  member_t *live = &g.table[k];
   atomic_fetch_add (&live->routed, 1);
-  if (live != best)
+  if (failover)
     atomic_fetch_add (&live->failovers, 1);
   return live->ch;
 }

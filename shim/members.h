@@ -39,6 +39,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "common/rpc/rpc.h"
@@ -76,6 +77,33 @@ size_t members_serving (rpc_channel_t **chs, const char **names, size_t cap);
 
 /* Most gateways in a set (distinct names ever seen). */
 #define MEMBERS_MAX 256
+#define MEMBERS_MAX_TEXT "256"
+
+/* ---- the pure parts of routing (unit-tested) ---- */
+
+typedef enum member_state_e
+{
+  MEMBER_DOWN = 0,
+  MEMBER_UP = 1,
+  MEMBER_DRAINING = 2,
+} member_state_t;
+
+/* The rendezvous weight of member name `member` for sandbox `id` (NULL:
+ * ""): the owner of an id is the eligible member of highest weight. */
+uint64_t members_weight (const char *member, const char *id);
+
+/* The owner among n members (their weights for one id, whether each is
+ * listed, their states): the listed member of highest weight that is not
+ * down; with every listed one down, the highest listed (*failover false);
+ * -1 when none is listed. *failover: the owner is not the highest listed. */
+int members_choose (const uint64_t *weights, const bool *listed, const member_state_t *states, size_t n,
+                    bool *failover);
+
+/* The state a probe's answers make: no answer to the health check: down;
+ * SERVING: up; NOT_SERVING while its sandbox calls are refused by its
+ * handler layer (shutting down): draining; NOT_SERVING otherwise (its
+ * self-check fails): down. */
+member_state_t members_state_of_probe (bool answered, bool serving, bool refused_by_handler);
 
 /* True when routing over several members (SHIM_GATEWAYS set). */
 bool members_routing (void);

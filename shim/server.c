@@ -53,6 +53,32 @@ shim_mono_ns (void)
 
 /* ---- routing --------------------------------------------------------------------- */
 
+/* The cap of a streamed body, by what it is: a restore's tar
+ * (SHIM_MAX_RESTORE_BYTES), a file's bytes (SHIM_MAX_FILE_UPLOAD_BYTES) or
+ * a request into a sandbox's port (SHIM_MAX_PROXY_BODY_BYTES). */
+static uint64_t
+stream_cap (const shim_route_t *rt)
+{
+  if (rt->upload == route_file_put_upload)
+    return (uint64_t) shim.cfg.max_file_upload_bytes;
+  if (rt->upload == proxy_upload)
+    return (uint64_t) shim.cfg.max_proxy_body_bytes;
+  return (uint64_t) shim.cfg.max_restore_bytes;
+}
+
+/* 413, and a log line naming the setting that capped it. */
+static void
+body_too_large (shim_req_t *r)
+{
+  const shim_route_t *rt = r->route;
+  const char *setting = rt->body != SHIM_BODY_STREAM          ? "SHIM_MAX_JSON_BODY"
+                        : rt->upload == route_file_put_upload ? "SHIM_MAX_FILE_UPLOAD_BYTES"
+                        : rt->upload == proxy_upload          ? "SHIM_MAX_PROXY_BODY_BYTES"
+                                                              : "SHIM_MAX_RESTORE_BYTES";
+  log_msg (SEV_INFO, "%s %s: body over %s: 413", rt->method, rt->path, setting);
+  shim_req_fail (r, 413, "Request body too large");
+}
+
 static void
 start_request (shim_req_t *r, const char *url, const char *method)
 {
@@ -112,10 +138,9 @@ start_request (shim_req_t *r, const char *url, const char *method)
     {
       const char *cl = MHD_lookup_connection_value (r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
       unsigned long long declared = cl != NULL ? strtoull (cl, NULL, 10) : 0;
-      unsigned long long cap
-          = r->route->body == SHIM_BODY_STREAM ? (unsigned long long) shim.cfg.max_restore_bytes : SHIM_MAX_JSON_BODY;
+      unsigned long long cap = r->route->body == SHIM_BODY_STREAM ? stream_cap (r->route) : SHIM_MAX_JSON_BODY;
       if (declared > cap)
-        shim_req_fail (r, 413, "Request body too large");
+        body_too_large (r);
     }
 }
 
@@ -127,8 +152,8 @@ take_body (shim_req_t *r, const char *data, size_t size)
     return;
   if (r->route->body == SHIM_BODY_STREAM)
     {
-      if (r->body_bytes > (uint64_t) shim.cfg.max_restore_bytes)
-        shim_req_fail (r, 413, "Request body too large");
+      if (r->body_bytes > stream_cap (r->route))
+        body_too_large (r);
       else
         {
           metrics_bytes (true, size);
@@ -140,7 +165,7 @@ take_body (shim_req_t *r, const char *data, size_t size)
     return;
   if (r->len + size > SHIM_MAX_JSON_BODY)
     {
-      shim_req_fail (r, 413, "Request body too large");
+      body_too_large (r);
       return;
     }
   if (r->len + size + 1 > r->cap)
@@ -300,6 +325,13 @@ mhd_log (void *cls, const char *fmt, va_list ap)
   free (msg);
 }
 
+/* MHD's memory pool per connection (request head, headers, buffers): a
+ * head that does not fit is refused by MHD with an HTTP error, logged through
+ * mhd_log. */
+#define SHIM_CONNECTION_MEMORY (256 * 1024)
+/* The stack of each connection's thread. */
+#define SHIM_THREAD_STACK (512 * 1024)
+
 struct MHD_Daemon *
 shim_server_start (const struct sockaddr *addr, err_t *err)
 {
@@ -311,8 +343,8 @@ shim_server_start (const struct sockaddr *addr, err_t *err)
       MHD_OPTION_NOTIFY_CONNECTION, watchdog_notify_connection, NULL, MHD_OPTION_CONNECTION_LIMIT,
       (unsigned) shim.cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
       (unsigned) shim.cfg.max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
-      (unsigned) shim.cfg.connection_timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) (256 * 1024),
-      MHD_OPTION_THREAD_STACK_SIZE, (size_t) (512 * 1024), MHD_OPTION_END);
+      (unsigned) shim.cfg.connection_timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) SHIM_CONNECTION_MEMORY,
+      MHD_OPTION_THREAD_STACK_SIZE, (size_t) SHIM_THREAD_STACK, MHD_OPTION_END);
   if (d == NULL)
     {
       err_make (err, EADDRINUSE, "cannot listen on %s:%ld (address in use or not valid)", shim.cfg.host,

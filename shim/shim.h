@@ -44,11 +44,13 @@ typedef struct shim_config_s
   char *gateway_tls_key;
   char *gateway_tls_server_name;
   char *log_level;
-  long max_forwards;             /* SHIM_MAX_FORWARDS */
-  long max_forwards_per_sandbox; /* SHIM_MAX_FORWARDS_PER_SANDBOX */
-  long forward_idle_seconds;     /* SHIM_FORWARD_IDLE_SECONDS */
-  long preview_max_ttl;          /* SHIM_PREVIEW_MAX_TTL_SECONDS */
-  char *public_url;              /* SHIM_PUBLIC_URL, or NULL */
+  long max_forwards;               /* SHIM_MAX_FORWARDS */
+  long max_forwards_per_sandbox;   /* SHIM_MAX_FORWARDS_PER_SANDBOX */
+  long forward_idle_seconds;       /* SHIM_FORWARD_IDLE_SECONDS */
+  long preview_max_ttl;            /* SHIM_PREVIEW_MAX_TTL_SECONDS */
+  char *public_url;                /* SHIM_PUBLIC_URL, or NULL */
+  long long max_file_upload_bytes; /* SHIM_MAX_FILE_UPLOAD_BYTES */
+  long long max_proxy_body_bytes;  /* SHIM_MAX_PROXY_BODY_BYTES */
 } shim_config_t;
 
 typedef struct shim_s
@@ -149,7 +151,7 @@ void shim_missed_reset (void);
  * gateway's own UNAVAILABLE (503) from no gateway at all (502). */
 unsigned shim_http_status (grpc_status_code code, bool from_handler);
 
-/* The client connection's socket (for watch_add), or -1. */
+/* The client connection's socket (for hangup_add), or -1. */
 int shim_req_fd (shim_req_t *r);
 
 /* Monotonic nanoseconds. */

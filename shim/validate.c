@@ -111,8 +111,10 @@ parse_object (const char *content_type, const char *body, size_t len, shim_error
     }
   if (!json_content (content_type))
     {
+      /* FastAPI's type and words, and what is wrong: the body's type. */
       shim_errors_add (e, "model_attributes_type", "body", NULL,
-                       "Input should be a valid dictionary or object to extract fields from");
+                       "Input should be a valid dictionary or object to extract fields from: the body was not sent "
+                       "as JSON (send it with Content-Type: application/json)");
       return NULL;
     }
   json_error_t jerr;
@@ -167,6 +169,13 @@ shim_parse_launch (const char *content_type, const char *body, size_t len, shim_
   json_t *eg = json_object_get (root, "allow_egress");
   if (eg != NULL && !json_is_null (eg) && !lax_bool (eg, &out->allow_egress))
     shim_errors_add (e, "bool_parsing", "body", "allow_egress", "Input should be a valid boolean");
+  json_t *im = json_object_get (root, "image");
+  if (im != NULL && !json_is_null (im)
+      && (!json_is_string (im) || strlen (json_string_value (im)) > SHIM_IMAGE_REF_MAX))
+    shim_errors_add (e, "string_type", "body", "image",
+                     "Input should be an image reference of at most 255 characters");
+  else if (im != NULL && json_is_string (im))
+    strcpy (out->image, json_string_value (im));
   json_decref (root);
   return !shim_errors_any (e);
 }

@@ -13,6 +13,8 @@
 #include <stddef.h>
 
 #define SHIM_ID_MAX 64
+/* Longest image reference a launch may name. */
+#define SHIM_IMAGE_REF_MAX 255
 #define SHIM_TIMEOUT_DEFAULT 1800
 #define SHIM_TIMEOUT_MAX 3600
 
@@ -47,6 +49,8 @@ typedef struct shim_launch_body_s
 {
   char id[SHIM_ID_MAX + 1];
   bool allow_egress;
+  /* "image": an OCI reference or "" (absent: the gateway's default). */
+  char image[SHIM_IMAGE_REF_MAX + 1];
 } shim_launch_body_t;
 
 /* POST /sandboxes/{id}/exec body; every pointer owned (free with

@@ -365,3 +365,20 @@ ws_poll (ws_t *ws, int wake_fd, int timeout_ms, bool *woken)
     ws->gone = true;
   return ended (ws) ? 0 : 1;
 }
+
+const char *
+ws_handshake_problem (const char *http_version, const char *upgrade, const char *connection, const char *version,
+                      const char *key, char accept[WS_ACCEPT_LEN + 1])
+{
+  if (http_version == NULL || strcmp (http_version, "HTTP/1.1") != 0)
+    return "A WebSocket upgrade needs HTTP/1.1";
+  if (!ws_header_has_token (upgrade, "websocket"))
+    return "Not a WebSocket upgrade: missing `Upgrade: websocket`";
+  if (!ws_header_has_token (connection, "upgrade"))
+    return "Not a WebSocket upgrade: missing `Connection: Upgrade`";
+  if (version == NULL || strcmp (version, "13") != 0)
+    return "Unsupported Sec-WebSocket-Version (this server speaks 13)";
+  if (ws_accept_key (key, accept) < 0)
+    return "Missing or malformed Sec-WebSocket-Key";
+  return NULL;
+}

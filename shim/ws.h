@@ -35,6 +35,13 @@ int ws_accept_key (const char *key, char out[WS_ACCEPT_LEN + 1]);
  * "upgrade". NULL holds nothing. */
 bool ws_header_has_token (const char *value, const char *token);
 
+/* NULL when a request with these (any may be NULL) is a WebSocket opening
+ * handshake this server speaks — HTTP/1.1, `Upgrade: websocket`,
+ * `Connection: Upgrade`, Sec-WebSocket-Version 13, a well-formed key (its
+ * accept value then in `accept`) — else why not (static text, for a 400). */
+const char *ws_handshake_problem (const char *http_version, const char *upgrade, const char *connection,
+                                  const char *version, const char *key, char accept[WS_ACCEPT_LEN + 1]);
+
 /* Browsers cannot set headers on a WebSocket, so the bearer secret may come
  * as an offered subprotocol "bearer.<secret>". True when the
  * Sec-WebSocket-Protocol `offer` holds that protocol for `secret`

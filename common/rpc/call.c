@@ -16,6 +16,11 @@
 #include "common/cleanup.h"
 #include "common/log.h"
 
+/* At the end of a client's stream: how long a receive waits for the close
+ * notice that would say the end was a cancellation (it follows a cancel at
+ * once), before taking it as a half-close. */
+#define RPC_HALF_CLOSE_WINDOW_MS 5
+
 grpc_call_error
 rpc_call_start_batch (rpc_call_t *c, const grpc_op *ops, size_t n, void *tag)
 {
@@ -145,9 +150,12 @@ rpc_call_recv_raw (rpc_call_t *c, grpc_byte_buffer **out, err_t *err)
        * client that gave up never has its partial stream taken as whole. */
       if (!c->closed && !c->quick_half_close)
         {
-          gpr_timespec soon = rpc_deadline_in_ms (5);
+          gpr_timespec soon = rpc_deadline_in_ms (RPC_HALF_CLOSE_WINDOW_MS);
           if (grpc_completion_queue_pluck (c->cq, &c->close_tag, soon, NULL).type == GRPC_OP_COMPLETE)
             c->closed = true;
+          else if (log_enabled (SEV_DEBUG))
+            log_msg (SEV_DEBUG, "%s: no close notice within RPC_HALF_CLOSE_WINDOW_MS (%d ms): a half-close", c->path,
+                     RPC_HALF_CLOSE_WINDOW_MS);
         }
       if (c->closed && c->cancelled)
         {

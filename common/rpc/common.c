@@ -91,8 +91,9 @@ static const struct
     {EXDEV, GRPC_STATUS_FAILED_PRECONDITION},
     {ETXTBSY, GRPC_STATUS_FAILED_PRECONDITION},
     {EROFS, GRPC_STATUS_PERMISSION_DENIED},
-    {ENOTCONN, GRPC_STATUS_FAILED_PRECONDITION}, /* nothing listens on a sandbox's port */
-    {ECONNRESET, GRPC_STATUS_UNAVAILABLE},       /* a sandbox's server reset a forwarded connection */
+    {ENOTCONN, GRPC_STATUS_FAILED_PRECONDITION},  /* nothing listens on a sandbox's port */
+    {ECONNRESET, GRPC_STATUS_UNAVAILABLE},        /* a sandbox's server reset a forwarded connection */
+    {EREMOTEIO, GRPC_STATUS_FAILED_PRECONDITION}, /* a registry refused an image */
 };
 
 grpc_status_code

@@ -27,7 +27,8 @@ typedef struct api_ctx_s
   const char *secret; /* may be NULL or empty: every call fails UNAVAILABLE */
   sbx_runtime_t *rt;
   snap_store_t *store;
-  const char *gateway_name; /* what Status reports; NULL: "" */
+  const char *gateway_name;   /* what Status reports; NULL: "" */
+  struct img_cache_s *images; /* the image cache (gateway/image); NULL: no images */
 } api_ctx_t;
 
 typedef struct api_s api_t;

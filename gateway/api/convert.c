@@ -22,6 +22,8 @@ api_info_to_proto (const sbx_info_t *in, Sandbox__V1__SandboxInfo *out)
   out->disk_limit_bytes = in->disk_limit_bytes;
   out->dead = in->dead;
   out->dead_reason = (char *) in->dead_reason;
+  out->image = (char *) in->image;
+  out->image_digest = (char *) in->image_digest;
   out->context_count = (uint32_t) code_count (in->id, in->created_ms);
 }
 

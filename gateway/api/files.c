@@ -50,8 +50,8 @@ api_recv_checked (rpc_call_t *call, const ProtobufCMessageDescriptor *desc, Prot
   return 0;
 }
 
-static Sandbox__V1__FileType
-type_to_proto (uint32_t t)
+Sandbox__V1__FileType
+api_file_type_to_proto (uint32_t t)
 {
   switch (t)
     {
@@ -87,7 +87,7 @@ api_file_info_to_proto (const sbx_file_wire_t *in, const char *path, const char 
   out->path = (char *) p;
   out->name = (char *) nm;
   out->symlink_target = (char *) t;
-  out->type = type_to_proto (in->type);
+  out->type = api_file_type_to_proto (in->type);
   out->size = in->size;
   out->mode = in->mode;
   out->uid = in->uid;
@@ -323,8 +323,8 @@ api_write_file (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   return reply_file_info (call, &msg, err);
 }
 
-static Sandbox__V1__FileEvent__Kind
-event_to_proto (uint32_t k)
+Sandbox__V1__FileEvent__Kind
+api_event_kind_to_proto (uint32_t k)
 {
   switch (k)
     {
@@ -364,7 +364,7 @@ api_watch (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
       cleanup_names api_names_t names = {0};
       Sandbox__V1__FileEvent ev = SANDBOX__V1__FILE_EVENT__INIT;
       ev.path = (char *) api_utf8_text (msg.path, &ev.path_bytes, &names.owned[0]);
-      ev.kind = event_to_proto (msg.event.kind);
+      ev.kind = api_event_kind_to_proto (msg.event.kind);
       ev.is_dir = msg.event.is_dir != 0;
       ev.old_path = msg.target != NULL ? (char *) api_utf8_text (msg.target, &ev.old_path_bytes, &names.owned[1])
                                        : (char *) "";

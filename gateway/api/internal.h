@@ -19,6 +19,23 @@ int api_list (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_exec (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_status (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 
+/* image.c */
+int api_pull_image (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_list_images (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_remove_image (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+/* Launches `id` on image `ref`, pulled first when it is not cached. */
+int api_launch_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
+                         sbx_info_t *info, err_t *err);
+/* The same with the writable layer unpacked from `src` (a Restore). */
+int api_restore_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
+                          sbx_source_fn src, void *src_ctx, sbx_info_t *info, err_t *err);
+/* For a command in sandbox `id`: its image's Env merged under `env`
+ * (*env_out, NULL when the sandbox has no image: use env as it is) and
+ * its WorkingDir (*cwd_out, NULL: none). Both freed by the caller
+ * (img_env_free, free). */
+int api_image_defaults (const api_ctx_t *ctx, const char *id, char *const *env, char ***env_out, char **cwd_out,
+                        err_t *err);
+
 /* process.c */
 int api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_list_processes (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
@@ -70,6 +87,11 @@ void api_names_free (api_names_t *n);
 #define cleanup_names __attribute__ ((cleanup (api_names_free)))
 int api_file_info_to_proto (const sbx_file_wire_t *in, const char *path, const char *target,
                             Sandbox__V1__FileInfo *out, api_names_t *names, err_t *err);
+/* The runtime's file type (SBX_FTYPE_*) and watch event kind (SBX_EVENT_*)
+ * as the proto's enums; anything else is FILE_TYPE_OTHER and
+ * KIND_UNSPECIFIED. */
+Sandbox__V1__FileType api_file_type_to_proto (uint32_t t);
+Sandbox__V1__FileEvent__Kind api_event_kind_to_proto (uint32_t k);
 
 /* Receives the single request message of a unary or server-streaming
  * call into *out (freed by the caller: cleanup_message). EINVAL when there

@@ -441,6 +441,15 @@ api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   sbx_exec_req_t xr;
   if (!attach && start_request (in->start, &xr, &argv, &env, err) < 0)
     return -1;
+  /* On an image: its Env and WorkingDir under the request's own. */
+  __attribute__ ((cleanup (cleanup_env_fn))) char **img_env = NULL;
+  cleanup_free char *img_cwd = NULL;
+  if (!attach && api_image_defaults (ctx, xr.id, env, &img_env, &img_cwd, err) < 0)
+    return -1;
+  if (img_env != NULL)
+    xr.env = img_env;
+  if (!attach && (xr.cwd == NULL || xr.cwd[0] == '\0'))
+    xr.cwd = img_cwd;
   cleanup_close int wake = eventfd (0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0)
     return err_make_sys (err, errno, "Run: eventfd");

@@ -21,8 +21,10 @@ api_launch (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   if (rpc_call_deadline_ms_left (call) <= 0)
     return err_make (err, ETIMEDOUT, "deadline exceeded before the launch");
   sbx_info_t info;
-  if (sbx_launch (ctx->rt, req->sandbox_id, req->allow_egress, &info, err) < 0
-      || api_undo_if_gone (call, ctx->rt, req->sandbox_id, err) < 0)
+  int rc = req->image != NULL && req->image[0] != '\0'
+               ? api_launch_on_image (call, ctx, req->sandbox_id, req->allow_egress, req->image, &info, err)
+               : sbx_launch (ctx->rt, req->sandbox_id, req->allow_egress, &info, err);
+  if (rc < 0 || api_undo_if_gone (call, ctx->rt, req->sandbox_id, err) < 0)
     return -1;
   return api_reply_info (call, &info, err);
 }
@@ -95,7 +97,6 @@ api_list (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
 typedef struct exec_call_s
 {
   rpc_call_t *call;
-  bool answered; /* the exit and the status have gone out */
 } exec_call_t;
 
 /* Output chunks become ExecEvents on the call, sent from the exec's own
@@ -146,20 +147,6 @@ send_exit (rpc_call_t *call, const sbx_exec_result_t *res, err_t *err)
   return 0;
 }
 
-/* The command's end: the caller has its answer before the exec cleans up. */
-static void
-exec_ended (void *ctx, const sbx_exec_result_t *res)
-{
-  exec_call_t *x = ctx;
-  err_t err = ERR_INIT;
-  if (!res->cancelled)
-    {
-      x->answered = true;
-      send_exit (x->call, res, &err);
-    }
-  err_release (&err);
-}
-
 static void
 cleanup_env_fn (char ***env)
 {
@@ -182,22 +169,29 @@ api_exec (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   __attribute__ ((cleanup (cleanup_env_fn))) char **env = NULL;
   if (api_env_from_proto (req->env, req->n_env, &env, err) < 0)
     return -1;
+  __attribute__ ((cleanup (cleanup_env_fn))) char **img_env = NULL;
+  cleanup_free char *img_cwd = NULL;
+  if (api_image_defaults (ctx, req->sandbox_id, env, &img_env, &img_cwd, err) < 0)
+    return -1;
   sbx_exec_req_t xr = {
       .id = req->sandbox_id,
       .argv = argv,
-      .env = env,
-      .cwd = req->cwd,
+      .env = img_env != NULL ? img_env : env,
+      .cwd = req->cwd != NULL && req->cwd[0] != '\0' ? req->cwd : img_cwd,
       .stdin_data = req->stdin.data,
       .stdin_len = req->stdin.len,
       .timeout_seconds = req->timeout_seconds,
   };
   exec_call_t xc = {.call = call};
-  sbx_exec_sink_t sink
-      = {.output = exec_output, .cancelled = exec_cancelled, .ready = exec_ready, .ended = exec_ended, .ctx = &xc};
+  sbx_exec_sink_t sink = {.output = exec_output, .cancelled = exec_cancelled, .ready = exec_ready, .ctx = &xc};
   sbx_exec_result_t res;
-  if (sbx_exec (ctx->rt, &xr, &sink, &res, err) < 0)
+  sbx_exec_t *run = NULL;
+  if (sbx_exec_run (ctx->rt, &xr, &sink, &res, &run, err) < 0)
     return -1;
-  return xc.answered ? 0 : send_exit (call, &res, err);
+  /* The caller has its answer before the exec cleans up. */
+  int rc = send_exit (call, &res, err);
+  sbx_exec_finish (run);
+  return rc;
 }
 
 int

@@ -130,7 +130,11 @@ api_restore (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   const char *id = req->header->sandbox_id;
   restore_src_t src = {.call = call};
   sbx_info_t info;
-  int rc = sbx_restore (ctx->rt, id, req->header->allow_egress, restore_next, &src, &info, err);
+  const char *image = req->header->image;
+  int rc
+      = image != NULL && image[0] != '\0'
+            ? api_restore_on_image (call, ctx, id, req->header->allow_egress, image, restore_next, &src, &info, err)
+            : sbx_restore (ctx->rt, id, req->header->allow_egress, restore_next, &src, &info, err);
   restore_src_clear (&src);
   if (rc < 0 || api_undo_if_gone (call, ctx->rt, id, err) < 0)
     return -1;

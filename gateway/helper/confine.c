@@ -49,20 +49,26 @@ cap_mask (const int *caps, size_t n)
 /* Drops every capability but `keep` from the calling thread's bounding
  * set (inherited by its children, and across exec). */
 static int
-drop_bounding (uint64_t keep, err_t *err)
+drop_bounding (uint64_t keep, const char **what)
 {
   for (int cap = 0; cap <= 63; cap++)
     {
       if (keep & (1ULL << cap))
         continue;
       if (prctl (PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
-        return err_make_sys (err, errno, "drop capability %d from the bounding set", cap);
+        {
+          *what = "drop a capability from the bounding set";
+          return -1;
+        }
     }
   return 0;
 }
 
+/* Sets the capability sets to `keep` (and the bounding set, with
+ * `bounding`). Only system calls, no allocation: -1 with errno and *what
+ * naming the step that failed (a static string). */
 static int
-set_caps (uint64_t keep, bool only_held, bool bounding, err_t *err)
+set_caps (uint64_t keep, bool only_held, bool bounding, const char **what)
 {
   if (only_held)
     {
@@ -72,10 +78,13 @@ set_caps (uint64_t keep, bool only_held, bool bounding, err_t *err)
       struct __user_cap_data_struct d[2];
       memset (d, 0, sizeof d);
       if (syscall (SYS_capget, &h, d) < 0)
-        return err_make_sys (err, errno, "capget");
+        {
+          *what = "capget";
+          return -1;
+        }
       keep &= (uint64_t) d[0].permitted | ((uint64_t) d[1].permitted << 32);
     }
-  if (bounding && drop_bounding (keep, err) < 0)
+  if (bounding && drop_bounding (keep, what) < 0)
     return -1;
   struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
   struct __user_cap_data_struct data[2];
@@ -83,7 +92,10 @@ set_caps (uint64_t keep, bool only_held, bool bounding, err_t *err)
   data[0].effective = data[0].permitted = data[0].inheritable = (uint32_t) keep;
   data[1].effective = data[1].permitted = data[1].inheritable = (uint32_t) (keep >> 32);
   if (syscall (SYS_capset, &hdr, data) < 0)
-    return err_make_sys (err, errno, "capset");
+    {
+      *what = "capset";
+      return -1;
+    }
   /* Ambient capabilities would let them survive exec of non-root programs;
    * clear them so only root keeps its (reduced) set. */
   prctl (PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
@@ -297,16 +309,31 @@ sbx_confine_load (sbx_confine_t *out, int fd, err_t *err)
 }
 
 int
-sbx_confine_apply (const sbx_confine_t *c, err_t *err)
+sbx_confine_apply_raw (const sbx_confine_t *c, const char **what)
 {
-  if (set_caps (c->keep_caps, c->only_held, !c->inherited, err) < 0)
+  if (set_caps (c->keep_caps, c->only_held, !c->inherited, what) < 0)
     return -1;
   if (c->inherited)
     return 0; /* the bounding set, no_new_privs and the filter came with fork */
   if (prctl (PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
-    return err_make_sys (err, errno, "PR_SET_NO_NEW_PRIVS");
+    {
+      *what = "PR_SET_NO_NEW_PRIVS";
+      return -1;
+    }
   if (syscall (SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &c->prog) < 0)
-    return err_make_sys (err, errno, "load the seccomp filter");
+    {
+      *what = "load the seccomp filter";
+      return -1;
+    }
+  return 0;
+}
+
+int
+sbx_confine_apply (const sbx_confine_t *c, err_t *err)
+{
+  const char *what = NULL;
+  if (sbx_confine_apply_raw (c, &what) < 0)
+    return err_make_sys (err, errno, "%s", what);
   return 0;
 }
 
@@ -315,8 +342,9 @@ sbx_confine_hold (sbx_confine_t *c, err_t *err)
 {
   if (c->only_held)
     return err_make (err, EINVAL, "a confinement that depends on what its process holds cannot be inherited");
-  if (drop_bounding (c->keep_caps, err) < 0)
-    return -1;
+  const char *what = NULL;
+  if (drop_bounding (c->keep_caps, &what) < 0)
+    return err_make_sys (err, errno, "%s", what);
   if (prctl (PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
     return err_make_sys (err, errno, "PR_SET_NO_NEW_PRIVS");
   if (syscall (SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &c->prog) < 0)

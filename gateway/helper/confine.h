@@ -51,6 +51,10 @@ int sbx_confine_prepare_unpacker (sbx_confine_t *out, err_t *err);
  * (a child about to exec; async-signal-safe system calls only). After
  * sbx_confine_hold in an ancestor: only the capability sets. */
 int sbx_confine_apply (const sbx_confine_t *c, err_t *err);
+/* The same without allocating (a child that shares its parent's memory,
+ * CLONE_VM): -1 with errno and *what naming the step that failed (a
+ * static string). */
+int sbx_confine_apply_raw (const sbx_confine_t *c, const char **what);
 
 /* In a process that only forks children that confine themselves (the
  * holder): takes on now what they would each apply and then inherit —

@@ -29,6 +29,7 @@
 
 #include "common/cleanup.h"
 #include "gateway/helper/files.h"
+#include "gateway/runtime/path.h"
 
 #ifndef RENAME_NOREPLACE
 #define RENAME_NOREPLACE (1 << 0)
@@ -203,7 +204,8 @@ mkdir_parents (const char *path, bool self, mode_t mode)
 static int
 follow_links (const char *path, char *out, size_t cap)
 {
-  snprintf (out, cap, "%s", path);
+  if (sbx_path_fmt (out, cap, NULL, "%s", path) < 0)
+    return -1;
   for (int i = 0; i < FILE_MAX_LINKS; i++)
     {
       struct stat st;
@@ -215,7 +217,10 @@ follow_links (const char *path, char *out, size_t cap)
         return -1;
       link[n] = '\0';
       if (link[0] == '/')
-        snprintf (out, cap, "%s", link);
+        {
+          if (sbx_path_fmt (out, cap, NULL, "%s", link) < 0)
+            return -1; /* errno ENAMETOOLONG */
+        }
       else
         {
           char *slash = strrchr (out, '/');
@@ -491,13 +496,13 @@ void
 helper_file_child (const sbx_confine_t *confine, char *buf, size_t len, const int *fds)
 {
   err_t err = ERR_INIT;
-  file_sock = fds[0];
-  close (fds[1]); /* the report socket: the holder reports the exit */
+  file_sock = fds[SBX_FILE_SLOT_STREAM];
+  close (fds[SBX_FILE_SLOT_REPORT]); /* the report socket: the holder reports the exit */
   /* Its own session, and its cgroup: a cancelled call kills it there. */
   setsid ();
-  bool joined = TEMP_FAILURE_RETRY (write (fds[2], "0", 1)) == 1;
+  bool joined = TEMP_FAILURE_RETRY (write (fds[SBX_FILE_SLOT_PROCS], "0", 1)) == 1;
   int join_errno = errno;
-  close (fds[2]);
+  close (fds[SBX_FILE_SLOT_PROCS]);
   sigset_t none;
   sigemptyset (&none);
   sigprocmask (SIG_SETMASK, &none, NULL);

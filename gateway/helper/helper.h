@@ -2,9 +2,11 @@
  * channel to the gateway, and the steps of a launch (see main.c for the
  * program as a whole).
  *
- *   main.c    arguments, reports
+ *   main.c    the subcommands, reports
+ *   options.c the command line, volume specs, id maps (pure)
  *   launch.c  cgroups, disk, restore, forking the holder, READY
  *   rootfs.c  the holder's namespaces and root (overlay, /proc, /dev, volumes)
+ *   volumes.c a volume's spec and its detached, idmapped copy
  *   netns.c   loopback and egress routes
  *   holder.c  the sandbox's pid 1: commands and orphans
  *   userns.c  the sandbox's user namespace, idmapped mounts, the start-up probe
@@ -50,7 +52,33 @@ typedef struct helper_opts_s
   /* The sandbox's own user namespace: its ids 0..uid_range-1 are host ids
    * uid_base.. (uids and gids alike). uid_range 0: none (SANDBOX_USERNS off). */
   unsigned long uid_base, uid_range;
+  /* An image's layers instead of `lower`: directories, top first,
+   * separated by ':' (at most HELPER_MAX_LAYERS), their files owned by
+   * host ids layer_uid..layer_uid+65535 (layer.c). */
+  const char *layers;
+  unsigned long layer_uid;
 } helper_opts_t;
+
+/* options.c: the defaults of what the command line leaves out. */
+#define HELPER_DEFAULT_DISK_MB 2048
+#define HELPER_DEFAULT_INODES_PER_MB 128 /* --disk-inodes: this many per MiB of --disk-mb */
+#define HELPER_DEFAULT_MAX_ENTRIES 1000000
+/* Fills *o from the options after the subcommand (argv[2] on); o->volumes,
+ * masks and blocked must have room for argc entries each. Defaults for
+ * what is not given. -1 for an unknown option (getopt has said which on
+ * stderr); --id and the rest are checked by the caller. */
+int helper_opts_parse (int argc, char **argv, helper_opts_t *o);
+/* One line of a uid_map or gid_map: "inside outside count\n" into buf;
+ * its length, or -1 when it does not fit `cap` bytes. */
+int helper_id_map_line (char *buf, size_t cap, long inside, unsigned long outside, unsigned long count);
+/* volumes.c: a user namespace whose only ids are `count` from uid/gid,
+ * standing for host ids root_id..: idmapping a mount through it shows
+ * uid/gid's files as the sandbox's root's (a volume's owner, an image
+ * layer's range). Every other id is unmapped. Its descriptor into *out. */
+int helper_owner_userns (long uid, long gid, unsigned long root_id, unsigned long count, int *out, err_t *err);
+/* Host ids of an image layer's owner range, and most layers of an image. */
+#define HELPER_LAYER_IDS 65536
+#define HELPER_MAX_LAYERS 128
 
 /* The report socket to the gateway (fd 3). */
 extern int helper_report_fd;
@@ -59,8 +87,8 @@ extern int helper_report_fd;
 extern char *helper_args_start;
 extern size_t helper_args_len;
 
-/* main.c: one typed report on `fd`. */
-void helper_report (int fd, int type, int status, int a, int b, const char *text);
+/* main.c: an ERROR report of *err on `fd` (the other reports: wire.h's
+ * writers). */
 void helper_report_err (int fd, const err_t *err);
 /* Ends a helper that makes one thing for the gateway (base, filter): ERROR
  * with *err (then released) when it is set, else READY with descriptor
@@ -72,7 +100,7 @@ int helper_launch (const helper_opts_t *o);
 /* The sandbox's disk, a detached tmpfs mount (fsmount); -1 until made. */
 extern int helper_disk_fd;
 
-/* rootfs.c */
+/* rootfs.c (and volumes.c: helper_parse_volume, helper_volume_clone) */
 int helper_mkdir_p (const char *path, mode_t mode, err_t *err);
 /* A volume, as the gateway checked it: "host:sandbox[:ro][:uid=N:gid=M]". */
 typedef struct helper_volume_s
@@ -84,6 +112,8 @@ typedef struct helper_volume_s
    * none — the sandbox's own ids, as they are on the host. */
   long uid, gid;
 } helper_volume_t;
+/* options.c: splits `in` (copied into v->spec, cut at its size); no
+ * destination: v->dst is "". Unknown options are ignored. */
 void helper_parse_volume (const char *in, helper_volume_t *v);
 /* A detached copy of volume `v`'s tree, cloned from `fd` (the gateway's
  * descriptor of its host path): nosuid, nodev, read-only all the way down
@@ -96,6 +126,10 @@ int helper_volume_clone (const helper_volume_t *v, int fd, unsigned long root_id
  * make (restore) and overlay hides from the sandbox; it also means no
  * redirects and no metacopy, so renamed and chmod-ed image files are real
  * data in the upper layer, as a snapshot needs. */
+/* The same without a user namespace: overlay's marks are trusted.overlay.*
+ * xattrs, and redirects are off outright. */
+#define HELPER_OVERLAY_OPTS(lower)                                                                                   \
+  "lowerdir=" lower ",upperdir=upper,workdir=work,redirect_dir=off,metacopy=off,index=off"
 #define HELPER_USERNS_OVERLAY_OPTS(lower)                                                                            \
   "lowerdir=" lower ",upperdir=upper,workdir=work,userxattr,redirect_dir=nofollow,metacopy=off,index=off"
 /* `sandbox-helper base --state DIR`: makes the base mount namespace every
@@ -136,6 +170,11 @@ int helper_idmapped_clone (const char *path, bool recursive, unsigned long attr_
 /* `sandbox-helper probe`: can sandboxes have user namespaces here? READY
  * or ERROR with why. Exit status. */
 int helper_probe (const helper_opts_t *o);
+/* `sandbox-helper unpack-layer --id layer --state DIR --layer-uid N
+ * --unpacker PATH --max-entries N`: the blob on stdin into the empty
+ * directory DIR, unprivileged (layer.c). Reports READY or ERROR. Exit
+ * status. */
+int helper_unpack_layer (const helper_opts_t *o);
 
 /* holder.c: serves the gateway's requests, a connection each on the
  * listening socket `ctl`, until the sandbox is deleted or `lifeline` (a

@@ -59,7 +59,7 @@ static int held_signals[NSIG];
 static size_t n_held_signals;
 
 /* A command's child runs on this stack, in the holder's memory, until it
- * execs (see start_command); a guard page below it. */
+ * execs (see clone_command); a guard page below it. */
 #define CHILD_STACK (256 * 1024)
 static char *child_stack;
 
@@ -69,6 +69,12 @@ static char *child_stack;
  * kills it, reports the command as not started and serves on. */
 #define START_DEADLINE_MS 5000
 
+/* The holder's argv and env arrays: SBX_EXEC_MAX_ARGS / SBX_EXEC_MAX_ENV
+ * entries and the NULL after them. A request with more is refused with an
+ * ERROR saying so. */
+#define HOLDER_MAX_ARGS (SBX_EXEC_MAX_ARGS + 1)
+#define HOLDER_MAX_ENV (SBX_EXEC_MAX_ENV + 1)
+
 /* Tells the gateway the command runs, from the command's own process once
  * its signals are back to their defaults (a signal the gateway sends after
  * this is never lost to the holder's dispositions): its pidfd and, on a
@@ -77,13 +83,7 @@ static void
 report_started (int report, int master)
 {
   int pidfd = (int) syscall (SYS_pidfd_open, getpid (), 0);
-  int pass[2], n_pass = 0;
-  sbx_report_t r = {.type = SBX_REPORT_STARTED, .a = getpid (), .b = (pidfd >= 0 ? 1 : 0) | (master >= 0 ? 2 : 0)};
-  if (pidfd >= 0)
-    pass[n_pass++] = pidfd;
-  if (master >= 0)
-    pass[n_pass++] = master;
-  sbx_send_fds (report, &r, sizeof r, pass, (size_t) n_pass); /* a gateway gone: nothing to tell */
+  sbx_report_started (report, getpid (), pidfd, master); /* a gateway gone: nothing to tell */
   if (pidfd >= 0)
     close (pidfd);
 }
@@ -92,94 +92,119 @@ report_started (int report, int master)
 typedef struct command_s
 {
   const sbx_confine_t *confine;
-  const int *fds; /* stdin, stdout, stderr, report, the exec cgroup's procs file */
+  const int *fds; /* by sbx_exec_slot_t */
   int tty, master;
   bool started;
   const char *cwd;
   char **argv, **env;
 } command_t;
 
-/* The command's child: shares the holder's memory (the holder waits) until
- * it execs or exits, so it writes nothing of the holder's but `environ`,
- * which the holder puts back. */
-static int
-command_child (void *arg)
+/* Appends `s` to out[at..] (cap bytes, NUL-terminated, cut to fit) and
+ * returns where the next part goes: strlen and memcpy only. */
+static size_t
+msg_put (char *out, size_t cap, size_t at, const char *s)
 {
-  const command_t *c = arg;
+  size_t n = strlen (s);
+  if (at + n > cap - 1)
+    n = at < cap - 1 ? cap - 1 - at : 0;
+  memcpy (out + at, s, n);
+  out[at + n] = '\0';
+  return at + n;
+}
+
+/* Ends the command's child that failed at `what` (on `name`, or NULL) with
+ * errno `e`: an ERROR report "what `name`: reason" composed in a buffer on
+ * this stack, then _exit. The child shares the holder's memory: nothing
+ * here allocates (a kill in the middle of malloc would leave pid 1's heap
+ * inconsistent), every call is async-signal-safe. */
+static void __attribute__ ((noreturn)) child_fail (int report, int e, const char *what, const char *name)
+{
+  char msg[sizeof ((sbx_report_t *) 0)->text];
+  size_t at = msg_put (msg, sizeof msg, 0, what);
+  if (name != NULL)
+    {
+      at = msg_put (msg, sizeof msg, at, " `");
+      at = msg_put (msg, sizeof msg, at, name);
+      at = msg_put (msg, sizeof msg, at, "`");
+    }
+  const char *reason = strerrordesc_np (e);
+  at = msg_put (msg, sizeof msg, at, ": ");
+  msg_put (msg, sizeof msg, at, reason != NULL ? reason : "unknown error");
+  sbx_report_error (report, e, msg);
+  _exit (e == ENOENT ? 127 : 126);
+}
+
+/* Into the command's session, cgroups and default signals, reported
+ * STARTED when asked for. */
+static void
+child_enter (const command_t *c)
+{
   const int *fds = c->fds;
-  err_t err = ERR_INIT;
-  int report = fds[3];
+  int report = fds[SBX_EXEC_SLOT_REPORT];
   /* A session (and process group) of its own: kill(0, …) or a terminal's
    * job control from this command reach only what it starts. */
   if (setsid () < 0)
-    {
-      err_make_sys (&err, errno, "setsid");
-      goto fail;
-    }
+    child_fail (report, errno, "setsid", NULL);
   /* Into the exec's own cgroup: a timeout kills all this command starts. */
-  if (TEMP_FAILURE_RETRY (write (fds[4], "0", 1)) != 1)
-    {
-      err_make_sys (&err, errno, "join the exec's cgroup");
-      goto fail;
-    }
+  if (TEMP_FAILURE_RETRY (write (fds[SBX_EXEC_SLOT_PROCS], "0", 1)) != 1)
+    child_fail (report, errno, "join the exec's cgroup", NULL);
   /* Into the sandbox's memory group, which the holder is not in: what the
    * command uses from its exec on is charged to the sandbox, and it is
    * among what the sandbox's OOM killer may choose. (Until the exec, its
    * page faults are the holder's: they share the memory, at most
    * CHILD_STACK of it.) */
   if (memcg >= 0 && TEMP_FAILURE_RETRY (write (memcg, "0", 1)) != 1)
-    {
-      err_make_sys (&err, errno, "join the sandbox's memory cgroup");
-      goto fail;
-    }
+    child_fail (report, errno, "join the sandbox's memory cgroup", NULL);
   sigset_t none;
   sigemptyset (&none);
   sigprocmask (SIG_SETMASK, &none, NULL);
+  struct sigaction dfl = {.sa_handler = SIG_DFL};
   for (size_t i = 0; i < n_held_signals; i++)
-    signal (held_signals[i], SIG_DFL);
+    sigaction (held_signals[i], &dfl, NULL);
   /* In its own session and cgroup, with default signals: from here on the
    * gateway may signal it and kill what it starts. */
   if (c->started)
     report_started (report, c->master);
+}
+
+/* The command's child: shares the holder's memory (the holder waits) until
+ * it execs or exits, so it writes nothing of the holder's but `environ`,
+ * which the holder puts back, and only async-signal-safe calls run here
+ * (no allocation: child_fail). */
+static int
+command_child (void *arg)
+{
+  const command_t *c = arg;
+  const int *fds = c->fds;
+  int report = fds[SBX_EXEC_SLOT_REPORT];
+  child_enter (c);
   /* On a terminal: it becomes the session's controlling terminal and the
    * command's stdio (the pipes go unused). */
   int tty = c->tty;
   if (tty >= 0 && ioctl (tty, TIOCSCTTY, 0) < 0)
-    {
-      err_make_sys (&err, errno, "make the terminal the controlling one");
-      goto fail;
-    }
-  int in = tty >= 0 ? tty : fds[0], out = tty >= 0 ? tty : fds[1], errfd = tty >= 0 ? tty : fds[2];
+    child_fail (report, errno, "make the terminal the controlling one", NULL);
+  int in = tty >= 0 ? tty : fds[SBX_EXEC_SLOT_STDIN], out = tty >= 0 ? tty : fds[SBX_EXEC_SLOT_STDOUT],
+      errfd = tty >= 0 ? tty : fds[SBX_EXEC_SLOT_STDERR];
   if (dup2 (in, 0) < 0 || dup2 (out, 1) < 0 || dup2 (errfd, 2) < 0)
-    {
-      err_make_sys (&err, errno, "set up stdio");
-      goto fail;
-    }
+    child_fail (report, errno, "set up stdio", NULL);
   if (tty > 2)
     close (tty);
   if (chdir (c->cwd) < 0)
-    {
-      err_make_sys (&err, errno, "working directory `%s`", c->cwd);
-      goto fail;
-    }
+    child_fail (report, errno, "working directory", c->cwd);
   /* Open files are a host-wide table: with the process limit, this bounds
    * what one sandbox can hold. */
   struct rlimit nofile = {.rlim_cur = 1024, .rlim_max = 1024};
   setrlimit (RLIMIT_NOFILE, &nofile);
-  if (sbx_confine_apply (c->confine, &err) < 0)
-    goto fail;
+  const char *what = NULL;
+  if (sbx_confine_apply_raw (c->confine, &what) < 0)
+    child_fail (report, errno, what, NULL);
   /* Only stdio and the report socket (close-on-exec) cross over. */
   for (int i = 0; i < SBX_EXEC_FDS; i++)
     if (fds[i] > 2 && fds[i] != report)
       close (fds[i]);
   environ = c->env; /* execvp looks PATH up in the new environment */
   execvp (c->argv[0], c->argv);
-  err_make_sys (&err, errno, "exec `%s`", c->argv[0]);
-fail:
-  helper_report_err (report, &err);
-  int status = err.status == ENOENT ? 127 : 126;
-  err_release (&err); /* the holder's heap */
-  _exit (status);
+  child_fail (report, errno, "exec", c->argv[0]);
 }
 
 /* Waits until the child `pid` has exec'd or exited (its end of `gate`
@@ -222,7 +247,7 @@ await_exec (pid_t pid, int gate)
  * and every later request, forever). The pid, or -1 with errno; *started
  * false when the child was killed at the deadline. */
 static pid_t
-start_command (command_t *c, bool *started)
+clone_command (command_t *c, bool *started)
 {
   *started = true;
   if (child_stack == NULL)
@@ -322,14 +347,124 @@ serve_file_request (int ctl, const sbx_confine_t *confine, char *buf, size_t len
        * sandbox. */
       char num[16];
       int nlen = snprintf (num, sizeof num, "%d", (int) pid);
-      (void) !write (fds[2], num, (size_t) nlen);
+      (void) !write (fds[SBX_FILE_SLOT_PROCS], num, (size_t) nlen);
       if (memcg >= 0)
         (void) !write (memcg, num, (size_t) nlen);
-      running[n_running++] = (running_t){pid, fds[1]};
+      running[n_running++] = (running_t){pid, fds[SBX_FILE_SLOT_REPORT]};
     }
   for (size_t i = 0; i < SBX_FILE_FDS; i++)
-    if (i != 1 || pid < 0)
+    if (i != SBX_FILE_SLOT_REPORT || pid < 0)
       close (fds[i]);
+}
+
+/* Closes every descriptor of an exec request. */
+static void
+close_exec_fds (int *fds)
+{
+  for (int i = 0; i < SBX_EXEC_FDS; i++)
+    close (fds[i]);
+}
+
+/* Decodes an exec request in `buf` (n bytes) into the holder's argv and
+ * env arrays (HOLDER_MAX_ARGS / HOLDER_MAX_ENV). 0, or -1 after an ERROR
+ * on `report` saying why. */
+static int
+decode_exec (char *buf, size_t n, int report, const char **cwd, char **argv, char **env)
+{
+  sbx_exec_hdr_t h;
+  if (n >= sizeof h)
+    {
+      memcpy (&h, buf, sizeof h);
+      if (h.argc >= HOLDER_MAX_ARGS || h.envc >= HOLDER_MAX_ENV)
+        {
+          char msg[128];
+          snprintf (msg, sizeof msg, "a command may have at most %d arguments and %d environment entries",
+                    HOLDER_MAX_ARGS - 1, HOLDER_MAX_ENV - 1);
+          sbx_report_error (report, E2BIG, msg);
+          return -1;
+        }
+    }
+  if (sbx_exec_decode (buf, n, cwd, argv, HOLDER_MAX_ARGS, env, HOLDER_MAX_ENV) < 0)
+    {
+      sbx_report_error (report, EINVAL, "malformed exec request");
+      return -1;
+    }
+  return 0;
+}
+
+/* Starts the command `c`, whose descriptors are fds[]: the report socket
+ * is kept in `running` (closed when the start failed), the others closed. */
+static void
+start_command (command_t *c, int *fds)
+{
+  int report = fds[SBX_EXEC_SLOT_REPORT];
+  bool started;
+  pid_t pid = clone_command (c, &started);
+  if (pid < 0)
+    sbx_report_error (report, errno, "fork the command (process limit reached?)");
+  else
+    {
+      if (!started)
+        {
+          char msg[128];
+          snprintf (msg, sizeof msg,
+                    "the command did not start within %d ms (stopped from inside the sandbox?): killed",
+                    START_DEADLINE_MS);
+          sbx_report_error (report, ETIMEDOUT, msg);
+        }
+      running[n_running++] = (running_t){pid, report};
+    }
+  for (int i = 0; i < SBX_EXEC_FDS; i++)
+    if (i != SBX_EXEC_SLOT_REPORT || pid < 0)
+      close (fds[i]);
+}
+
+/* An exec request: decoded, its terminal opened, its command started. */
+static void
+serve_exec_request (const sbx_confine_t *confine, char *buf, size_t n, int *fds)
+{
+  int report = fds[SBX_EXEC_SLOT_REPORT];
+  static char *argv[HOLDER_MAX_ARGS], *env[HOLDER_MAX_ENV];
+  const char *cwd = NULL;
+  if (decode_exec (buf, n, report, &cwd, argv, env) < 0)
+    {
+      close_exec_fds (fds);
+      return;
+    }
+  uint16_t rows, cols;
+  uint32_t flags;
+  sbx_exec_get_options (buf, &rows, &cols, &flags);
+  int master = -1, slave = -1;
+  cleanup_err err_t perr = ERR_INIT;
+  if (rows > 0 && cols > 0 && open_pty (rows, cols, &master, &slave, &perr) < 0)
+    {
+      helper_report_err (report, &perr);
+      close_exec_fds (fds);
+      return;
+    }
+  if (!running_room ())
+    {
+      sbx_report_error (report, ENOMEM, "the sandbox's pid 1 is out of memory");
+      close_exec_fds (fds);
+    }
+  else
+    {
+      /* Of the holder's descriptors only these cross the command's exec:
+       * all others (the connection too) are close-on-exec. */
+      command_t c = {.confine = confine,
+                     .fds = fds,
+                     .tty = slave,
+                     .master = master,
+                     .started = (flags & SBX_EXEC_F_STARTED) != 0,
+                     .cwd = cwd,
+                     .argv = argv,
+                     .env = env};
+      start_command (&c, fds);
+    }
+  if (master >= 0)
+    close (master);
+  if (slave >= 0)
+    close (slave);
 }
 
 /* Serves the one request (a command or a file operation) of connection
@@ -346,73 +481,12 @@ serve_request (int ctl, const sbx_confine_t *confine, char *buf)
   if ((size_t) n >= sizeof magic)
     memcpy (&magic, buf, sizeof magic);
   if (magic == SBX_FILE_MAGIC)
-    {
-      serve_file_request (ctl, confine, buf, (size_t) n, fds, n_fds);
-      return;
-    }
-  if (n_fds != SBX_EXEC_FDS)
-    {
-      for (size_t i = 0; i < n_fds; i++)
-        close (fds[i]);
-      return;
-    }
-  static char *argv[4096], *env[4096];
-  const char *cwd = NULL;
-  if (sbx_exec_decode (buf, (size_t) n, &cwd, argv, 4096, env, 4096) < 0)
-    {
-      helper_report (fds[3], SBX_REPORT_ERROR, EINVAL, 0, 0, "malformed exec request");
-      for (int i = 0; i < SBX_EXEC_FDS; i++)
-        close (fds[i]);
-      return;
-    }
-  uint16_t rows, cols;
-  uint32_t flags;
-  sbx_exec_get_options (buf, &rows, &cols, &flags);
-  int master = -1, slave = -1;
-  err_t perr = ERR_INIT;
-  if (rows > 0 && cols > 0 && open_pty (rows, cols, &master, &slave, &perr) < 0)
-    {
-      helper_report_err (fds[3], &perr);
-      err_release (&perr);
-      for (int i = 0; i < SBX_EXEC_FDS; i++)
-        close (fds[i]);
-      return;
-    }
-  if (!running_room ())
-    {
-      helper_report (fds[3], SBX_REPORT_ERROR, ENOMEM, 0, 0, "the sandbox's pid 1 is out of memory");
-      for (int i = 0; i < SBX_EXEC_FDS; i++)
-        close (fds[i]);
-      return;
-    }
-  /* Of the holder's descriptors only these cross the command's exec: all
-   * others (`ctl` too) are close-on-exec. */
-  command_t c = {.confine = confine,
-                 .fds = fds,
-                 .tty = slave,
-                 .master = master,
-                 .started = (flags & SBX_EXEC_F_STARTED) != 0,
-                 .cwd = cwd,
-                 .argv = argv,
-                 .env = env};
-  bool started;
-  pid_t pid = start_command (&c, &started);
-  if (pid < 0)
-    helper_report (fds[3], SBX_REPORT_ERROR, errno, 0, 0, "fork the command (process limit reached?)");
+    serve_file_request (ctl, confine, buf, (size_t) n, fds, n_fds);
+  else if (n_fds == SBX_EXEC_FDS)
+    serve_exec_request (confine, buf, (size_t) n, fds);
   else
-    {
-      if (!started)
-        helper_report (fds[3], SBX_REPORT_ERROR, ETIMEDOUT, 0, 0,
-                       "the command did not start within 5 s (stopped from inside the sandbox?): killed");
-      running[n_running++] = (running_t){pid, fds[3]};
-    }
-  for (int i = 0; i < SBX_EXEC_FDS; i++)
-    if (i != 3 || pid < 0)
+    for (size_t i = 0; i < n_fds; i++)
       close (fds[i]);
-  if (master >= 0)
-    close (master);
-  if (slave >= 0)
-    close (slave);
 }
 
 /* Reaps every child that ended; reports those that were commands. */
@@ -426,9 +500,9 @@ reap_children (void)
       if (running[i].pid == pid)
         {
           if (WIFSIGNALED (status))
-            helper_report (running[i].report, SBX_REPORT_EXIT, 0, -1, WTERMSIG (status), NULL);
+            sbx_report_exit (running[i].report, -1, WTERMSIG (status));
           else
-            helper_report (running[i].report, SBX_REPORT_EXIT, 0, WEXITSTATUS (status), 0, NULL);
+            sbx_report_exit (running[i].report, WEXITSTATUS (status), 0);
           close (running[i].report);
           running[i] = running[--n_running];
           break;

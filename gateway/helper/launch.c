@@ -266,7 +266,7 @@ holder_main (const helper_opts_t *o, const sbx_cg_layout_t *cg, const sbx_confin
       dup2 (null, 1);
       dup2 (null, 2);
     }
-  helper_report (sync, SBX_REPORT_READY, 0, 1, 0, NULL);
+  sbx_report_ready (sync, getpid (), -1);
   close (sync);
   if (helper_args_start != NULL)
     {
@@ -302,14 +302,10 @@ hand_over (pid_t *pid, int sync, err_t *err)
     }
   if (r.type != SBX_REPORT_READY)
     {
-      helper_report (helper_report_fd, SBX_REPORT_ERROR, r.status, 0, 0, r.text);
+      sbx_report_error (helper_report_fd, r.status, r.text);
       return 1; /* *pid is killed and reaped by the caller's scope */
     }
-  sbx_report_t ready;
-  memset (&ready, 0, sizeof ready);
-  ready.type = SBX_REPORT_READY;
-  ready.a = *pid;
-  if (sbx_send_fds (helper_report_fd, &ready, sizeof ready, &helper_disk_fd, 1) < 0)
+  if (sbx_report_ready (helper_report_fd, *pid, helper_disk_fd) < 0)
     return err_make_sys (err, errno, "hand the disk over");
   take_pid (pid); /* the sandbox lives on: the gateway adopts it */
   return 0;
@@ -359,7 +355,7 @@ start_holder (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *err)
 int
 helper_launch (const helper_opts_t *o)
 {
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   sbx_cg_layout_t cg;
   int rc = make_layer (o, &cg, &err);
   if (rc == 0)
@@ -368,7 +364,6 @@ helper_launch (const helper_opts_t *o)
   if (rc < 0)
     {
       helper_report_err (helper_report_fd, &err);
-      err_release (&err);
     }
   return rc == 0 ? 0 : 1;
 }

@@ -1,12 +1,13 @@
 /* sandbox-helper: the single-threaded program that makes a sandbox.
  *
  * The gateway is multi-threaded, so it never forks to do namespace, mount
- * or cgroup work itself: it spawns this helper (posix_spawn) with a report
- * socket as fd 3 and reads typed reports (runtime/wire.h). The helper creates
- * the sandbox's cgroups and its disk (a size-limited tmpfs holding the
- * overlay's upper and work directories, in the host's mount namespace so
- * snapshots can read it), unpacks a snapshot into it when restoring (with
- * sandbox-unpack), then forks the holder: pid 1 of new pid, mount, network,
+ * or cgroup work itself: it spawns this helper (runtime/spawn.c) with a
+ * report socket as fd 3 and reads typed reports (runtime/wire.h). The helper
+ * creates the sandbox's cgroups and its disk (a size-limited tmpfs holding
+ * the overlay's upper and work directories, a detached mount in no mount
+ * table, whose descriptor goes to the gateway for snapshots), unpacks a
+ * snapshot into it when restoring (with sandbox-unpack), then forks the
+ * holder: pid 1 of new pid, mount, network,
  * ipc, uts and cgroup namespaces, whose root is an overlay of the image
  * under that upper layer, with a fresh /proc (sensitive parts read-only or
  * masked), a minimal /dev, no /sys and no host mount visible. It reports
@@ -16,13 +17,13 @@
  * request (serve_request): it forks each one from inside the sandbox into
  * the exec's own cgroup (so a timeout kills all it started), where it cuts
  * its capabilities, and reports how it ended. The bounding set,
- * no_new_privs and the seccomp filter (compiled once at launch) each
- * command inherits from the holder, which took them on once.
+ * no_new_privs and the seccomp filter (compiled once, when the gateway
+ * starts: `sandbox-helper filter`) each command inherits from the holder,
+ * which took them on once.
  *
  * Every failure is reported as errno + text; the gateway tears down what a
  * failed launch made.
  */
-#include <getopt.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -48,23 +49,9 @@ char *helper_args_start;
 size_t helper_args_len;
 
 void
-helper_report (int fd, int type, int status, int a, int b, const char *text)
-{
-  sbx_report_t r;
-  memset (&r, 0, sizeof r);
-  r.type = type;
-  r.status = status;
-  r.a = a;
-  r.b = b;
-  if (text != NULL)
-    snprintf (r.text, sizeof r.text, "%s", text);
-  TEMP_FAILURE_RETRY (send (fd, &r, sizeof r, MSG_NOSIGNAL));
-}
-
-void
 helper_report_err (int fd, const err_t *err)
 {
-  helper_report (fd, SBX_REPORT_ERROR, err->status, 0, 0, err_msg (err));
+  sbx_report_error (fd, err->status, err_msg (err));
 }
 
 int
@@ -76,16 +63,7 @@ helper_answer (err_t *err, int fd)
       err_release (err);
       return 1;
     }
-  sbx_report_t ready;
-  memset (&ready, 0, sizeof ready);
-  ready.type = SBX_REPORT_READY;
-  return sbx_send_fds (helper_report_fd, &ready, sizeof ready, &fd, 1) < 0 ? 1 : 0;
-}
-
-static long
-num (const char *s)
-{
-  return strtol (s, NULL, 10);
+  return sbx_report_ready (helper_report_fd, 0, fd) < 0 ? 1 : 0;
 }
 
 /* `sandbox-helper private-mounts PROGRAM ARGS...`: runs PROGRAM in a mount
@@ -137,10 +115,6 @@ main (int argc, char **argv)
 
   helper_opts_t o;
   memset (&o, 0, sizeof o);
-  o.cgroup_mount = "/sys/fs/cgroup";
-  o.cgroup_group = "sandbox-gateway";
-  o.lower = "/";
-  o.disk_mb = 2048;
   /* Each list has room for every argument: none is ever dropped. (Freed
    * when main returns, so that a leak checker sees nothing left.) */
   cleanup_free const char **volumes = calloc ((size_t) argc, sizeof *volumes);
@@ -151,69 +125,24 @@ main (int argc, char **argv)
   o.blocked = blocked;
   if (o.volumes == NULL || o.masks == NULL || o.blocked == NULL)
     {
-      helper_report (helper_report_fd, SBX_REPORT_ERROR, ENOMEM, 0, 0, "sandbox-helper: out of memory");
+      sbx_report_error (helper_report_fd, ENOMEM, "sandbox-helper: out of memory");
       return 2;
     }
-  static const struct option longopts[] = {
-      {"id", required_argument, NULL, 'i'},           {"state", required_argument, NULL, 's'},
-      {"lower", required_argument, NULL, 'l'},        {"cgroup-mount", required_argument, NULL, 'c'},
-      {"disk-mb", required_argument, NULL, 'd'},      {"disk-inodes", required_argument, NULL, 'n'},
-      {"pids", required_argument, NULL, 'p'},         {"memory-mb", required_argument, NULL, 'm'},
-      {"cpu-millis", required_argument, NULL, 'u'},   {"volume", required_argument, NULL, 'v'},
-      {"hostname", required_argument, NULL, 'h'},     {"egress", no_argument, NULL, 'e'},
-      {"cgroup-group", required_argument, NULL, 'G'}, {"restore", no_argument, NULL, 'R'},
-      {"max-entries", required_argument, NULL, 'E'},  {"unpacker", required_argument, NULL, 'U'},
-      {"mask", required_argument, NULL, 'M'},         {"block", required_argument, NULL, 'B'},
-      {"uid-base", required_argument, NULL, 'b'},     {"uid-range", required_argument, NULL, 'r'},
-      {"memcg-spare", required_argument, NULL, 'S'},  {NULL, 0, NULL, 0},
-  };
-  optind = 2;
-  int c;
-  while ((c = getopt_long (argc, argv, "+", longopts, NULL)) != -1)
-    switch (c)
-      {
-      case 'i': o.id = optarg; break;
-      case 's': o.state = optarg; break;
-      case 'l': o.lower = optarg; break;
-      case 'c': o.cgroup_mount = optarg; break;
-      case 'd': o.disk_mb = num (optarg); break;
-      case 'n': o.disk_inodes = num (optarg); break;
-      case 'p': o.limits.pids_max = num (optarg); break;
-      case 'm': o.limits.memory_mb = num (optarg); break;
-      case 'u': o.limits.cpu_millis = num (optarg); break;
-      case 'h': o.hostname = optarg; break;
-      case 'e': o.egress = true; break;
-      case 'G': o.cgroup_group = optarg; break;
-      case 'R': o.restore = true; break;
-      case 'E': o.max_entries = num (optarg); break;
-      case 'U': o.unpacker = optarg; break;
-      case 'M': o.masks[o.n_masks++] = optarg; break;
-      case 'B': o.blocked[o.n_blocked++] = optarg; break;
-      case 'v': o.volumes[o.n_volumes++] = optarg; break;
-      case 'b': o.uid_base = strtoul (optarg, NULL, 10); break;
-      case 'r': o.uid_range = strtoul (optarg, NULL, 10); break;
-      case 'S': o.memcg_spare = optarg; break;
-      default: return 2;
-      }
-  if (o.memcg_spare != NULL
-      && (strncmp (o.memcg_spare, SBX_CG_SPARE_PREFIX, strlen (SBX_CG_SPARE_PREFIX)) != 0
-          || strchr (o.memcg_spare, '/') != NULL))
-    o.memcg_spare = NULL; /* not one of the gateway's spares: make a group */
-  if (o.max_entries <= 0)
-    o.max_entries = 1000000;
-  if (o.disk_inodes <= 0)
-    o.disk_inodes = o.disk_mb * 128;
+  if (helper_opts_parse (argc, argv, &o) < 0)
+    return 2;
   if (o.id == NULL)
     {
-      helper_report (helper_report_fd, SBX_REPORT_ERROR, EINVAL, 0, 0, "sandbox-helper: --id is required");
+      sbx_report_error (helper_report_fd, EINVAL, "sandbox-helper: --id is required");
       return 2;
     }
   if (strcmp (argv[1], "base") == 0 && o.state != NULL)
     return helper_base (o.state);
   if (strcmp (argv[1], "launch") == 0 && o.state != NULL)
     return helper_launch (&o);
+  if (strcmp (argv[1], "unpack-layer") == 0 && o.state != NULL)
+    return helper_unpack_layer (&o);
   if (strcmp (argv[1], "probe") == 0 && o.state != NULL && o.uid_range > 0)
     return helper_probe (&o);
-  helper_report (helper_report_fd, SBX_REPORT_ERROR, EINVAL, 0, 0, "sandbox-helper: bad arguments");
+  sbx_report_error (helper_report_fd, EINVAL, "sandbox-helper: bad arguments");
   return 2;
 }

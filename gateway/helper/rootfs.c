@@ -25,6 +25,7 @@
 
 #include "common/cleanup.h"
 #include "gateway/helper/helper.h"
+#include "gateway/runtime/path.h"
 
 /* Device nodes bound from the host into every sandbox's /dev. */
 static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
@@ -42,6 +43,10 @@ static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urand
 typedef struct host_refs_s
 {
   int lower; /* the image (idmapped with a user namespace) */
+  /* An image's layers instead (top first), idmapped from their owner
+   * range (helper/layer.c) to the sandbox's ids. */
+  int layers[HELPER_MAX_LAYERS];
+  size_t n_layers;
   int dev_nodes[N_DEV_NODES];
   int *volumes; /* per volume; -1: its host path is gone */
   /* Directories of the sandbox's disk bound at /dev and /dev/shm, and an
@@ -63,6 +68,9 @@ host_refs_release (host_refs_t *refs, size_t n_volumes)
   for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
     if (own[i] > 0)
       close (own[i]);
+  for (size_t i = 0; i < refs->n_layers; i++)
+    if (refs->layers[i] > 0)
+      close (refs->layers[i]);
   for (size_t i = 0; refs->volumes != NULL && i < n_volumes; i++)
     if (refs->volumes[i] >= 0)
       close (refs->volumes[i]);
@@ -73,7 +81,8 @@ int
 helper_mkdir_p (const char *path, mode_t mode, err_t *err)
 {
   char buf[PATH_MAX];
-  snprintf (buf, sizeof buf, "%s", path);
+  if (sbx_path_fmt (buf, sizeof buf, err, "%s", path) < 0)
+    return -1;
   for (char *p = buf + 1; *p; p++)
     if (*p == '/')
       {
@@ -110,7 +119,8 @@ mkdir_in_root (const char *path, mode_t mode, int *out, err_t *err)
   if (dir < 0)
     return err_make_sys (err, errno, "open the sandbox's root");
   char buf[PATH_MAX];
-  snprintf (buf, sizeof buf, "%s", path);
+  if (sbx_path_fmt (buf, sizeof buf, err, "%s", path) < 0)
+    return -1;
   char *save = NULL;
   for (char *name = strtok_r (buf, "/", &save); name != NULL; name = strtok_r (NULL, "/", &save))
     {
@@ -134,7 +144,8 @@ static int
 bind_node (const char *root, const char *name, int src_fd, err_t *err)
 {
   char dst[PATH_MAX * 2];
-  snprintf (dst, sizeof dst, "%s/dev/%s", root, name);
+  if (sbx_path_fmt (dst, sizeof dst, err, "%s/dev/%s", root, name) < 0)
+    return -1;
   cleanup_close int fd = open (dst, O_CREAT | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (fd < 0)
     return err_make_sys (err, errno, "create `%s`", dst);
@@ -159,7 +170,8 @@ setup_dev (const char *root, const host_refs_t *refs, err_t *err)
   char path[PATH_MAX * 2];
   /* /dev and /dev/shm are directories of the sandbox's disk (its quota,
    * owned by its root), bound nosuid,noexec and nosuid,nodev. */
-  snprintf (path, sizeof path, "%s/dev", root);
+  if (sbx_path_fmt (path, sizeof path, err, "%s/dev", root) < 0)
+    return -1;
   if (helper_mkdir_p (path, 0755, err) < 0)
     return -1;
   if (move_mount (refs->dev_dir, "", AT_FDCWD, path, MOVE_MOUNT_F_EMPTY_PATH) < 0)
@@ -167,12 +179,14 @@ setup_dev (const char *root, const host_refs_t *refs, err_t *err)
   for (size_t i = 0; i < N_DEV_NODES; i++)
     if (bind_node (root, dev_nodes[i], refs->dev_nodes[i], err) < 0)
       return -1;
-  snprintf (path, sizeof path, "%s/dev/pts", root);
+  if (sbx_path_fmt (path, sizeof path, err, "%s/dev/pts", root) < 0)
+    return -1;
   if (mkdir (path, 0755) < 0)
     return err_make_sys (err, errno, "mkdir `%s`", path);
   if (mount ("devpts", path, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") < 0)
     return err_make_sys (err, errno, "mount devpts on `%s`", path);
-  snprintf (path, sizeof path, "%s/dev/shm", root);
+  if (sbx_path_fmt (path, sizeof path, err, "%s/dev/shm", root) < 0)
+    return -1;
   if (mkdir (path, 01777) < 0)
     return err_make_sys (err, errno, "mkdir `%s`", path);
   if (move_mount (refs->shm_dir, "", AT_FDCWD, path, MOVE_MOUNT_F_EMPTY_PATH) < 0)
@@ -183,7 +197,8 @@ setup_dev (const char *root, const host_refs_t *refs, err_t *err)
   };
   for (size_t i = 0; i < sizeof links / sizeof links[0]; i++)
     {
-      snprintf (path, sizeof path, "%s/dev/%s", root, links[i][1]);
+      if (sbx_path_fmt (path, sizeof path, err, "%s/dev/%s", root, links[i][1]) < 0)
+        return -1;
       if (symlink (links[i][0], path) < 0)
         return err_make_sys (err, errno, "symlink `%s`", path);
     }
@@ -199,7 +214,8 @@ static int
 allow_low_ports (const char *root, err_t *err)
 {
   char path[PATH_MAX * 2];
-  snprintf (path, sizeof path, "%s/proc/sys/net/ipv4/ip_unprivileged_port_start", root);
+  if (sbx_path_fmt (path, sizeof path, err, "%s/proc/sys/net/ipv4/ip_unprivileged_port_start", root) < 0)
+    return -1;
   cleanup_close int fd = open (path, O_WRONLY | O_CLOEXEC);
   if (fd < 0 || write (fd, "0", 1) != 1)
     return err_make_sys (err, errno, "set ip_unprivileged_port_start in the sandbox's network namespace");
@@ -213,7 +229,8 @@ static int
 setup_proc (const helper_opts_t *o, const char *root, const host_refs_t *refs, err_t *err)
 {
   char path[PATH_MAX * 2];
-  snprintf (path, sizeof path, "%s/proc", root);
+  if (sbx_path_fmt (path, sizeof path, err, "%s/proc", root) < 0)
+    return -1;
   if (helper_mkdir_p (path, 0555, err) < 0)
     return -1;
   if (mount ("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
@@ -223,7 +240,8 @@ setup_proc (const helper_opts_t *o, const char *root, const host_refs_t *refs, e
   static const char *const readonly[] = {"sys", "sysrq-trigger", "irq", "bus", "fs"};
   for (size_t i = 0; i < sizeof readonly / sizeof readonly[0]; i++)
     {
-      snprintf (path, sizeof path, "%s/proc/%s", root, readonly[i]);
+      if (sbx_path_fmt (path, sizeof path, err, "%s/proc/%s", root, readonly[i]) < 0)
+        return -1;
       if (access (path, F_OK) != 0)
         continue;
       if (mount (path, path, NULL, MS_BIND | MS_REC, NULL) < 0
@@ -234,7 +252,8 @@ setup_proc (const helper_opts_t *o, const char *root, const host_refs_t *refs, e
       = {"kcore", "keys", "timer_list", "sched_debug", "latency_stats", "kallsyms", "kpagecount", "kpageflags"};
   for (size_t i = 0; i < sizeof masked_files / sizeof masked_files[0]; i++)
     {
-      snprintf (path, sizeof path, "%s/proc/%s", root, masked_files[i]);
+      if (sbx_path_fmt (path, sizeof path, err, "%s/proc/%s", root, masked_files[i]) < 0)
+        return -1;
       if (access (path, F_OK) != 0)
         continue;
       if (mount ("/dev/null", path, NULL, MS_BIND, NULL) < 0)
@@ -243,119 +262,13 @@ setup_proc (const helper_opts_t *o, const char *root, const host_refs_t *refs, e
   static const char *const masked_dirs[] = {"acpi", "scsi"};
   for (size_t i = 0; i < sizeof masked_dirs / sizeof masked_dirs[0]; i++)
     {
-      snprintf (path, sizeof path, "%s/proc/%s", root, masked_dirs[i]);
+      if (sbx_path_fmt (path, sizeof path, err, "%s/proc/%s", root, masked_dirs[i]) < 0)
+        return -1;
       if (access (path, F_OK) != 0)
         continue;
       if (mask_dir (refs, path, err) < 0)
         return -1;
     }
-  return 0;
-}
-
-void
-helper_parse_volume (const char *in, helper_volume_t *v)
-{
-  snprintf (v->spec, sizeof v->spec, "%s", in);
-  v->host = v->spec;
-  v->dst = strchr (v->spec, ':');
-  v->ro = false;
-  v->uid = v->gid = -1;
-  if (v->dst == NULL)
-    {
-      v->dst = v->spec + strlen (v->spec);
-      return;
-    }
-  *v->dst++ = '\0';
-  char *opt = strchr (v->dst, ':');
-  if (opt != NULL)
-    *opt++ = '\0';
-  for (char *next = NULL; opt != NULL; opt = next)
-    {
-      next = strchr (opt, ':');
-      if (next != NULL)
-        *next++ = '\0';
-      if (strcmp (opt, "ro") == 0)
-        v->ro = true;
-      else if (strncmp (opt, "uid=", 4) == 0)
-        v->uid = strtol (opt + 4, NULL, 10);
-      else if (strncmp (opt, "gid=", 4) == 0)
-        v->gid = strtol (opt + 4, NULL, 10);
-    }
-}
-
-/* A user namespace whose only ids are `uid`/`gid`, standing for host ids
- * `root_id`: idmapping a mount through it makes what host id root_id (the
- * sandbox's root) writes there land as uid/gid on the host, and shows
- * uid/gid's files as root's. Every other id is unmapped: nobody inside,
- * refused on writes. Into *out. */
-static int
-owner_userns (long uid, long gid, unsigned long root_id, int *out, err_t *err)
-{
-  cleanup_pipe int p[2] = {-1, -1};
-  if (pipe2 (p, O_CLOEXEC) < 0)
-    return err_make_sys (err, errno, "pipe");
-  pid_t pid = fork ();
-  if (pid < 0)
-    return err_make_sys (err, errno, "fork");
-  if (pid == 0)
-    {
-      /* Its pid as /proc (the host's) names it: this may run in a pid
-       * namespace of its own (the holder's), where fork's answer is not. */
-      char self[32] = "";
-      int host_pid
-          = unshare (CLONE_NEWUSER) == 0 && readlink ("/proc/self", self, sizeof self - 1) > 0 ? atoi (self) : -1;
-      close (p[0]);
-      (void) !write (p[1], &host_pid, sizeof host_pid);
-      (void) !read (p[1], self, 1); /* EOF once the parent is done */
-      _exit (0);
-    }
-  char path[64], map[96];
-  int rc = 0, host_pid = -1;
-  close (take_fd (&p[1]));
-  if (TEMP_FAILURE_RETRY (read (p[0], &host_pid, sizeof host_pid)) != (ssize_t) sizeof host_pid || host_pid <= 0)
-    rc = err_make (err, EPERM, "make a user namespace for a volume's owner");
-  const char *files[] = {"uid_map", "gid_map"};
-  for (int i = 0; i < 2 && rc == 0; i++)
-    {
-      snprintf (path, sizeof path, "/proc/%d/%s", host_pid, files[i]);
-      int len = snprintf (map, sizeof map, "%ld %lu 1\n", i == 0 ? uid : gid, root_id);
-      cleanup_close int fd = open (path, O_WRONLY | O_CLOEXEC);
-      if (fd < 0 || write (fd, map, (size_t) len) != len)
-        rc = err_make_sys (err, errno, "write %s `%s`", files[i], map);
-    }
-  snprintf (path, sizeof path, "/proc/%d/ns/user", host_pid);
-  if (rc == 0 && (*out = open (path, O_RDONLY | O_CLOEXEC)) < 0)
-    rc = err_make_sys (err, errno, "open `%s`", path);
-  kill (pid, SIGKILL);
-  while (waitpid (pid, NULL, 0) < 0 && errno == EINTR)
-    ;
-  return rc;
-}
-
-int
-helper_volume_clone (const helper_volume_t *v, int fd, unsigned long root_id, int *out, err_t *err)
-{
-  struct stat st;
-  if (fstat (fd, &st) < 0)
-    return err_make_sys (err, errno, "volume `%s`: the gateway's descriptor", v->host);
-  if (!S_ISDIR (st.st_mode) && !S_ISREG (st.st_mode))
-    return err_make (err, ENOTDIR, "volume `%s` is no longer a directory or a file", v->host);
-  cleanup_close int tree = open_tree (fd, "", AT_EMPTY_PATH | OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
-  if (tree < 0)
-    return err_make_sys (err, errno, "volume `%s`: clone its tree", v->host);
-  cleanup_close int map = -1;
-  if (v->uid >= 0 && owner_userns (v->uid, v->gid, root_id, &map, err) < 0)
-    return err_wrap (err, "volume `%s`", v->host);
-  struct mount_attr attr = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (v->ro ? MOUNT_ATTR_RDONLY : 0)};
-  if (map >= 0)
-    {
-      attr.attr_set |= MOUNT_ATTR_IDMAP;
-      attr.userns_fd = (uint64_t) map;
-    }
-  if (mount_setattr (tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0)
-    return err_make_sys (err, errno, "volume `%s`: set nosuid, nodev%s%s", v->host, v->ro ? ", read-only" : "",
-                         map >= 0 ? ", idmapped to its owner" : "");
-  *out = take_fd (&tree);
   return 0;
 }
 
@@ -402,7 +315,8 @@ attach_volumes (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
       else
         {
           char parent[PATH_MAX];
-          snprintf (parent, sizeof parent, "%s", dst);
+          if (sbx_path_fmt (parent, sizeof parent, err, "%s", dst) < 0)
+            return -1;
           char *name = strrchr (parent, '/');
           *name++ = '\0';
           cleanup_close int pdir = -1;
@@ -429,7 +343,8 @@ mask_paths (const helper_opts_t *o, const char *root, const host_refs_t *refs, e
   for (size_t i = 0; i < o->n_masks; i++)
     {
       char path[PATH_MAX * 2];
-      snprintf (path, sizeof path, "%s%s", root, o->masks[i]);
+      if (sbx_path_fmt (path, sizeof path, err, "%s%s", root, o->masks[i]) < 0)
+        return -1;
       struct stat st;
       if (lstat (path, &st) < 0)
         continue; /* not in the image */
@@ -464,7 +379,8 @@ static int
 clone_disk_dir (const char *name, unsigned long attr_set, int *out, err_t *err)
 {
   char path[PATH_MAX];
-  snprintf (path, sizeof path, BASE_DISK "/%s", name);
+  if (sbx_path_fmt (path, sizeof path, err, BASE_DISK "/%s", name) < 0)
+    return -1;
   *out = open_tree (AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
   struct mount_attr attr = {.attr_set = attr_set};
   if (*out < 0 || mount_setattr (*out, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0)
@@ -484,13 +400,51 @@ capture_own (host_refs_t *refs, err_t *err)
                          &refs->empty, err);
 }
 
+/* An image's layers (o->layers), each a read-only detached clone whose
+ * owner range shows as the sandbox's own ids 0..65535. */
+static int
+capture_layers (const helper_opts_t *o, host_refs_t *refs, err_t *err)
+{
+  if (o->uid_range == 0)
+    return err_make (err, EINVAL, "an image needs sandboxes in user namespaces (SANDBOX_USERNS=true)");
+  cleanup_close int map = -1;
+  if (helper_owner_userns ((long) o->layer_uid, (long) o->layer_uid, o->uid_base, HELPER_LAYER_IDS, &map, err) < 0)
+    return err_wrap (err, "the image's layers");
+  cleanup_free char *list = strdup (o->layers);
+  if (list == NULL)
+    return err_make (err, ENOMEM, "out of memory");
+  char *save = NULL;
+  for (char *dir = strtok_r (list, ":", &save); dir != NULL; dir = strtok_r (NULL, ":", &save))
+    {
+      if (refs->n_layers >= HELPER_MAX_LAYERS)
+        return err_make (err, E2BIG, "an image of more than %d layers", HELPER_MAX_LAYERS);
+      cleanup_close int fd = open_tree (AT_FDCWD, dir, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+      if (fd < 0)
+        return err_make_sys (err, errno, "clone the layer `%s`", dir);
+      struct mount_attr attr
+          = {.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+             .userns_fd = (uint64_t) map};
+      if (mount_setattr (fd, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0)
+        return err_make_sys (err, errno, "idmap the layer `%s`", dir);
+      refs->layers[refs->n_layers++] = take_fd (&fd);
+    }
+  if (refs->n_layers == 0)
+    return err_make (err, EINVAL, "an image without layers");
+  return 0;
+}
+
 /* On the host: what the sandbox's root needs from it, as detached mounts
  * (the base's copy has none of the host's tree). The image is cloned
  * alone, not its sub-mounts: an overlay's layer never showed them. */
 static int
 capture_host (const helper_opts_t *o, host_refs_t *refs, err_t *err)
 {
-  if (o->uid_range > 0)
+  if (o->layers != NULL)
+    {
+      if (capture_layers (o, refs, err) < 0)
+        return -1;
+    }
+  else if (o->uid_range > 0)
     {
       if (helper_idmapped_clone (o->lower, false, 0, &refs->lower, err) < 0)
         return -1;
@@ -534,6 +488,35 @@ enter_root (const char *root, err_t *err)
   return 0;
 }
 
+/* The overlay of an image's layers: each attached at layers/N of the disk
+ * (its root, beside upper and work, never seen inside), gone from there
+ * with the disk's mount point once the overlay holds them. */
+static int
+mount_layers (const host_refs_t *refs, err_t *err)
+{
+  if (chdir (BASE_DISK) < 0)
+    return err_make_sys (err, errno, "enter the disk");
+  if (mkdir ("layers", 0700) < 0)
+    return err_make_sys (err, errno, "mkdir `layers` on the disk");
+  char opts[4096] = "lowerdir=";
+  size_t len = strlen (opts);
+  for (size_t i = 0; i < refs->n_layers; i++)
+    {
+      char name[32];
+      snprintf (name, sizeof name, "layers/%zu", i);
+      if (mkdir (name, 0700) < 0 || move_mount (refs->layers[i], "", AT_FDCWD, name, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+        return err_make_sys (err, errno, "attach the image's layer %zu", i);
+      len += (size_t) snprintf (opts + len, sizeof opts - len, "%s%s", i > 0 ? ":" : "", name);
+    }
+  len += (size_t) snprintf (opts + len, sizeof opts - len,
+                            ",upperdir=upper,workdir=work,userxattr,redirect_dir=nofollow,metacopy=off,index=off");
+  if (len >= sizeof opts)
+    return err_make (err, E2BIG, "the image's overlay options are too long");
+  if (mount ("overlay", BASE_ROOT, "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
+    return err_make_sys (err, errno, "mount the overlay of the image's %zu layers", refs->n_layers);
+  return 0;
+}
+
 /* Mounts the overlay of the image under the sandbox's upper layer at
  * BASE_ROOT, with the disk and the image attached at BASE_DISK and
  * BASE_LOWER of the base's copy. */
@@ -542,6 +525,8 @@ mount_overlay (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
 {
   if (move_mount (helper_disk_fd, "", AT_FDCWD, BASE_DISK, MOVE_MOUNT_F_EMPTY_PATH) < 0)
     return err_make_sys (err, errno, "attach the disk");
+  if (refs->n_layers > 0)
+    return mount_layers (refs, err);
   if (move_mount (refs->lower, "", AT_FDCWD, BASE_LOWER, MOVE_MOUNT_F_EMPTY_PATH) < 0)
     return err_make_sys (err, errno, "attach the image");
   /* Upper and work are named relative to the disk. Device files of the
@@ -550,9 +535,7 @@ mount_overlay (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
    * is real data in the upper layer, never an overlay redirect or
    * metadata-only copy that a snapshot (which carries no trusted.overlay.*
    * xattrs) would lose. */
-  const char *opts = o->uid_range > 0 ? HELPER_USERNS_OVERLAY_OPTS (BASE_LOWER)
-                                      : "lowerdir=" BASE_LOWER
-                                        ",upperdir=upper,workdir=work,redirect_dir=off,metacopy=off,index=off";
+  const char *opts = o->uid_range > 0 ? HELPER_USERNS_OVERLAY_OPTS (BASE_LOWER) : HELPER_OVERLAY_OPTS (BASE_LOWER);
   if (chdir (BASE_DISK) < 0)
     return err_make_sys (err, errno, "enter the disk");
   if (mount ("overlay", BASE_ROOT, "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
@@ -564,9 +547,11 @@ mount_overlay (const helper_opts_t *o, const host_refs_t *refs, err_t *err)
  * go, so that nothing of the disk but the overlay (and /dev, /dev/shm,
  * bound later) is left in the sandbox's mount namespace. */
 static int
-detach_layers (err_t *err)
+detach_layers (const host_refs_t *refs, err_t *err)
 {
-  if (umount2 (BASE_LOWER, MNT_DETACH) < 0 || umount2 (BASE_DISK, MNT_DETACH) < 0)
+  /* The image's layers are mounted below the disk's mount point: they go
+   * with it. */
+  if ((refs->n_layers == 0 && umount2 (BASE_LOWER, MNT_DETACH) < 0) || umount2 (BASE_DISK, MNT_DETACH) < 0)
     return err_make_sys (err, errno, "detach the layers' mount points");
   return 0;
 }
@@ -619,11 +604,12 @@ helper_holder_setup (const helper_opts_t *o, const sbx_cg_layout_t *cg, err_t *e
     return err_make_sys (err, errno, "unshare namespaces");
   if (mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     return err_make_sys (err, errno, "make mounts private");
-  if (mount_overlay (o, &refs, err) < 0 || capture_own (&refs, err) < 0 || detach_layers (err) < 0)
+  if (mount_overlay (o, &refs, err) < 0 || capture_own (&refs, err) < 0 || detach_layers (&refs, err) < 0)
     return -1;
   /* The overlay holds the image now: this process's own reference to the
    * host's tree goes before anything is resolved in the sandbox's view. */
-  close (refs.lower);
+  if (refs.lower > 0)
+    close (refs.lower);
   refs.lower = -1;
   if (enter_root (BASE_ROOT, err) < 0 || populate_root (o, &refs, err) < 0)
     return -1;

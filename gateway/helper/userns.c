@@ -40,7 +40,9 @@ write_map (pid_t pid, const char *file, const helper_opts_t *o, err_t *err)
 {
   char path[64], map[64];
   snprintf (path, sizeof path, "/proc/%d/%s", (int) pid, file);
-  int len = snprintf (map, sizeof map, "0 %lu %lu\n", o->uid_base, o->uid_range);
+  int len = helper_id_map_line (map, sizeof map, 0, o->uid_base, o->uid_range);
+  if (len < 0)
+    return err_make (err, ENAMETOOLONG, "the %s line does not fit %zu bytes", file, sizeof map);
   cleanup_close int fd = open (path, O_WRONLY | O_CLOEXEC);
   if (fd < 0 || write (fd, map, (size_t) len) != len)
     return err_make_sys (err, errno, "write %s `%s`", file, map);
@@ -210,16 +212,15 @@ probe_steps (const helper_opts_t *o, err_t *err)
 int
 helper_probe (const helper_opts_t *o)
 {
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   int rc = probe_steps (o, &err);
   if (chdir ("/") == 0 && umount2 (o->state, MNT_DETACH) == 0)
     rmdir (o->state);
   if (rc < 0)
     {
       helper_report_err (helper_report_fd, &err);
-      err_release (&err);
       return 1;
     }
-  helper_report (helper_report_fd, SBX_REPORT_READY, 0, 0, 0, NULL);
+  sbx_report_ready (helper_report_fd, 0, -1);
   return 0;
 }

@@ -21,6 +21,7 @@
 
 #include "common/cleanup.h"
 #include "gateway/helper/files.h"
+#include "gateway/runtime/path.h"
 
 #define WATCH_MASK                                                                                                   \
   (IN_CREATE | IN_CLOSE_WRITE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF              \
@@ -113,7 +114,16 @@ add_tree (const char *root, bool announce)
           if (strcmp (e->d_name, ".") == 0 || strcmp (e->d_name, "..") == 0)
             continue;
           char path[SBX_FILE_PATH_MAX + NAME_MAX + 2];
-          snprintf (path, sizeof path, "%s/%s", strcmp (queue[head], "/") == 0 ? "" : queue[head], e->d_name);
+          if (sbx_path_fmt (path, sizeof path, NULL, "%s/%s", strcmp (queue[head], "/") == 0 ? "" : queue[head],
+                            e->d_name)
+              < 0)
+            {
+              /* A path too long to name: not watched, and the caller told
+               * that what changes there goes unseen. */
+              if (send_event (SBX_EVENT_OVERFLOW, true, queue[head], NULL) < 0)
+                rc = -1;
+              continue;
+            }
           bool dir = e->d_type == DT_DIR;
           if (announce && send_event (SBX_EVENT_CREATED, dir, path, NULL) < 0)
             rc = -1;
@@ -205,10 +215,11 @@ translate (const struct inotify_event *ev, const struct inotify_event *next, boo
   if (w == NULL)
     return 0;
   char path[SBX_FILE_PATH_MAX + NAME_MAX + 2];
-  if (ev->len > 0)
-    snprintf (path, sizeof path, "%s/%s", strcmp (w->path, "/") == 0 ? "" : w->path, ev->name);
-  else
-    snprintf (path, sizeof path, "%s", w->path);
+  int plen = ev->len > 0 ? sbx_path_fmt (path, sizeof path, NULL, "%s/%s", strcmp (w->path, "/") == 0 ? "" : w->path,
+                                         ev->name)
+                         : sbx_path_fmt (path, sizeof path, NULL, "%s", w->path);
+  if (plen < 0 && !(ev->mask & IN_IGNORED))
+    return send_event (SBX_EVENT_OVERFLOW, true, w->path, NULL); /* a name too long to report */
   bool dir = (ev->mask & IN_ISDIR) != 0;
   if (ev->mask & IN_IGNORED)
     {
@@ -240,7 +251,8 @@ translate (const struct inotify_event *ev, const struct inotify_event *next, boo
         }
       *paired = true;
       char to[sizeof path];
-      snprintf (to, sizeof to, "%s/%s", strcmp (nw->path, "/") == 0 ? "" : nw->path, next->name);
+      if (sbx_path_fmt (to, sizeof to, NULL, "%s/%s", strcmp (nw->path, "/") == 0 ? "" : nw->path, next->name) < 0)
+        return send_event (SBX_EVENT_OVERFLOW, true, nw->path, NULL);
       if (dir)
         move_tree (path, to);
       return send_event (SBX_EVENT_RENAMED, dir, to, path);

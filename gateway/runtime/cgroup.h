@@ -44,6 +44,22 @@ typedef struct sbx_cg_layout_s
   int cpu;     /* index of the cpu hierarchy, -1 none */
 } sbx_cg_layout_t;
 
+/* The longest name below a root the module puts in a path (a sandbox id,
+ * a sub-group, a file), and so the longest path it builds; a path that
+ * does not fit fails (ENAMETOOLONG), never cut. */
+#define SBX_CG_NAME_MAX 64
+#define SBX_CG_PATH_MAX (sizeof (((sbx_cg_layout_t *) 0)->roots[0]) + 3 * (SBX_CG_NAME_MAX + 1))
+/* A path below a group found in a walk (any name the kernel allows). */
+#define SBX_CG_TREE_PATH_MAX 4096
+
+/* Path builders. root[/id][/sub][/file] (NULL parts left out) into out
+ * (cap bytes): its length, or -1 with *err (ENAMETOOLONG; err may be NULL)
+ * and out "" when it does not fit. */
+int sbx_cg_path (char *out, size_t cap, const char *root, const char *id, const char *sub, const char *file,
+                 err_t *err);
+/* Spare memory group n's directory (see below), as sbx_cg_path. */
+int sbx_cg_spare_path (const sbx_cg_layout_t *l, unsigned n, char *path, size_t cap, err_t *err);
+
 /* Limits of one sandbox. 0 means unlimited. */
 typedef struct sbx_cg_limits_s
 {

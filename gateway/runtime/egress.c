@@ -35,6 +35,7 @@
 #include "common/cleanup.h"
 #include "common/log.h"
 #include "gateway/runtime/internal.h"
+#include "gateway/runtime/path.h"
 
 /* Most host addresses and nameservers a program checks. */
 #define EGRESS_MAX_RULES 256
@@ -180,7 +181,8 @@ find_unified (char *out, size_t cap)
       char mnt[1024];
       if (sep != NULL && strncmp (sep, " - cgroup2 ", 11) == 0 && sscanf (line, "%*s %*s %*s %*s %1023s", mnt) == 1)
         {
-          snprintf (out, cap, "%s", mnt);
+          if (sbx_path_fmt (out, cap, NULL, "%s", mnt) < 0)
+            log_msg (SEV_WARNING, "egress: the cgroup2 mount `%s` is too long a path: not used", mnt);
           break;
         }
     }
@@ -200,8 +202,8 @@ remove_leftovers (const char *root)
   while ((e = readdir (d)) != NULL)
     if (e->d_type == DT_DIR && e->d_name[0] != '.')
       {
-        snprintf (path, sizeof path, "%s/%s", root, e->d_name);
-        rmdir (path);
+        if (sbx_path_fmt (path, sizeof path, NULL, "%s/%s", root, e->d_name) >= 0)
+          rmdir (path);
       }
   closedir (d);
 }
@@ -294,13 +296,12 @@ sbx_egress_init (sbx_runtime_t *rt, err_t *err)
 }
 
 /* The filtered group of sandbox `id`'s slirp4netns. */
-static void
-group_of (const sbx_runtime_t *rt, const char *id, char *out, size_t cap)
+static int
+group_of (const sbx_runtime_t *rt, const char *id, char *out, size_t cap, err_t *err)
 {
   if (rt->cg.v2)
-    snprintf (out, cap, "%s/%s/egress", rt->cg.roots[0], id);
-  else
-    snprintf (out, cap, "%s/%s", rt->egress_root, id);
+    return sbx_path_fmt (out, cap, err, "%s/%s/egress", rt->cg.roots[0], id);
+  return sbx_path_fmt (out, cap, err, "%s/%s", rt->egress_root, id);
 }
 
 int
@@ -309,7 +310,8 @@ sbx_egress_confine (sbx_runtime_t *rt, const char *id, pid_t pid, err_t *err)
   if (!rt->egress_filtered)
     return 0;
   char dir[PATH_MAX * 2], procs[PATH_MAX * 2 + 16], val[24];
-  group_of (rt, id, dir, sizeof dir);
+  if (group_of (rt, id, dir, sizeof dir, err) < 0)
+    return -1;
   if (mkdir (dir, 0755) < 0 && errno != EEXIST)
     return err_make_sys (err, errno, "create `%s`", dir);
   cleanup_close int fd = open (dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -329,7 +331,8 @@ sbx_egress_confine (sbx_runtime_t *rt, const char *id, pid_t pid, err_t *err)
     }
   /* Only then does slirp4netns move in: it has made no connection yet (the
    * sandbox cannot send before its launch is answered). */
-  snprintf (procs, sizeof procs, "%s/cgroup.procs", dir);
+  if (sbx_path_fmt (procs, sizeof procs, err, "%s/cgroup.procs", dir) < 0)
+    return -1;
   int len = snprintf (val, sizeof val, "%d", (int) pid);
   cleanup_close int pfd = open (procs, O_WRONLY | O_CLOEXEC);
   if (pfd < 0 || write (pfd, val, (size_t) len) != len)
@@ -343,8 +346,10 @@ sbx_egress_release (sbx_runtime_t *rt, const char *id)
   if (!rt->egress_filtered || rt->cg.v2)
     return; /* on v2 the group goes with the sandbox's own */
   char dir[PATH_MAX * 2];
-  group_of (rt, id, dir, sizeof dir);
-  if (rmdir (dir) < 0 && errno != ENOENT)
+  cleanup_err err_t perr = ERR_INIT;
+  if (group_of (rt, id, dir, sizeof dir, &perr) < 0)
+    err_warn_release (&perr, "egress");
+  else if (rmdir (dir) < 0 && errno != ENOENT)
     log_msg (SEV_WARNING, "egress: remove `%s`: %s", dir, strerror (errno));
 }
 

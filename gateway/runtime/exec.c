@@ -1,10 +1,13 @@
 /* runtime/exec: running a command in a sandbox. The gateway hands the
  * sandbox's pid 1 (the holder) one request over a connection to its control
  * socket (<state>/ctl) with the command's pipes, a report socket and its
- * exec cgroup attached; the holder forks the command inside the sandbox. This file pumps the pipes to the
- * caller's sink, feeds stdin, enforces the timeout and cancellation (killing
- * everything the command started, through its cgroup) and reads the exit
- * report. One thread per exec; no shared state beyond the registry. */
+ * exec cgroup attached; the holder forks the command inside the sandbox.
+ * This file pumps the pipes to the caller's sink, feeds stdin, enforces the
+ * timeout and cancellation (killing everything the command started, through
+ * its cgroup) and reads the exit report; exec_end.c says how it ended and
+ * removes its group. The steps read in order: sbx_exec_run (start, pump,
+ * describe), the caller answers, sbx_exec_finish (clean up). One thread per
+ * exec; no shared state beyond the registry. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -24,10 +27,9 @@
 
 #include "common/cleanup.h"
 #include "common/log.h"
+#include "gateway/runtime/exec_run.h"
 #include "gateway/runtime/internal.h"
 
-/* How long a call waits for the sandbox's pid 1 to take its request. */
-#define SBX_HOLDER_CONNECT_MS 15000
 /* Longest wait between looks at cancellation. */
 #define EXEC_POLL_MS 100
 /* After the exit report: how long output may still arrive, how long more
@@ -40,238 +42,9 @@
 /* Pipe buffers: fewer wake-ups for a chatty command. */
 #define EXEC_STDOUT_PIPE (1024 * 1024)
 #define EXEC_STDERR_PIPE (256 * 1024)
-/* An exec's first output buffer, its own whatever other execs hold: its
- * reads are never smaller. While its client keeps up, later buffers double
- * up to SBX_EXEC_CHUNK, charged to the gateway's total (see bufs_get). */
-#define EXEC_BUF_FIRST (16 * 1024)
 /* How long the pipes wait when no buffer is free (the first one still
  * held by gRPC for a moment after its send, the total reached). */
 #define EXEC_BUF_RETRY_MS 10
-
-static const char *const default_env[] = {
-    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "HOME=/root",
-    "LANG=C.UTF-8",
-    "TERM=dumb",
-};
-#define TERM_ON_A_PTY "TERM=xterm-256color"
-
-/* Builds the command's environment: defaults overridden by the request. */
-static char **
-build_env (char *const *extra, bool pty)
-{
-  size_t n_extra = 0;
-  while (extra != NULL && extra[n_extra] != NULL)
-    n_extra++;
-  size_t n_def = sizeof default_env / sizeof default_env[0];
-  char **env = calloc (n_def + n_extra + 1, sizeof *env);
-  if (env == NULL)
-    return NULL;
-  size_t k = 0;
-  for (size_t i = 0; i < n_def; i++)
-    {
-      size_t klen = strcspn (default_env[i], "=") + 1;
-      bool overridden = false;
-      for (size_t j = 0; j < n_extra && !overridden; j++)
-        overridden = strncmp (extra[j], default_env[i], klen) == 0;
-      if (!overridden)
-        env[k++]
-            = pty && strncmp (default_env[i], "TERM=", 5) == 0 ? (char *) TERM_ON_A_PTY : (char *) default_env[i];
-    }
-  for (size_t j = 0; j < n_extra; j++)
-    env[k++] = extra[j];
-  env[k] = NULL;
-  return env;
-}
-
-/* An output buffer, lent to a sink (sbx_exec_hold): its reader holds one
- * reference to each of its own, a sink one per message in flight. */
-struct sbx_outbuf_s
-{
-  atomic_int refs;
-  size_t cap;     /* bytes in data */
-  size_t charged; /* of those, counted in exec_charged (given back when freed) */
-  uint8_t data[];
-};
-
-/* Bytes of exec output buffers beyond each exec's first one, in the whole
- * gateway: held to sbx_config_t.exec_buffer_total_bytes. A buffer may
- * outlive its exec and the runtime (gRPC drops its last reference), so the
- * count is the process's, not a runtime's. */
-static atomic_size_t exec_charged;
-
-static sbx_outbuf_t *
-outbuf_of (const uint8_t *data)
-{
-  return (sbx_outbuf_t *) (void *) ((uint8_t *) data - offsetof (sbx_outbuf_t, data));
-}
-
-void
-sbx_exec_hold (const uint8_t *data)
-{
-  atomic_fetch_add (&outbuf_of (data)->refs, 1);
-}
-
-void
-sbx_exec_release (const uint8_t *data)
-{
-  sbx_outbuf_t *b = outbuf_of (data);
-  if (atomic_fetch_sub (&b->refs, 1) == 1)
-    {
-      if (b->charged > 0)
-        atomic_fetch_sub (&exec_charged, b->charged);
-      free (b);
-    }
-}
-
-size_t
-sbx_exec_buffered_bytes (void)
-{
-  return atomic_load (&exec_charged);
-}
-
-/* A new buffer of `size` bytes, `charge` of them counted against `limit`
- * in exec_charged: NULL when they would pass it, or out of memory. */
-static sbx_outbuf_t *
-outbuf_new (size_t size, size_t charge, size_t limit)
-{
-  if (charge > 0)
-    {
-      size_t held = atomic_load (&exec_charged);
-      do
-        if (charge > limit || held > limit - charge)
-          return NULL;
-      while (!atomic_compare_exchange_weak (&exec_charged, &held, held + charge));
-    }
-  sbx_outbuf_t *b = malloc (sizeof *b + size);
-  if (b == NULL)
-    {
-      atomic_fetch_sub (&exec_charged, charge);
-      return NULL;
-    }
-  atomic_init (&b->refs, 1);
-  b->cap = size;
-  b->charged = charge;
-  return b;
-}
-
-uint8_t *
-sbx_outbufs_get (sbx_outbufs_t *p, size_t size)
-{
-  for (size_t i = 0; i < SBX_OUTBUFS; i++)
-    if (p->b[i] != NULL && atomic_load (&p->b[i]->refs) == 1)
-      return p->b[i]->data;
-  size_t slot = 0;
-  while (slot < SBX_OUTBUFS - 1 && p->b[slot] != NULL)
-    slot++;
-  sbx_outbuf_t *b = outbuf_new (size, 0, 0);
-  if (b == NULL)
-    return NULL;
-  if (p->b[slot] != NULL)
-    sbx_exec_release (p->b[slot]->data);
-  p->b[slot] = b;
-  return b->data;
-}
-
-void
-sbx_outbufs_free (sbx_outbufs_t *p)
-{
-  for (size_t i = 0; i < SBX_OUTBUFS; i++)
-    if (p->b[i] != NULL)
-      {
-        sbx_exec_release (p->b[i]->data);
-        p->b[i] = NULL;
-      }
-}
-
-typedef struct pump_s
-{
-  int fd;
-  int stream;
-  size_t owed; /* bytes in the pipe at the exit report: delivered whatever the drain's bound */
-} pump_t;
-
-/* One exec in flight. */
-typedef struct exec_run_s
-{
-  sbx_runtime_t *rt;
-  sbx_t *s;
-  const sbx_exec_req_t *req;
-  const sbx_exec_sink_t *sink;
-  sbx_exec_result_t *res;
-  char group[32];
-  pump_t pumps[2]; /* stdout, stderr; fd -1 once closed */
-  int stdin_fd;    /* -1 once all of stdin is written */
-  int stream_fd;   /* stdin_stream: the write end to hand over at STARTED */
-  size_t stdin_off;
-  int report_fd;
-  int64_t started, deadline, exited_at, drain_until, killed_at;
-  int64_t cancel_checked; /* when the sink was last asked whether the caller went away */
-  bool exited, killed, consumer_gone;
-  bool started_seen; /* the STARTED report came (or never will) */
-  bool sink_busy;    /* an asynchronous sink (sink->ready) has not taken the last output yet */
-  char start_error[sizeof ((sbx_report_t *) 0)->text];
-  /* Output is read into these: `first` (EXEC_BUF_FIRST bytes), or while
-   * the client keeps up one of `grown` (`want` bytes each, charged). */
-  sbx_outbuf_t *first;
-  sbx_outbuf_t *grown[SBX_OUTBUFS];
-  size_t want;
-  bool buf_wait;         /* no buffer was free: the pipes wait EXEC_BUF_RETRY_MS */
-  sbx_cg_counters_t ctr; /* the limit-event counters, opened while the command starts */
-} exec_run_t;
-
-/* Gives back the grown buffers no sink holds, and starts small again: the
- * client stalled, or the command is quiet. What a stalled exec holds is
- * then the one message in flight. */
-static void
-bufs_trim (exec_run_t *x)
-{
-  for (size_t i = 0; i < SBX_OUTBUFS; i++)
-    if (x->grown[i] != NULL && atomic_load (&x->grown[i]->refs) == 1)
-      {
-        sbx_exec_release (x->grown[i]->data);
-        x->grown[i] = NULL;
-      }
-  x->want = EXEC_BUF_FIRST;
-}
-
-/* A buffer no sink holds, to read output into: one of `want` bytes when
- * one is free or the gateway's total has room for a new one, else the
- * first (reads go on, smaller); NULL when none is free. */
-static sbx_outbuf_t *
-bufs_get (exec_run_t *x)
-{
-  if (x->want > EXEC_BUF_FIRST)
-    {
-      size_t empty = SBX_OUTBUFS;
-      for (size_t i = 0; i < SBX_OUTBUFS; i++)
-        {
-          sbx_outbuf_t *b = x->grown[i];
-          if (b != NULL && atomic_load (&b->refs) == 1 && b->cap == x->want)
-            return b;
-          if (b != NULL && atomic_load (&b->refs) == 1)
-            {
-              /* Free, and outgrown: its room goes back. */
-              sbx_exec_release (b->data);
-              x->grown[i] = b = NULL;
-            }
-          if (b == NULL && empty == SBX_OUTBUFS)
-            empty = i;
-        }
-      size_t total = (size_t) x->rt->cfg.exec_buffer_total_bytes;
-      sbx_outbuf_t *b = empty < SBX_OUTBUFS ? outbuf_new (x->want, x->want, total) : NULL;
-      if (b != NULL)
-        return x->grown[empty] = b;
-    }
-  if (x->first == NULL)
-    x->first = outbuf_new (EXEC_BUF_FIRST, 0, 0);
-  if (x->first != NULL && atomic_load (&x->first->refs) == 1)
-    return x->first;
-  for (size_t i = 0; i < SBX_OUTBUFS; i++)
-    if (x->grown[i] != NULL && atomic_load (&x->grown[i]->refs) == 1)
-      return x->grown[i];
-  return NULL;
-}
 
 static void
 exec_run_close (exec_run_t *x)
@@ -280,17 +53,7 @@ exec_run_close (exec_run_t *x)
   for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
     if (*fds[i] >= 0)
       close (take_fd (fds[i]));
-  for (size_t i = 0; i < SBX_OUTBUFS; i++)
-    if (x->grown[i] != NULL)
-      {
-        sbx_exec_release (x->grown[i]->data);
-        x->grown[i] = NULL;
-      }
-  if (x->first != NULL)
-    {
-      sbx_exec_release (x->first->data);
-      x->first = NULL;
-    }
+  sbx_exec_bufs_free (&x->bufs);
 }
 
 static int
@@ -312,49 +75,37 @@ check_request (const sbx_exec_req_t *req, err_t *err)
   return 0;
 }
 
-/* A connection to the sandbox's pid 1: its control socket <state>/ctl,
- * named through /proc/self/fd (the state path may be longer than a socket
- * address allows). */
-int
-sbx_connect_holder (const char *state, const char *id, err_t *err)
+/* The holder takes at most SBX_EXEC_MAX_ARGS arguments and
+ * SBX_EXEC_MAX_ENV environment entries: more is refused here, by name. */
+static int
+check_counts (const sbx_exec_req_t *req, char *const *env, err_t *err)
 {
-  cleanup_close int dir = open (state, O_PATH | O_DIRECTORY | O_CLOEXEC);
-  cleanup_close int fd = socket (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  snprintf (sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/" SBX_CTL_NAME, dir);
-  if (fd < 0)
-    return err_make_sys (err, errno, "exec: socket");
-  /* A request is one message, and a message must fit the sender's buffer
-   * (net.core.wmem_max, 208 KiB by default, is below SBX_EXEC_MAX): the
-   * gateway, root in its network namespace, sets its own past that cap. */
-  int sndbuf = SBX_EXEC_MAX + 64 * 1024;
-  setsockopt (fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndbuf, sizeof sndbuf);
-  /* The holder takes one request at a time, each in a bounded time (a
-   * command's start: START_DEADLINE_MS in helper/holder.c); a backlog of
-   * callers waits for it no longer than this, connect and send. */
-  struct timeval tv = {.tv_sec = SBX_HOLDER_CONNECT_MS / 1000, .tv_usec = (SBX_HOLDER_CONNECT_MS % 1000) * 1000};
-  setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  if (dir < 0 || connect (fd, (struct sockaddr *) &sa, sizeof sa) < 0)
-    {
-      if (dir >= 0 && (errno == EAGAIN || errno == EINPROGRESS))
-        return err_make (err, ETIMEDOUT, "sandbox `%s`: its pid 1 did not take the request within %d s", id,
-                         SBX_HOLDER_CONNECT_MS / 1000);
-      return err_make_sys (err, ESRCH, "sandbox `%s` is gone (its pid 1 does not answer)", id);
-    }
-  return take_fd (&fd);
+  size_t argc = 0, envc = 0;
+  while (req->argv[argc] != NULL)
+    argc++;
+  while (env[envc] != NULL)
+    envc++;
+  if (argc <= SBX_EXEC_MAX_ARGS && envc <= SBX_EXEC_MAX_ENV)
+    return 0;
+  log_msg (SEV_INFO, "exec in `%s`: %zu arguments and %zu environment entries, above SBX_EXEC_MAX_ARGS/ENV", req->id,
+           argc, envc);
+  return err_make (err, E2BIG, "a command may have at most %d arguments and %d environment entries",
+                   SBX_EXEC_MAX_ARGS, SBX_EXEC_MAX_ENV);
 }
 
-/* Sends the request to the holder with the command's descriptors, keeping
- * the gateway's ends in *x. */
+/* Sends the holder the request to start the command, with the command's
+ * descriptors, keeping the gateway's ends in *x. */
 static int
-start_command (exec_run_t *x, const char *state, err_t *err)
+send_exec_request (exec_run_t *x, const char *state, err_t *err)
 {
   const sbx_exec_req_t *req = x->req;
   const char *cwd = req->cwd != NULL && req->cwd[0] != '\0' ? req->cwd : "/root";
   bool pty = req->pty_rows > 0 && req->pty_cols > 0;
-  cleanup_free char **env = build_env (req->env, pty);
+  cleanup_free char **env = sbx_exec_build_env (req->env, pty);
   if (env == NULL)
     return err_make (err, ENOMEM, "exec: out of memory");
+  if (check_counts (req, env, err) < 0)
+    return -1;
   /* Sized to the request: the largest one allowed would be a mapping of
    * its own, made and unmade per exec. */
   size_t size = sbx_exec_size (cwd, req->argv, env);
@@ -380,7 +131,10 @@ start_command (exec_run_t *x, const char *state, err_t *err)
   x->started = sbx_mono_ms ();
   /* The holder forks the command inside the sandbox with these as its
    * stdin, stdout, stderr, report socket and cgroup. */
-  int pass[SBX_EXEC_FDS] = {in[0], out[1], errp[1], rep[1], procs_fd};
+  int pass[SBX_EXEC_FDS] = {
+      [SBX_EXEC_SLOT_STDIN] = in[0],   [SBX_EXEC_SLOT_STDOUT] = out[1],  [SBX_EXEC_SLOT_STDERR] = errp[1],
+      [SBX_EXEC_SLOT_REPORT] = rep[1], [SBX_EXEC_SLOT_PROCS] = procs_fd,
+  };
   cleanup_close int ctl = sbx_connect_holder (state, req->id, err);
   if (ctl < 0)
     return -1;
@@ -457,13 +211,14 @@ static void
 on_report (exec_run_t *x)
 {
   sbx_report_t r;
-  int got[2] = {-1, -1};
-  int g = sbx_read_report (x->report_fd, &r, 0, got, 2);
+  int got[SBX_REPORT_MAX_FDS] = {-1, -1};
+  int g = sbx_read_report (x->report_fd, &r, 0, got, SBX_REPORT_MAX_FDS);
   if (g == 1 && r.type == SBX_REPORT_STARTED)
     {
       x->started_seen = true;
-      int k = 0, pidfd = (r.b & 1) ? got[k++] : -1, master = (r.b & 2) ? got[k++] : -1;
-      sbx_exec_started_t st = {.pid = r.a, .pidfd = pidfd, .stdin_fd = x->stream_fd, .pty_fd = -1};
+      int pidfd, master;
+      sbx_report_started_fds (&r, got, &pidfd, &master);
+      sbx_exec_started_t st = {.pid = r.u.started.pid, .pidfd = pidfd, .stdin_fd = x->stream_fd, .pty_fd = -1};
       x->stream_fd = -1;
       if (master >= 0)
         {
@@ -490,7 +245,7 @@ on_report (exec_run_t *x)
         }
       return;
     }
-  for (size_t i = 0; i < 2; i++)
+  for (size_t i = 0; i < SBX_REPORT_MAX_FDS; i++)
     if (got[i] >= 0)
       close (got[i]);
   if (g == 1 && r.type == SBX_REPORT_ERROR)
@@ -500,8 +255,8 @@ on_report (exec_run_t *x)
     }
   else if (g == 1 && r.type == SBX_REPORT_EXIT)
     {
-      x->res->exit_code = r.a;
-      x->res->signal = r.b;
+      x->res->exit_code = r.u.exit.code;
+      x->res->signal = r.u.exit.signal;
       x->exited = true;
     }
   else if (g <= 0)
@@ -543,7 +298,7 @@ on_stdin (exec_run_t *x)
 static void
 on_output (exec_run_t *x, pump_t *p, bool *got)
 {
-  sbx_outbuf_t *b = bufs_get (x);
+  sbx_outbuf_t *b = sbx_exec_bufs_get (&x->bufs);
   if (b == NULL)
     {
       x->buf_wait = true; /* held a moment longer, or out of memory: the next round */
@@ -556,8 +311,8 @@ on_output (exec_run_t *x, pump_t *p, bool *got)
       p->owed = (size_t) n < p->owed ? p->owed - (size_t) n : 0;
       /* It filled the buffer: more is waiting, and the client took the
        * last message (no read happens before): the next buffer doubles. */
-      if ((size_t) n == b->cap && b->cap == x->want && x->want < SBX_EXEC_CHUNK)
-        x->want *= 2;
+      if ((size_t) n == b->cap && b->cap == x->bufs.want && x->bufs.want < SBX_EXEC_CHUNK)
+        x->bufs.want *= 2;
       if (x->sink->output (x->sink->ctx, p->stream, b->data, (size_t) n) < 0)
         x->consumer_gone = true;
       x->sink_busy = x->sink->ready != NULL;
@@ -586,7 +341,7 @@ pump_once (exec_run_t *x, int64_t now, err_t *err)
       if (r == 0)
         {
           wait = 0;
-          bufs_trim (x); /* the client is slow: hold only what is in flight */
+          sbx_exec_bufs_trim (&x->bufs); /* the client is slow: hold only what is in flight */
         }
     }
   /* A streamed run's caller hears of the start before any output; no
@@ -603,7 +358,7 @@ pump_once (exec_run_t *x, int64_t now, err_t *err)
   if (ready < 0)
     return err_make_sys (err, errno, "exec: poll");
   if (ready == 0 && !hold && wait >= EXEC_POLL_MS)
-    bufs_trim (x); /* a quiet round: nothing is kept for output that may not come */
+    sbx_exec_bufs_trim (&x->bufs); /* a quiet round: nothing is kept for output that may not come */
   bool got = false;
   for (int i = 0; i < 2; i++)
     if (p[i].revents != 0 && !(p[i].revents & POLLIN))
@@ -624,8 +379,8 @@ pump_once (exec_run_t *x, int64_t now, err_t *err)
   return 0;
 }
 
-static bool
-sandbox_deleting (exec_run_t *x)
+bool
+sbx_exec_sandbox_deleting (exec_run_t *x)
 {
   pthread_mutex_lock (&x->rt->mu);
   bool deleting = x->s->deleting;
@@ -645,7 +400,7 @@ pump_all (exec_run_t *x, err_t *err)
       bool owed = (x->pumps[0].fd >= 0 && x->pumps[0].owed > 0) || (x->pumps[1].fd >= 0 && x->pumps[1].owed > 0);
       /* What a slow consumer is owed waits for it, but not past the
        * sandbox's delete. */
-      if (owed && x->exited && x->sink_busy && sandbox_deleting (x))
+      if (owed && x->exited && x->sink_busy && sbx_exec_sandbox_deleting (x))
         owed = false;
       if (x->exited
           && (drained || (now >= x->drain_until && !owed) || x->consumer_gone || x->sink->cancelled (x->sink->ctx)))
@@ -659,213 +414,114 @@ pump_all (exec_run_t *x, err_t *err)
     }
 }
 
-/* Fills the result's message from how the command ended. */
-static void
-describe_end (exec_run_t *x, uint32_t timeout)
+/* Holds sandbox `req->id` for an exec (and, for a background one, keeps it
+ * from idling): *out, or -1 with *err (ENOENT unknown, ENOTCONN dead). */
+static int
+exec_acquire (sbx_runtime_t *rt, const sbx_exec_req_t *req, sbx_t **out, err_t *err)
 {
-  sbx_exec_result_t *res = x->res;
-  bool can_send = !x->consumer_gone && (!x->sink_busy || x->sink->ready (x->sink->ctx, 0) > 0);
-  if (x->start_error[0] != '\0' && can_send)
+  sbx_t *s = sbx_acquire (rt, req->id);
+  if (s == NULL)
+    return err_make (err, ENOENT, "sandbox `%s` not found", req->id);
+  pthread_mutex_lock (&rt->mu);
+  bool dead = s->dead;
+  if (!dead && req->background)
+    s->bg_refs++;
+  pthread_mutex_unlock (&rt->mu);
+  if (dead)
     {
-      /* In one of the exec's buffers: the sink may keep it. */
-      sbx_outbuf_t *b = bufs_get (x);
-      if (b != NULL)
-        {
-          int len = snprintf ((char *) b->data, b->cap, "sandbox: %s\n", x->start_error);
-          x->sink->output (x->sink->ctx, 2, b->data, (size_t) len < b->cap ? (size_t) len : b->cap - 1);
-        }
-      snprintf (res->message, sizeof res->message, "%.*s", (int) sizeof res->message - 1, x->start_error);
+      sbx_release (rt, s);
+      return err_make (err, ENOTCONN, "sandbox `%s` is dead (its pid 1 died): Delete it, or Connect to restore it",
+                       req->id);
     }
-  res->duration_ms = (uint64_t) (sbx_mono_ms () - x->started);
-  if (res->timed_out)
-    snprintf (res->message, sizeof res->message, "killed after the %u s timeout, with everything it started",
-              timeout);
-  else if (res->cancelled)
-    snprintf (res->message, sizeof res->message, "killed: the client went away");
-}
-
-/* Says when a limit of the sandbox hit the command. */
-static void
-describe_limits (sbx_runtime_t *rt, const sbx_cg_events_t *before, const sbx_cg_events_t *after,
-                 sbx_exec_result_t *res)
-{
-  if (after->oom_kills > before->oom_kills)
-    {
-      res->oom_killed = true;
-      snprintf (res->message, sizeof res->message, "the sandbox's memory limit (%ld MiB) killed a process",
-                rt->cfg.memory_mb);
-    }
-  if (after->pids_max_hits > before->pids_max_hits)
-    res->pids_limited = true;
-  if (res->pids_limited && !res->oom_killed && res->message[0] == '\0')
-    snprintf (res->message, sizeof res->message, "the sandbox's process limit (%ld) refused new processes",
-              rt->cfg.pids_max);
-}
-
-int
-sbx_exec_write (int fd, const uint8_t *data, size_t len, int wake, err_t *err)
-{
-  for (size_t off = 0; off < len;)
-    {
-      ssize_t w = write (fd, data + off, len - off);
-      if (w > 0)
-        off += (size_t) w;
-      else if (w < 0 && errno == EAGAIN)
-        {
-          struct pollfd p[2] = {{.fd = fd, .events = POLLOUT}, {.fd = wake, .events = POLLIN}};
-          if (poll (p, 2, -1) < 0 && errno != EINTR)
-            return err_make_sys (err, errno, "poll");
-          if (p[1].revents != 0)
-            return err_make (err, ECANCELED, "stopped");
-        }
-      else if (!(w < 0 && errno == EINTR))
-        return err_make (err, EPIPE, "the command's stdin is closed");
-    }
+  *out = s;
   return 0;
 }
 
-int
-sbx_exec_end_input_pty (int pty_fd, int wake, err_t *err)
+/* Cleans up after an exec, whether its command ran (`ran`) or not. */
+static void
+exec_end (exec_run_t *x, bool ran)
 {
-  struct termios t;
-  uint8_t eof = tcgetattr (pty_fd, &t) == 0 ? t.c_cc[VEOF] : 0x04;
-  return sbx_exec_write (pty_fd, &eof, 1, wake, err);
+  sbx_runtime_t *rt = x->rt;
+  exec_run_close (x);
+  sbx_exec_remove_group (x, ran);
+  if (x->req->background)
+    {
+      pthread_mutex_lock (&rt->mu);
+      x->s->bg_refs--;
+      pthread_mutex_unlock (&rt->mu);
+    }
+  sbx_release (rt, x->s);
+  free (x);
 }
 
 int
-sbx_exec_resize (int pty_fd, uint16_t rows, uint16_t cols, err_t *err)
+sbx_exec_run (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *sink, sbx_exec_result_t *res,
+              sbx_exec_t **out, err_t *err)
 {
-  struct winsize ws = {.ws_row = rows, .ws_col = cols};
-  if (ioctl (pty_fd, TIOCSWINSZ, &ws) < 0)
-    return err_make_sys (err, errno, "resize the terminal");
+  *out = NULL;
+  memset (res, 0, sizeof *res);
+  if (check_request (req, err) < 0)
+    return -1;
+  uint32_t timeout = req->timeout_seconds ? req->timeout_seconds : SBX_EXEC_DEFAULT_TIMEOUT;
+  sbx_t *s = NULL;
+  if (exec_acquire (rt, req, &s, err) < 0)
+    return -1;
+  exec_run_t *x = calloc (1, sizeof *x);
+  if (x == NULL)
+    {
+      pthread_mutex_lock (&rt->mu);
+      if (req->background)
+        s->bg_refs--;
+      pthread_mutex_unlock (&rt->mu);
+      sbx_release (rt, s);
+      return err_make (err, ENOMEM, "exec: out of memory");
+    }
+  *x = (exec_run_t){.rt = rt,
+                    .s = s,
+                    .req = req,
+                    .sink = sink,
+                    .res = res,
+                    .pumps = {{-1, 1}, {-1, 2}},
+                    .stdin_fd = -1,
+                    .stream_fd = -1,
+                    .report_fd = -1,
+                    .bufs = {.want = SBX_EXEC_BUF_FIRST, .total = (size_t) rt->cfg.exec_buffer_total_bytes},
+                    .ctr = {.fds = {{-1, -1}, {-1, -1}}}};
+  pthread_mutex_lock (&rt->mu);
+  snprintf (x->group, sizeof x->group, "exec-%u", ++s->exec_seq);
+  char state[sizeof s->state];
+  snprintf (state, sizeof state, "%s", s->state);
+  pthread_mutex_unlock (&rt->mu);
+  int rc = send_exec_request (x, state, err);
+  if (rc == 0)
+    {
+      x->deadline = req->no_timeout ? INT64_MAX : x->started + (int64_t) timeout * 1000;
+      rc = pump_all (x, err);
+    }
+  if (rc < 0)
+    {
+      exec_end (x, false);
+      return -1;
+    }
+  sbx_exec_describe (x, timeout);
+  *out = x;
   return 0;
 }
 
-#ifndef PIDFD_SIGNAL_PROCESS_GROUP
-#define PIDFD_SIGNAL_PROCESS_GROUP (1U << 2)
-#endif
-
-int
-sbx_exec_signal (int pidfd, int sig, err_t *err)
+void
+sbx_exec_finish (sbx_exec_t *x)
 {
-  if (sig <= 0 || sig >= NSIG)
-    return err_make (err, EINVAL, "%d is not a signal number", sig);
-  if (pidfd < 0)
-    return err_make (err, ESRCH, "the process cannot be signalled");
-  if (syscall (SYS_pidfd_send_signal, pidfd, sig, NULL, PIDFD_SIGNAL_PROCESS_GROUP) == 0)
-    return 0;
-  /* A kernel before 6.9 signals the process itself only. */
-  if (errno == EINVAL && syscall (SYS_pidfd_send_signal, pidfd, sig, NULL, 0) == 0)
-    return 0;
-  return err_make_sys (err, errno, "signal %d", sig);
+  if (x != NULL)
+    exec_end (x, true);
 }
 
 int
 sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *sink, sbx_exec_result_t *res,
           err_t *err)
 {
-  memset (res, 0, sizeof *res);
-  if (check_request (req, err) < 0)
+  sbx_exec_t *x = NULL;
+  if (sbx_exec_run (rt, req, sink, res, &x, err) < 0)
     return -1;
-  uint32_t timeout = req->timeout_seconds ? req->timeout_seconds : SBX_EXEC_DEFAULT_TIMEOUT;
-  sbx_t *s = sbx_acquire (rt, req->id);
-  if (s != NULL && req->background)
-    {
-      pthread_mutex_lock (&rt->mu);
-      s->bg_refs++;
-      pthread_mutex_unlock (&rt->mu);
-    }
-  if (s == NULL)
-    return err_make (err, ENOENT, "sandbox `%s` not found", req->id);
-  pthread_mutex_lock (&rt->mu);
-  bool dead = s->dead;
-  pthread_mutex_unlock (&rt->mu);
-  if (dead)
-    {
-      if (req->background)
-        {
-          pthread_mutex_lock (&rt->mu);
-          s->bg_refs--;
-          pthread_mutex_unlock (&rt->mu);
-        }
-      sbx_release (rt, s);
-      return err_make (err, ENOTCONN, "sandbox `%s` is dead (its pid 1 died): Delete it, or Connect to restore it",
-                       req->id);
-    }
-
-  exec_run_t x = {.rt = rt,
-                  .s = s,
-                  .req = req,
-                  .sink = sink,
-                  .res = res,
-                  .pumps = {{-1, 1}, {-1, 2}},
-                  .stdin_fd = -1,
-                  .stream_fd = -1,
-                  .report_fd = -1,
-                  .want = EXEC_BUF_FIRST,
-                  .ctr = {.fds = {{-1, -1}, {-1, -1}}}};
-  pthread_mutex_lock (&rt->mu);
-  snprintf (x.group, sizeof x.group, "exec-%u", ++s->exec_seq);
-  char state[sizeof s->state];
-  snprintf (state, sizeof state, "%s", s->state);
-  pthread_mutex_unlock (&rt->mu);
-  int rc = start_command (&x, state, err);
-  if (rc == 0)
-    {
-      x.deadline = req->no_timeout ? INT64_MAX : x.started + (int64_t) timeout * 1000;
-      rc = pump_all (&x, err);
-    }
-  if (rc == 0)
-    {
-      describe_end (&x, timeout);
-      /* The sandbox's limit events since the last exec's end: one read of
-       * the counters per exec instead of a read before and after. */
-      sbx_cg_events_t before, after;
-      sbx_cg_counters_read (&rt->cg, req->id, &x.ctr, false, &after);
-      pthread_mutex_lock (&rt->mu);
-      before = s->cg_seen;
-      s->cg_seen = after;
-      s->last_used_ms = sbx_mono_ms (); /* as sbx_release would, before the answer */
-      pthread_mutex_unlock (&rt->mu);
-      describe_limits (rt, &before, &after, res);
-      /* The answer goes out before the clean-up below. */
-      if (sink->ended != NULL)
-        sink->ended (sink->ctx, res);
-    }
-  exec_run_close (&x);
-  /* The exec's cgroup goes with it. What the command left running (a
-   * server started with `&`) lives on in the sandbox's background group,
-   * as it would after a shell's exit, and dies with the sandbox. */
-  err_t rerr = ERR_INIT;
-  sbx_cg_events_t gone = {0};
-  if (rc == 0) /* s->cg_seen then counts this group's events */
-    sbx_cg_counters_read (&rt->cg, req->id, &x.ctr, true, &gone);
-  sbx_cg_counters_close (&x.ctr);
-  /* A sandbox deleted meanwhile (its groups went with it) may already
-   * have a successor of the same id, whose groups are not this exec's. */
-  if (sandbox_deleting (&x))
-    ;
-  else if ((x.exited && sbx_cg_move_all (&rt->cg, req->id, x.group, SBX_CG_BACKGROUND, &rerr) < 0)
-           || sbx_cg_remove (&rt->cg, req->id, x.group, &rerr) < 0)
-    err_warn_release (&rerr, "exec in `%s`", req->id);
-  else
-    {
-      /* Where a kernel counts an event in the exec's own group (cgroup v1,
-       * and v2's local pids events), the sandbox's sum loses it with the
-       * group: so must what the next exec compares with, or its own events
-       * would go unseen. */
-      pthread_mutex_lock (&rt->mu);
-      s->cg_seen.pids_max_hits -= gone.pids_max_hits;
-      s->cg_seen.oom_kills -= gone.oom_kills;
-      pthread_mutex_unlock (&rt->mu);
-    }
-  err_release (&rerr);
-  if (req->background)
-    {
-      pthread_mutex_lock (&rt->mu);
-      s->bg_refs--;
-      pthread_mutex_unlock (&rt->mu);
-    }
-  sbx_release (rt, s);
-  return rc;
+  sbx_exec_finish (x);
+  return 0;
 }

@@ -103,7 +103,11 @@ send_request (sbx_file_t *f, const sbx_file_req_t *req, const char *state, err_t
   if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, stream) < 0
       || socketpair (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, rep) < 0)
     return err_make_sys (err, errno, "file operation: socketpair");
-  int pass[SBX_FILE_FDS] = {stream[1], rep[1], procs_fd};
+  int pass[SBX_FILE_FDS] = {
+      [SBX_FILE_SLOT_STREAM] = stream[1],
+      [SBX_FILE_SLOT_REPORT] = rep[1],
+      [SBX_FILE_SLOT_PROCS] = procs_fd,
+  };
   cleanup_close int ctl = sbx_connect_holder (state, f->id, err);
   if (ctl < 0)
     return -1;
@@ -358,10 +362,9 @@ sbx_file_close (sbx_file_t *f)
     }
   if (f->group[0] != '\0')
     {
-      err_t rerr = ERR_INIT;
+      cleanup_err err_t rerr = ERR_INIT;
       if (sbx_cg_remove (&rt->cg, f->id, f->group, &rerr) < 0)
         err_warn_release (&rerr, "file operation in `%s`", f->id);
-      err_release (&rerr);
     }
   if (f->sock >= 0)
     close (f->sock);

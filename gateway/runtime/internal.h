@@ -22,11 +22,13 @@
 #include <limits.h>
 #include <pthread.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 #include "gateway/runtime/cgroup.h"
+#include "gateway/runtime/exec_env.h"
 #include "gateway/runtime/runtime.h"
 #include "gateway/runtime/wire.h"
 
@@ -35,7 +37,20 @@
 #define SBX_OUTBUFS 4
 /* Spare memory groups kept made ahead of launches (launch.c). */
 #define SBX_SPARES 16
-typedef struct sbx_outbuf_s sbx_outbuf_t;
+/* An output buffer, lent to a sink (sbx_exec_hold): its reader holds one
+ * reference to each of its own, a sink one per message in flight
+ * (exec_buffers.c). */
+typedef struct sbx_outbuf_s
+{
+  atomic_int refs;
+  size_t cap;     /* bytes in data */
+  size_t charged; /* of those, counted against exec_buffer_total_bytes (given back when freed) */
+  uint8_t data[];
+} sbx_outbuf_t;
+/* A new buffer of `size` bytes, `charge` of them counted against `limit`
+ * in the gateway's total: NULL when they would pass it, or out of
+ * memory. */
+sbx_outbuf_t *sbx_outbuf_new (size_t size, size_t charge, size_t limit);
 typedef struct sbx_outbufs_s
 {
   sbx_outbuf_t *b[SBX_OUTBUFS];
@@ -45,6 +60,29 @@ typedef struct sbx_outbufs_s
  * the same size. */
 uint8_t *sbx_outbufs_get (sbx_outbufs_t *p, size_t size);
 void sbx_outbufs_free (sbx_outbufs_t *p);
+
+/* An exec's first output buffer, its own whatever other execs hold: its
+ * reads are never smaller. While its client keeps up, later buffers double
+ * up to SBX_EXEC_CHUNK, charged to the gateway's total. */
+#define SBX_EXEC_BUF_FIRST (16 * 1024)
+/* The buffers one exec reads its output into (exec_buffers.c): `first`, or
+ * while the client keeps up one of `grown` (`want` bytes each, charged
+ * against `total`, the gateway's exec_buffer_total_bytes). */
+typedef struct sbx_exec_bufs_s
+{
+  sbx_outbuf_t *first;
+  sbx_outbuf_t *grown[SBX_OUTBUFS];
+  size_t want; /* starts at SBX_EXEC_BUF_FIRST; the reader doubles it */
+  size_t total;
+} sbx_exec_bufs_t;
+/* A buffer no sink holds, to read output into: one of `want` bytes when
+ * one is free or the total has room for a new one, else the first (reads
+ * go on, smaller); NULL when none is free. */
+sbx_outbuf_t *sbx_exec_bufs_get (sbx_exec_bufs_t *b);
+/* Gives back the grown buffers no sink holds and starts small again. */
+void sbx_exec_bufs_trim (sbx_exec_bufs_t *b);
+/* Releases every buffer (a sink may still hold some: they go with it). */
+void sbx_exec_bufs_free (sbx_exec_bufs_t *b);
 
 /* A user of a sandbox's layer (sbx_with_layer), while it runs. */
 typedef struct sbx_layer_user_s
@@ -78,18 +116,21 @@ typedef struct sbx_s
   pid_t slirp;       /* slirp4netns, when egress is on */
   int slirp_exit_fd; /* closing it tells slirp4netns to exit */
   unsigned exec_seq;
-  sbx_cg_events_t cg_seen;       /* its limit events as the last exec saw them (rt->mu) */
-  long uid_slot;                 /* its range in the uid pool; -1: none (SANDBOX_USERNS off) */
-  sbx_layer_user_t *layer_users; /* under rt->mu */
-  pthread_mutex_t freeze_mu;     /* orders freezes and thaws (held across their I/O) */
-  int freezers;                  /* under freeze_mu: users holding the freeze */
-  int bg_refs;                   /* of refs: detached processes (do not keep it from idling) */
-  int watches;                   /* Watch calls running (rt->mu) */
-  char store_gen[48];            /* the stored snapshot version it came from or last wrote (rt->mu) */
-  int port_spare;                /* an unconnected TCP socket made in its network namespace for
-                                  * the next Forward, once there has been one (ports.c; rt->mu);
-                                  * -1: none */
-  bool port_spare_making;        /* ports.c is making it (rt->mu) */
+  sbx_cg_events_t cg_seen;                     /* its limit events as the last exec saw them (rt->mu) */
+  long uid_slot;                               /* its range in the uid pool; -1: none (SANDBOX_USERNS off) */
+  sbx_layer_user_t *layer_users;               /* under rt->mu */
+  pthread_mutex_t freeze_mu;                   /* orders freezes and thaws (held across their I/O) */
+  int freezers;                                /* under freeze_mu: users holding the freeze */
+  int bg_refs;                                 /* of refs: detached processes (do not keep it from idling) */
+  int watches;                                 /* Watch calls running (rt->mu) */
+  char store_gen[48];                          /* the stored snapshot version it came from or last wrote (rt->mu) */
+  char image[SBX_IMAGE_REF_MAX + 1];           /* its image, "" for SANDBOX_ROOTFS */
+  char image_digest[SBX_IMAGE_DIGEST_MAX + 1]; /* the image's manifest digest */
+  const char *layers;                          /* while launching: the image's layers (borrowed) */
+  int port_spare;                              /* an unconnected TCP socket made in its network namespace for
+                                                * the next Forward, once there has been one (ports.c; rt->mu);
+                                                * -1: none */
+  bool port_spare_making;                      /* ports.c is making it (rt->mu) */
   struct sbx_s *next;
   struct sbx_s **pprev; /* what points at this one in the list */
   struct sbx_s *hnext;  /* next in its bucket of the id index */
@@ -165,7 +206,7 @@ void sbx_proc_forget_sandbox (sbx_runtime_t *rt, const char *sid);
  * sandboxes are gone), before the runtime is freed. */
 void sbx_proc_wait_threads (sbx_runtime_t *rt);
 
-/* exec.c: a connection to the control socket of the pid 1 of the sandbox
+/* exec_control.c: a connection to the control socket of the pid 1 of the sandbox
  * whose state directory is `state` (ESRCH when it does not answer). */
 int sbx_connect_holder (const char *state, const char *id, err_t *err);
 
@@ -224,12 +265,6 @@ int sbx_spawn_helper (sbx_runtime_t *rt, char *const *argv, int in, int out, int
  * it could not be started. */
 int sbx_run_helper_once (sbx_runtime_t *rt, const char *const *argv, bool volumes, int timeout_ms, sbx_report_t *r,
                          int *fd, int *got, err_t *err);
-/* Most descriptors a report carries (READY: the sandbox's disk; STARTED: a pidfd and a terminal). */
-#define SBX_REPORT_MAX_FDS 2
-/* Waits up to timeout_ms for one report, and the descriptors it carries
- * (fds[0..max_fds), -1 where none came). 1 got one, 0 EOF, -1 timeout or
- * error. */
-int sbx_read_report (int sock, sbx_report_t *r, int timeout_ms, int *fds, size_t max_fds);
 /* waitpid, retrying EINTR. */
 void sbx_reap (pid_t pid);
 /* Removes a tree on the host, not crossing mounts nor following links. */

@@ -17,6 +17,7 @@
 #include "common/cleanup.h"
 #include "common/log.h"
 #include "gateway/runtime/internal.h"
+#include "gateway/runtime/path.h"
 
 /* How long a launch may take before the helper's silence is a failure. */
 #define LAUNCH_REPORT_TIMEOUT_MS 60000
@@ -28,7 +29,7 @@
 /* Reserves `id` in the registry: EEXIST taken, EUSERS full, ESHUTDOWN
  * stopping. */
 static int
-reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_t **out, err_t *err)
+reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_image_t *img, sbx_t **out, err_t *err)
 {
   if (!sbx_id_valid (id))
     return err_make (err, EINVAL, "invalid sandbox id: ids match ^[A-Za-z0-9][A-Za-z0-9_-]*$, at most 64 characters");
@@ -36,11 +37,18 @@ reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_t **out, err_
   if (s == NULL)
     return err_make (err, ENOMEM, "launch: out of memory");
   snprintf (s->id, sizeof s->id, "%s", id);
-  snprintf (s->state, sizeof s->state, "%s/%s", rt->sandboxes_dir, id);
+  if (sbx_path_fmt (s->state, sizeof s->state, err, "%s/%s", rt->sandboxes_dir, id) < 0)
+    return err_wrap (err, "the state directory of `%s`", id);
   s->slirp_exit_fd = -1;
   s->disk_fd = -1;
   s->port_spare = -1;
   s->uid_slot = -1;
+  if (img != NULL)
+    {
+      snprintf (s->image, sizeof s->image, "%s", img->ref);
+      snprintf (s->image_digest, sizeof s->image_digest, "%s", img->digest);
+      s->layers = img->layers;
+    }
   pthread_mutex_init (&s->freeze_mu, NULL);
   s->allow_egress = allow_egress && rt->cfg.allow_egress;
   s->created_ms = sbx_wall_ms ();
@@ -106,6 +114,7 @@ argv_add_each (argv_t *a, const char *flag, const char *const *list)
 typedef struct launch_numbers_s
 {
   char disk_mb[24], pids[24], mem[24], cpu[24], max_entries[24], uid_base[24], uid_range[24], spare[32];
+  char layer_uid[24];
 } launch_numbers_t;
 
 void *
@@ -213,6 +222,13 @@ helper_argv (sbx_runtime_t *rt, const sbx_t *s, bool restore, launch_numbers_t *
          "--cpu-millis",   nums->cpu};
   for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
     argv_add (a, fixed[i]);
+  if (s->layers != NULL)
+    {
+      snprintf (nums->layer_uid, sizeof nums->layer_uid, "%ld", c->image_uid);
+      const char *img[] = {"--layers", s->layers, "--layer-uid", nums->layer_uid};
+      for (size_t i = 0; i < sizeof img / sizeof img[0]; i++)
+        argv_add (a, img[i]);
+    }
   argv_add_each (a, "--volume", c->volumes);
   argv_add_each (a, "--mask", c->masks);
   take_spare (rt, nums);
@@ -313,7 +329,7 @@ take_ready (sbx_runtime_t *rt, sbx_t *s, int got, const sbx_report_t *r, const i
   if (disk_fd < 0)
     return err_make (err, EIO, "launch `%s`: the helper sent no disk", s->id);
   s->disk_fd = sbx_fd_keep (take_fd (&disk_fd));
-  s->holder = r->a;
+  s->holder = r->u.ready.holder_pid;
   return s->allow_egress ? sbx_net_start (rt, s, err) : 0;
 }
 
@@ -391,15 +407,22 @@ abandon (sbx_runtime_t *rt, sbx_t *s, bool restore, err_t *err)
 int
 sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *out, err_t *err)
 {
-  return sbx_restore (rt, id, allow_egress, NULL, NULL, out, err);
+  return sbx_launch_on (rt, id, allow_egress, NULL, NULL, NULL, out, err);
 }
 
 int
 sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn src, void *src_ctx, sbx_info_t *out,
              err_t *err)
 {
+  return sbx_launch_on (rt, id, allow_egress, NULL, src, src_ctx, out, err);
+}
+
+int
+sbx_launch_on (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_image_t *img, sbx_source_fn src,
+               void *src_ctx, sbx_info_t *out, err_t *err)
+{
   sbx_t *s = NULL;
-  if (reserve (rt, id, allow_egress, &s, err) < 0)
+  if (reserve (rt, id, allow_egress, img, &s, err) < 0)
     return -1;
   launch_numbers_t nums;
   argv_t argv = {0};
@@ -421,6 +444,7 @@ sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn
       sbx_cg_counters_read (&rt->cg, s->id, &none, false, &seen);
     }
   pthread_mutex_lock (&rt->mu);
+  s->layers = NULL;
   s->cg_seen = seen;
   s->ready = true;
   if (out != NULL)

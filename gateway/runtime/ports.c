@@ -38,6 +38,7 @@
 
 #include "common/cleanup.h"
 #include "gateway/runtime/internal.h"
+#include "gateway/runtime/path.h"
 
 /* How long a connect on the sandbox's loopback may take (a full backlog
  * drops SYNs rather than refusing them). */
@@ -250,9 +251,8 @@ sbx_port_prepare (sbx_runtime_t *rt, const char *id)
   if (!make)
     return;
   netns_job_t j = {.list = false, .only4 = true};
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   int rc = in_netns (rt, id, &j, &err);
-  err_release (&err);
   pthread_mutex_lock (&rt->mu);
   s->port_spare_making = false;
   if (rc == 0 && !s->deleting && s->port_spare < 0)
@@ -295,13 +295,12 @@ sbx_port_connect (sbx_runtime_t *rt, const char *id, unsigned port, int *out, er
     {
       /* The spare was IPv4 alone: the IPv6 socket is made now. */
       netns_job_t j = {.list = false};
-      err_t e6 = ERR_INIT;
+      cleanup_err err_t e6 = ERR_INIT;
       if (in_netns (rt, id, &j, &e6) == 0)
         {
           close (j.sock4);
           s6 = j.sock6;
         }
-      err_release (&e6);
     }
   if (e4 == ECONNREFUSED && s6 >= 0)
     {
@@ -489,7 +488,8 @@ find_owners (sbx_runtime_t *rt, const char *id, sbx_port_t *ports, size_t n)
 {
   cleanup_free pid_t *pids = malloc (PORTS_MAX_PIDS * sizeof *pids);
   char root[sizeof rt->cg.roots[0] + SBX_ID_MAX + 2];
-  snprintf (root, sizeof root, "%s/%s", rt->cg.roots[0], id);
+  if (sbx_path_fmt (root, sizeof root, NULL, "%s/%s", rt->cg.roots[0], id) < 0)
+    return;
   cleanup_close int dir = open (root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (pids == NULL || dir < 0)
     return;

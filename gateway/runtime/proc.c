@@ -230,7 +230,7 @@ proc_main (void *arg)
                         .no_timeout = p->timeout == 0};
   sbx_exec_sink_t sink = {.output = proc_output, .cancelled = proc_cancelled, .started = proc_started, .ctx = p};
   sbx_exec_result_t res;
-  err_t err = ERR_INIT;
+  cleanup_err err_t err = ERR_INIT;
   int rc = sbx_exec (rt, &req, &sink, &res, &err);
   pthread_mutex_lock (&rt->proc_mu);
   if (rc < 0)
@@ -252,7 +252,6 @@ proc_main (void *arg)
   rt->proc_threads--;
   pthread_cond_broadcast (&rt->proc_cv);
   pthread_mutex_unlock (&rt->proc_mu);
-  err_release (&err);
   return NULL;
 }
 
@@ -267,18 +266,14 @@ sbx_proc_wait_threads (sbx_runtime_t *rt)
 
 /* ---- the API ------------------------------------------------------------------ */
 
-int
-sbx_proc_start (sbx_runtime_t *rt, const sbx_exec_req_t *req, const char *proc_id, sbx_proc_t **out, err_t *err)
+/* A new record of a process to run `req` (its strings copied), not yet
+ * listed; NULL when out of memory. */
+static sbx_proc_t *
+proc_new (sbx_runtime_t *rt, const sbx_exec_req_t *req)
 {
-  *out = NULL;
-  if (proc_id != NULL && proc_id[0] != '\0' && !sbx_id_valid (proc_id))
-    return err_make (err, EINVAL, "invalid process id `%s`", proc_id);
-  sbx_info_t info;
-  if (sbx_get (rt, req->id, &info, err) < 0)
-    return -1;
   sbx_proc_t *p = calloc (1, sizeof *p);
   if (p == NULL)
-    return err_make (err, ENOMEM, "out of memory");
+    return NULL;
   p->rt = rt;
   p->pidfd = p->stdin_fd = p->pty_fd = -1;
   snprintf (p->sandbox, sizeof p->sandbox, "%s", req->id);
@@ -293,8 +288,23 @@ sbx_proc_start (sbx_runtime_t *rt, const sbx_exec_req_t *req, const char *proc_i
   if (p->argv == NULL || (req->env != NULL && p->env == NULL) || p->cwd == NULL)
     {
       proc_free (p);
-      return err_make (err, ENOMEM, "out of memory");
+      return NULL;
     }
+  return p;
+}
+
+int
+sbx_proc_start (sbx_runtime_t *rt, const sbx_exec_req_t *req, const char *proc_id, sbx_proc_t **out, err_t *err)
+{
+  *out = NULL;
+  if (proc_id != NULL && proc_id[0] != '\0' && !sbx_id_valid (proc_id))
+    return err_make (err, EINVAL, "invalid process id `%s`", proc_id);
+  sbx_info_t info;
+  if (sbx_get (rt, req->id, &info, err) < 0)
+    return -1;
+  sbx_proc_t *p = proc_new (rt, req);
+  if (p == NULL)
+    return err_make (err, ENOMEM, "out of memory");
   pthread_mutex_lock (&rt->proc_mu);
   size_t running = 0;
   bool taken = false;
@@ -457,9 +467,8 @@ sbx_proc_end_input (sbx_runtime_t *rt, sbx_proc_t *p, int wake)
   cleanup_close int pty = dup_of (rt, &p->pty_fd);
   if (pty >= 0)
     {
-      err_t e = ERR_INIT;
+      cleanup_err err_t e = ERR_INIT;
       sbx_exec_end_input_pty (pty, wake, &e);
-      err_release (&e);
       return;
     }
   pthread_mutex_lock (&rt->proc_mu);

@@ -19,6 +19,7 @@
 
 #include "common/log.h"
 #include "gateway/runtime/internal.h"
+#include "gateway/runtime/path.h"
 
 /* Passes over mountinfo before giving up on mounts that keep coming back. */
 #define UNMOUNT_PASSES 8
@@ -65,7 +66,12 @@ remove_state_dirs (const char *dir)
     if (e->d_name[0] != '.')
       {
         char path[PATH_MAX * 2];
-        snprintf (path, sizeof path, "%s/%s", dir, e->d_name);
+        cleanup_err err_t perr = ERR_INIT;
+        if (sbx_path_fmt (path, sizeof path, &perr, "%s/%s", dir, e->d_name) < 0)
+          {
+            err_warn_release (&perr, "leftovers of a previous run");
+            continue;
+          }
         sbx_remove_tree (path);
         n++;
       }
@@ -199,9 +205,8 @@ sbx_reaper_main (void *arg)
       if (rt->cfg.health != NULL && round++ % 2 == 0)
         {
           /* The self-check, every two seconds: what health reports. */
-          err_t cerr = ERR_INIT;
+          cleanup_err err_t cerr = ERR_INIT;
           rt->cfg.health (sbx_runtime_check (rt, &cerr) < 0 ? err_msg (&cerr) : NULL);
-          err_release (&cerr);
         }
       pthread_mutex_lock (&rt->mu);
     }

@@ -219,6 +219,8 @@ sbx_fill_info_locked (sbx_runtime_t *rt, const sbx_t *s, sbx_info_t *out)
   out->allow_egress = s->allow_egress;
   memcpy (out->store_gen, s->store_gen, sizeof out->store_gen);
   out->dead = s->dead;
+  memcpy (out->image, s->image, sizeof out->image);
+  memcpy (out->image_digest, s->image_digest, sizeof out->image_digest);
   memcpy (out->dead_reason, s->dead_reason, sizeof out->dead_reason);
   long n = sbx_cg_count (&rt->cg, s->id, NULL);
   out->process_count = n > 0 ? n : 0;
@@ -291,9 +293,8 @@ freeze_hold (sbx_runtime_t *rt, sbx_t *s, err_t *err)
   if (s->freezers == 0 && sbx_cg_freeze (&rt->cg, s->id, true, err) < 0)
     {
       rc = err_wrap (err, "freeze `%s`", s->id);
-      err_t terr = ERR_INIT;
+      cleanup_err err_t terr = ERR_INIT;
       sbx_cg_freeze (&rt->cg, s->id, false, &terr); /* a half-made freeze */
-      err_release (&terr);
     }
   if (rc == 0)
     s->freezers++;
@@ -308,10 +309,9 @@ freeze_release (sbx_runtime_t *rt, sbx_t *s)
   pthread_mutex_lock (&s->freeze_mu);
   if (--s->freezers == 0)
     {
-      err_t terr = ERR_INIT;
+      cleanup_err err_t terr = ERR_INIT;
       if (sbx_cg_freeze (&rt->cg, s->id, false, &terr) < 0 && !s->deleting)
         err_warn_release (&terr, "thaw `%s`", s->id);
-      err_release (&terr);
     }
   pthread_mutex_unlock (&s->freeze_mu);
 }
@@ -414,10 +414,9 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
   pthread_mutex_unlock (&rt->mu);
 
   pthread_mutex_lock (&s->freeze_mu);
-  err_t terr = ERR_INIT;
+  cleanup_err err_t terr = ERR_INIT;
   if (s->freezers > 0)
     sbx_cg_freeze (&rt->cg, id, false, &terr);
-  err_release (&terr);
   pthread_mutex_unlock (&s->freeze_mu);
 
   /* Kill first: execs in flight see their command die and let go; the

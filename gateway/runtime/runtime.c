@@ -14,6 +14,7 @@
 
 #include "common/log.h"
 #include "gateway/runtime/internal.h"
+#include "gateway/runtime/path.h"
 
 static void
 runtime_free (sbx_runtime_t *rt)
@@ -131,7 +132,8 @@ runtime_init (sbx_runtime_t *rt, const sbx_config_t *cfg, err_t *err)
     return -1;
   if (sbx_cg_detect (cfg->cgroup_mount, cfg->cgroup_group, cfg->cpu_millis > 0, &rt->cg, err) < 0)
     return -1;
-  snprintf (rt->sandboxes_dir, sizeof rt->sandboxes_dir, "%s/sandboxes", cfg->state_dir);
+  if (sbx_path_fmt (rt->sandboxes_dir, sizeof rt->sandboxes_dir, err, "%s/sandboxes", cfg->state_dir) < 0)
+    return err_wrap (err, "SANDBOX_STATE_DIR");
   if ((mkdir (cfg->state_dir, 0700) < 0 && errno != EEXIST)
       || (mkdir (rt->sandboxes_dir, 0700) < 0 && errno != EEXIST))
     return err_make_sys (err, errno, "create the state directory `%s`", rt->sandboxes_dir);

@@ -27,6 +27,9 @@
 #define SBX_EXEC_CHUNK (256 * 1024)
 #define SBX_EXEC_DEFAULT_TIMEOUT 1800
 #define SBX_EXEC_MAX_TIMEOUT 3600
+/* Longest image reference, and a manifest digest ("sha256:" + 64 hex). */
+#define SBX_IMAGE_REF_MAX 255
+#define SBX_IMAGE_DIGEST_MAX 71
 
 typedef struct sbx_config_s
 {
@@ -64,6 +67,7 @@ typedef struct sbx_config_s
   /* SANDBOX_EXEC_BUFFER_TOTAL_MB, in bytes: the output buffers all execs
    * hold beyond each one's first (16 KiB); at it they read into that one. */
   long exec_buffer_total_bytes;
+  long image_uid;    /* SANDBOX_IMAGE_UID: first host id of the image layers' owner range */
   long max_contexts; /* SANDBOX_MAX_CONTEXTS: code contexts per sandbox */
 } sbx_config_t;
 
@@ -86,6 +90,10 @@ typedef struct sbx_info_s
    * it waits for a Delete, or a Connect that restores it), and why. */
   bool dead;
   char dead_reason[128];
+  /* The image it runs on, as its launch named it, and the manifest digest
+   * used; both "" on SANDBOX_ROOTFS. */
+  char image[SBX_IMAGE_REF_MAX + 1];
+  char image_digest[SBX_IMAGE_DIGEST_MAX + 1];
 } sbx_info_t;
 
 /* True when egress sandboxes are held to the egress policy by a filter
@@ -111,6 +119,16 @@ void sbx_runtime_destroy (sbx_runtime_t *rt);
 /* Creates an empty sandbox. EINVAL bad id, EEXIST live id, EAGAIN too many. */
 int sbx_launch (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_info_t *out, err_t *err);
 
+/* The image a sandbox runs on instead of SANDBOX_ROOTFS: its unpacked
+ * layers (directories owned by the SANDBOX_IMAGE_UID range, see
+ * gateway/image/), borrowed for the call. */
+typedef struct sbx_image_s
+{
+  const char *ref;    /* as the launch named it */
+  const char *digest; /* the manifest digest */
+  const char *layers; /* layer directories, top first, ':'-separated */
+} sbx_image_t;
+
 /* Pulls the next piece of a tar stream: 1 with its bytes in `iov[0..*n)`
  * (at most *n spans; valid until the next call; *n is set to the number
  * used), 0 at the end, -1 with *err. A piece of several spans (a gRPC
@@ -125,6 +143,21 @@ typedef int (*sbx_source_fn) (void *ctx, struct iovec *iov, int *n, err_t *err);
  * over the disk quota, and as sbx_launch. */
 int sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn src, void *ctx, sbx_info_t *out,
                  err_t *err);
+
+/* sbx_restore (src may be NULL: an empty layer, as sbx_launch) on image
+ * `img` (NULL: SANDBOX_ROOTFS). */
+int sbx_launch_on (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_image_t *img, sbx_source_fn src,
+                   void *ctx, sbx_info_t *out, err_t *err);
+
+/* Unpacks the image layer blob on `blob_fd` (a tar, plain, gzip or zstd,
+ * already verified against its digest) into the empty directory `dir`,
+ * unprivileged (layer.c): files owned by the SANDBOX_IMAGE_UID range, OCI
+ * whiteouts and opaque directories as an overlay mounted with `userxattr`
+ * reads them, nothing outside `dir`. EINVAL a hostile or broken layer,
+ * ETIMEDOUT past timeout_ms; the caller removes `dir` on failure. */
+int sbx_unpack_layer (sbx_runtime_t *rt, int blob_fd, const char *dir, int timeout_ms, err_t *err);
+/* Removes a layer directory (not crossing mounts nor following links). */
+void sbx_layer_remove (const char *path);
 
 /* A sandbox's writable layer, as sbx_with_layer hands it over. */
 typedef struct sbx_layer_s
@@ -218,9 +251,6 @@ typedef struct sbx_exec_sink_s
   /* Told once the command runs (may be NULL: the descriptors are then
    * closed). Called on the exec's thread, before any output. */
   void (*started) (void *ctx, const sbx_exec_started_t *st);
-  /* Told the final result of a command that ran (may be NULL), on the
-   * exec's thread before it cleans up: the caller may answer from here. */
-  void (*ended) (void *ctx, const sbx_exec_result_t *res);
   void *ctx;
 } sbx_exec_sink_t;
 
@@ -244,9 +274,24 @@ struct sbx_exec_result_s
   char message[256]; /* detail for an abnormal end */
 };
 
-/* Runs a command in a sandbox, streaming its output to `sink`. Returns 0
- * when the command ran (whatever its exit status), -1 with *err when it
- * could not be run (ENOENT unknown sandbox, EINVAL bad request). */
+/* An exec whose command has ended, not yet cleaned up (sbx_exec_run). */
+typedef struct sbx_exec_s sbx_exec_t;
+
+/* Runs a command in a sandbox, streaming its output to `sink`, until it
+ * has ended and its output is drained: *res is then final and the caller
+ * may answer, before sbx_exec_finish cleans up (the exec's cgroup, the
+ * sandbox's hold), which it must call once with *out. Returns 0 when the
+ * command ran (whatever its exit status), -1 with *err when it could not
+ * be run (ENOENT unknown sandbox, EINVAL bad request; *out NULL, nothing
+ * to finish). `req` and `sink` stay the caller's and must live until
+ * sbx_exec_finish. */
+int sbx_exec_run (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *sink, sbx_exec_result_t *res,
+                  sbx_exec_t **out, err_t *err);
+/* Cleans up after sbx_exec_run and frees `x` (NULL: nothing). */
+void sbx_exec_finish (sbx_exec_t *x);
+
+/* sbx_exec_run then sbx_exec_finish, for a caller that answers after the
+ * clean-up. */
 int sbx_exec (sbx_runtime_t *rt, const sbx_exec_req_t *req, const sbx_exec_sink_t *sink, sbx_exec_result_t *res,
               err_t *err);
 

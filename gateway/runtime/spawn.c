@@ -224,33 +224,6 @@ sbx_run_helper_once (sbx_runtime_t *rt, const char *const *argv, bool volumes, i
   return 0;
 }
 
-int
-sbx_read_report (int sock, sbx_report_t *r, int timeout_ms, int *fds, size_t max_fds)
-{
-  for (size_t i = 0; i < max_fds; i++)
-    fds[i] = -1;
-  struct pollfd p = {.fd = sock, .events = POLLIN};
-  int rc = TEMP_FAILURE_RETRY (poll (&p, 1, timeout_ms));
-  if (rc <= 0)
-    return -1;
-  int got[SBX_REPORT_MAX_FDS];
-  size_t n_fds = 0;
-  ssize_t n
-      = sbx_recv_fds (sock, r, sizeof *r, got, &n_fds, max_fds < SBX_REPORT_MAX_FDS ? max_fds : SBX_REPORT_MAX_FDS);
-  if (n == 0)
-    return 0;
-  if (n != (ssize_t) sizeof *r)
-    {
-      for (size_t i = 0; i < n_fds; i++)
-        close (got[i]);
-      return -1;
-    }
-  for (size_t i = 0; i < n_fds; i++)
-    fds[i] = got[i];
-  r->text[sizeof r->text - 1] = '\0';
-  return 1;
-}
-
 void
 sbx_reap (pid_t pid)
 {

@@ -33,6 +33,7 @@
 #include "common/cleanup.h"
 #include "common/log.h"
 #include "gateway/runtime/internal.h"
+#include "gateway/runtime/path.h"
 
 /* Longest wait for the directory's lock (another gateway claiming). */
 #define CLAIM_WAIT_MS 10000
@@ -92,7 +93,8 @@ static int
 lock_dir (const char *dir, int *out, err_t *err)
 {
   char path[PATH_MAX + 16];
-  snprintf (path, sizeof path, "%s/.claim", dir);
+  if (sbx_path_fmt (path, sizeof path, err, "%s/.claim", dir) < 0)
+    return err_wrap (err, "SANDBOX_UID_LOCK_DIR");
   cleanup_close int fd = open (path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
     return err_make_sys (err, errno, "SANDBOX_UID_LOCK_DIR: open `%s`", path);

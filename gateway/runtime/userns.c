@@ -16,6 +16,7 @@
 
 #include "common/cleanup.h"
 #include "gateway/runtime/internal.h"
+#include "gateway/runtime/path.h"
 
 /* How long the probe may take. */
 #define PROBE_TIMEOUT_MS 30000
@@ -76,7 +77,8 @@ sbx_userns_probe (sbx_runtime_t *rt, err_t *err)
   if (!rt->cfg.userns)
     return 0;
   char state[PATH_MAX], base[24], range[24];
-  snprintf (state, sizeof state, "%s/probe", rt->cfg.state_dir);
+  if (sbx_path_fmt (state, sizeof state, err, "%s/probe", rt->cfg.state_dir) < 0)
+    return err_wrap (err, "SANDBOX_STATE_DIR");
   snprintf (base, sizeof base, "%ld", rt->cfg.uid_base);
   snprintf (range, sizeof range, "%ld", rt->cfg.uid_range);
   const char *argv[8 + 2 * 64]

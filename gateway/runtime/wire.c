@@ -1,9 +1,10 @@
-/* runtime/wire: descriptor passing and exec request encoding (see
- * wire.h). No state. */
+/* runtime/wire: descriptor passing, the reports (their writers and their
+ * reader together), and request encoding (see wire.h). No state. */
 #include "gateway/runtime/wire.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -11,7 +12,7 @@
 int
 sbx_send_fds (int sock, const void *buf, size_t len, const int *fds, size_t n_fds)
 {
-  if (n_fds > 8)
+  if (n_fds > SBX_WIRE_MAX_FDS)
     {
       errno = EINVAL;
       return -1;
@@ -19,7 +20,7 @@ sbx_send_fds (int sock, const void *buf, size_t len, const int *fds, size_t n_fd
   struct iovec iov = {.iov_base = (void *) buf, .iov_len = len};
   union
   {
-    char buf[CMSG_SPACE (8 * sizeof (int))];
+    char buf[CMSG_SPACE (SBX_WIRE_MAX_FDS * sizeof (int))];
     struct cmsghdr align;
   } ctl;
   struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
@@ -48,7 +49,7 @@ sbx_recv_fds (int sock, void *buf, size_t cap, int *fds, size_t *n_fds, size_t m
   struct iovec iov = {.iov_base = buf, .iov_len = cap};
   union
   {
-    char buf[CMSG_SPACE (8 * sizeof (int))];
+    char buf[CMSG_SPACE (SBX_WIRE_MAX_FDS * sizeof (int))];
     struct cmsghdr align;
   } ctl;
   struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
@@ -63,9 +64,9 @@ sbx_recv_fds (int sock, void *buf, size_t cap, int *fds, size_t *n_fds, size_t m
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
         continue;
       size_t k = (c->cmsg_len - CMSG_LEN (0)) / sizeof (int);
-      int got[8];
-      memcpy (got, CMSG_DATA (c), (k > 8 ? 8 : k) * sizeof (int));
-      for (size_t i = 0; i < k && i < 8; i++)
+      int got[SBX_WIRE_MAX_FDS];
+      memcpy (got, CMSG_DATA (c), (k > SBX_WIRE_MAX_FDS ? SBX_WIRE_MAX_FDS : k) * sizeof (int));
+      for (size_t i = 0; i < k && i < SBX_WIRE_MAX_FDS; i++)
         {
           if (*n_fds < max_fds && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)))
             fds[(*n_fds)++] = got[i];
@@ -83,6 +84,115 @@ sbx_recv_fds (int sock, void *buf, size_t cap, int *fds, size_t *n_fds, size_t m
     }
   return n;
 }
+
+/* ---- reports ------------------------------------------------------------ */
+
+/* Sends `r` with fds[0..n_fds); every byte of `r` set (no stack garbage
+ * crosses to the gateway). */
+static int
+report_send (int sock, sbx_report_t *r, const int *fds, size_t n_fds)
+{
+  return sbx_send_fds (sock, r, sizeof *r, fds, n_fds);
+}
+
+int
+sbx_report_error (int sock, int status, const char *text)
+{
+  sbx_report_t r;
+  memset (&r, 0, sizeof r);
+  r.type = SBX_REPORT_ERROR;
+  r.status = status;
+  /* strlen and memcpy, not snprintf: async-signal-safe. */
+  size_t n = text != NULL ? strlen (text) : 0;
+  if (n > sizeof r.text - 1)
+    n = sizeof r.text - 1;
+  if (n > 0)
+    memcpy (r.text, text, n);
+  return report_send (sock, &r, NULL, 0);
+}
+
+int
+sbx_report_ready (int sock, pid_t holder_pid, int fd)
+{
+  sbx_report_t r;
+  memset (&r, 0, sizeof r);
+  r.type = SBX_REPORT_READY;
+  r.u.ready.holder_pid = (int32_t) holder_pid;
+  return report_send (sock, &r, &fd, fd >= 0 ? 1 : 0);
+}
+
+int
+sbx_report_exit (int sock, int code, int signal)
+{
+  sbx_report_t r;
+  memset (&r, 0, sizeof r);
+  r.type = SBX_REPORT_EXIT;
+  r.u.exit.code = code;
+  r.u.exit.signal = signal;
+  return report_send (sock, &r, NULL, 0);
+}
+
+int
+sbx_report_started (int sock, pid_t pid, int pidfd, int master)
+{
+  sbx_report_t r;
+  memset (&r, 0, sizeof r);
+  r.type = SBX_REPORT_STARTED;
+  r.u.started.pid = (int32_t) pid;
+  int fds[SBX_REPORT_MAX_FDS];
+  size_t n = 0;
+  if (pidfd >= 0)
+    {
+      r.u.started.flags |= SBX_STARTED_F_PIDFD;
+      fds[n++] = pidfd;
+    }
+  if (master >= 0)
+    {
+      r.u.started.flags |= SBX_STARTED_F_MASTER;
+      fds[n++] = master;
+    }
+  return report_send (sock, &r, fds, n);
+}
+
+int
+sbx_read_report (int sock, sbx_report_t *r, int timeout_ms, int *fds, size_t max_fds)
+{
+  for (size_t i = 0; i < max_fds; i++)
+    fds[i] = -1;
+  struct pollfd p = {.fd = sock, .events = POLLIN};
+  int rc;
+  do
+    rc = poll (&p, 1, timeout_ms);
+  while (rc < 0 && errno == EINTR);
+  if (rc <= 0)
+    return -1;
+  int got[SBX_REPORT_MAX_FDS];
+  size_t n_fds = 0;
+  ssize_t n
+      = sbx_recv_fds (sock, r, sizeof *r, got, &n_fds, max_fds < SBX_REPORT_MAX_FDS ? max_fds : SBX_REPORT_MAX_FDS);
+  if (n == 0)
+    return 0;
+  if (n != (ssize_t) sizeof *r)
+    {
+      for (size_t i = 0; i < n_fds; i++)
+        close (got[i]);
+      return -1;
+    }
+  for (size_t i = 0; i < n_fds; i++)
+    fds[i] = got[i];
+  r->text[sizeof r->text - 1] = '\0';
+  return 1;
+}
+
+void
+sbx_report_started_fds (const sbx_report_t *r, const int *got, int *pidfd, int *master)
+{
+  size_t k = 0;
+  *pidfd = (r->u.started.flags & SBX_STARTED_F_PIDFD) ? got[k++] : -1;
+  *master = (r->u.started.flags & SBX_STARTED_F_MASTER) ? got[k++] : -1;
+}
+
+/* ---- exec requests ------------------------------------------------------ */
 
 size_t
 sbx_exec_size (const char *cwd, char *const *argv, char *const *env)

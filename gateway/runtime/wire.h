@@ -15,8 +15,8 @@
  * Functions here are plain system calls over caller buffers: safe in the
  * single-threaded helper, the holder, and the gateway's threads.
  */
-#ifndef SBX_GATEWAY_REPORT_H
-#define SBX_GATEWAY_REPORT_H
+#ifndef SBX_GATEWAY_RUNTIME_WIRE_H
+#define SBX_GATEWAY_RUNTIME_WIRE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -35,27 +35,53 @@
 /* Most host volumes (SANDBOX_VOLUME_MOUNTS). */
 #define SBX_MAX_VOLUMES 32
 
+/* Most descriptors one datagram carries (SCM_RIGHTS): a sender refuses
+ * more (EINVAL), a receiver's control buffer holds no more (a datagram
+ * with more arrives truncated: EMSGSIZE, every descriptor closed). */
+#define SBX_WIRE_MAX_FDS 8
+
 typedef enum sbx_report_type_e
 {
-  SBX_REPORT_READY = 1, /* launch: the sandbox is up; a = holder pid; fd = its disk */
-  SBX_REPORT_ERROR = 2, /* status = errno, text = what failed */
-  SBX_REPORT_EXIT = 3,  /* exec: the command ended; a = exit code or -1, b = signal */
-  /* exec: the command is in its session and cgroup with default signals
-   * (sent by it); a = its pid in the sandbox; b = 1 (a pidfd comes) | 2 (a
-   * terminal's master comes after it) */
-  SBX_REPORT_STARTED = 4,
+  SBX_REPORT_READY = 1,   /* launch: the sandbox is up (u.ready); its disk's descriptor attached */
+  SBX_REPORT_ERROR = 2,   /* status = errno, text = what failed */
+  SBX_REPORT_EXIT = 3,    /* exec: the command ended (u.exit) */
+  SBX_REPORT_STARTED = 4, /* exec: the command is in its session and cgroup with default
+                             signals, sent by it (u.started) */
 } sbx_report_type_t;
+
+/* What a STARTED report has attached, in this order. */
+#define SBX_STARTED_F_PIDFD 1u  /* a pidfd of the command */
+#define SBX_STARTED_F_MASTER 2u /* a terminal's master */
+/* Most descriptors a report carries (STARTED: a pidfd and a master). */
+#define SBX_REPORT_MAX_FDS 2
 
 typedef struct sbx_report_s
 {
-  int32_t type;
-  int32_t status;
-  int32_t a;
-  int32_t b;
-  char text[496];
+  int32_t type;   /* sbx_report_type_t */
+  int32_t status; /* ERROR: an errno value; else 0 */
+  union
+  {
+    struct
+    {
+      int32_t holder_pid; /* the sandbox's pid 1, in the gateway's pid namespace */
+      int32_t unused;
+    } ready;
+    struct
+    {
+      int32_t code;   /* the exit status, or -1 when a signal killed it */
+      int32_t signal; /* that signal, else 0 */
+    } exit;
+    struct
+    {
+      int32_t pid;    /* in the sandbox's pid namespace */
+      uint32_t flags; /* SBX_STARTED_F_*: which descriptors are attached */
+    } started;
+  } u;
+  char text[496]; /* ERROR: NUL-terminated, cut to fit */
 } sbx_report_t;
 
-/* Sends one datagram with up to 8 descriptors attached. 0 ok, -1 errno. */
+/* Sends one datagram with up to SBX_WIRE_MAX_FDS descriptors attached. 0
+ * ok, -1 errno (EINVAL: too many descriptors). */
 int sbx_send_fds (int sock, const void *buf, size_t len, const int *fds, size_t n_fds);
 
 /* Receives one datagram and up to `max_fds` descriptors (set CLOEXEC;
@@ -64,11 +90,45 @@ int sbx_send_fds (int sock, const void *buf, size_t len, const int *fds, size_t 
  * closed. */
 ssize_t sbx_recv_fds (int sock, void *buf, size_t cap, int *fds, size_t *n_fds, size_t max_fds);
 
+/* Report writers, one per type. Each sends one sbx_report_t on `sock` and
+ * returns 0, or -1 with errno (a reader gone: nothing to tell). Only
+ * async-signal-safe calls: the holder's command child, which shares the
+ * holder's memory, reports with them. `text` is cut to fit. */
+int sbx_report_error (int sock, int status, const char *text);
+int sbx_report_ready (int sock, pid_t holder_pid, int fd);
+int sbx_report_exit (int sock, int code, int signal);
+/* `pidfd`, `master`: -1 for none; those >= 0 are attached. */
+int sbx_report_started (int sock, pid_t pid, int pidfd, int master);
+
+/* Reads one report from `sock`, waiting at most timeout_ms (-1 forever),
+ * with up to `max_fds` descriptors (fds[] is filled with -1 first; at most
+ * SBX_REPORT_MAX_FDS). 1 one came (text NUL-terminated), 0 the peer closed
+ * silently, -1 timeout or a malformed message. */
+int sbx_read_report (int sock, sbx_report_t *r, int timeout_ms, int *fds, size_t max_fds);
+
+/* A STARTED report's descriptors, as sbx_read_report got them in `got`:
+ * *pidfd and *master (-1 when the flags say none came). */
+void sbx_report_started_fds (const sbx_report_t *r, const int *got, int *pidfd, int *master);
+
 /* Exec requests. */
 #define SBX_EXEC_MAGIC 0x53425845u /* "SBXE" */
 #define SBX_EXEC_MAX (256 * 1024)  /* largest request: argv and env together */
 #define SBX_CTL_NAME "ctl"         /* the holder's control socket, in the sandbox's state directory */
-#define SBX_EXEC_FDS 5             /* stdin, stdout, stderr, report, cgroup.procs */
+/* The most arguments and environment entries of one command (the
+ * holder's arrays; the gateway refuses more before sending). */
+#define SBX_EXEC_MAX_ARGS 4095
+#define SBX_EXEC_MAX_ENV 4095
+
+/* The descriptors attached to an exec request, by slot. */
+typedef enum sbx_exec_slot_e
+{
+  SBX_EXEC_SLOT_STDIN = 0,
+  SBX_EXEC_SLOT_STDOUT = 1,
+  SBX_EXEC_SLOT_STDERR = 2,
+  SBX_EXEC_SLOT_REPORT = 3, /* the command's report socket (STARTED, ERROR, EXIT) */
+  SBX_EXEC_SLOT_PROCS = 4,  /* the exec cgroup's file that moves its writer in */
+  SBX_EXEC_FDS = 5,
+} sbx_exec_slot_t;
 
 typedef struct sbx_exec_hdr_s
 {
@@ -114,8 +174,16 @@ int sbx_exec_decode (char *buf, size_t len, const char **cwd, char **argv, size_
  * bytes (at most SBX_FRAME_MAX). What either side reads from the other is
  * checked, never trusted: the child runs in the sandbox. */
 #define SBX_FILE_MAGIC 0x53425846u /* "SBXF" */
-#define SBX_FILE_FDS 3             /* stream, report, cgroup.procs */
-#define SBX_FILE_PATH_MAX 4096     /* longest path, its NUL included */
+
+/* The descriptors attached to a file request, by slot. */
+typedef enum sbx_file_slot_e
+{
+  SBX_FILE_SLOT_STREAM = 0, /* the stream socket the operation talks over */
+  SBX_FILE_SLOT_REPORT = 1, /* its report socket (EXIT) */
+  SBX_FILE_SLOT_PROCS = 2,  /* its cgroup's file that moves its writer in */
+  SBX_FILE_FDS = 3,
+} sbx_file_slot_t;
+#define SBX_FILE_PATH_MAX 4096 /* longest path, its NUL included */
 
 typedef enum sbx_file_op_e
 {

@@ -59,15 +59,20 @@ export_dir_node (export_t *x, uint32_t *out)
   return 0;
 }
 
-/* A host id as the sandbox sees it (see snap_layer_t). */
-static la_int64_t
-inside_id (const export_t *x, uint32_t id)
+uint32_t
+export_inside_id (uint32_t id, uint32_t base, uint32_t range)
 {
-  if (x->id_range == 0 || id == 0)
+  if (range == 0 || id == 0)
     return id;
-  if (id >= x->id_base && id - x->id_base < x->id_range)
-    return id - x->id_base;
-  return 65534;
+  if (id >= base && id - base < range)
+    return id - base;
+  return EXPORT_NOBODY_ID;
+}
+
+bool
+export_name_escaped (const char *name)
+{
+  return strncmp (name, OCI_WHITEOUT, sizeof OCI_WHITEOUT - 1) == 0;
 }
 
 void
@@ -75,8 +80,8 @@ export_set_meta (const export_t *x, struct archive_entry *e, const char *path, c
 {
   archive_entry_set_pathname (e, path);
   archive_entry_set_mode (e, st->st_mode);
-  archive_entry_set_uid (e, inside_id (x, st->st_uid));
-  archive_entry_set_gid (e, inside_id (x, st->st_gid));
+  archive_entry_set_uid (e, export_inside_id (st->st_uid, x->id_base, x->id_range));
+  archive_entry_set_gid (e, export_inside_id (st->st_gid, x->id_base, x->id_range));
   archive_entry_set_mtime (e, st->st_mtim.tv_sec, st->st_mtim.tv_nsec);
 }
 
@@ -135,7 +140,7 @@ int
 export_write_whiteout (export_t *x, const char *dir, const char *name, const struct stat *st)
 {
   char path[PATH_MAX * 3];
-  bool escape = strncmp (name, OCI_WHITEOUT, 4) == 0;
+  bool escape = export_name_escaped (name);
   snprintf (path, sizeof path, "%s%s" OCI_WHITEOUT "%s%s", dir, dir[0] ? "/" : "", escape ? ESCAPE_PREFIX : "", name);
   struct archive_entry *e = archive_entry_new ();
   struct stat w = *st;

@@ -432,7 +432,7 @@ export_entry (export_t *x, const frame_t *f, const char *name, int *child)
 {
   *child = -1;
   size_t nlen = strlen (name);
-  bool escape = strncmp (name, OCI_WHITEOUT, 4) == 0; /* a user name that looks like a whiteout */
+  bool escape = export_name_escaped (name); /* a user name that looks like a whiteout */
   size_t len = f->len + (f->len > 0 ? 1 : 0) + (escape ? ESCAPE_LEN : 0) + nlen;
   if (len >= PATH_MAX)
     return err_make (x->err, ENAMETOOLONG, "a path under `%.200s` is longer than the tar format allows here",

@@ -127,6 +127,14 @@ int export_check (export_t *x);
 int export_dir_node (export_t *x, uint32_t *out);
 
 /* entries.c */
+/* A host id as the sandbox sees it (see snap_layer_t): with a user
+ * namespace (range > 0) host ids base..base+range-1 are 0..range-1, host
+ * root stays 0, and any other id is nobody; without one, itself. */
+#define EXPORT_NOBODY_ID 65534
+uint32_t export_inside_id (uint32_t id, uint32_t base, uint32_t range);
+/* True when the sandbox's own `name` begins like a whiteout and is stored
+ * with ESCAPE_PREFIX before it. */
+bool export_name_escaped (const char *name);
 int export_fail (export_t *x, const char *what);
 void export_set_meta (const export_t *x, struct archive_entry *e, const char *path, const struct stat *st);
 /* Copies the extended attributes of `fd`, except overlay's own. */

@@ -107,17 +107,15 @@ ensure_parent (const char *path, err_t *err)
 #define ESCAPE_PREFIX ".wh..wh.u"
 #define ESCAPE_LEN (sizeof ESCAPE_PREFIX - 1)
 
-/* Copies `in` to `out` (cap bytes), unescaping every component. -1 when
- * it does not fit. */
-static int
-unescape_path (const char *in, char *out, size_t cap)
+int
+snap_unpack_unescape_path (const char *in, char *out, size_t cap)
 {
   size_t o = 0;
   for (const char *c = in; *c != '\0';)
     {
       const char *end = strchr (c, '/');
       size_t len = end != NULL ? (size_t) (end - c) : strlen (c);
-      if (len > ESCAPE_LEN + 4 && strncmp (c, ESCAPE_PREFIX ".wh.", ESCAPE_LEN + 4) == 0)
+      if (len >= ESCAPE_LEN + 4 && strncmp (c, ESCAPE_PREFIX ".wh.", ESCAPE_LEN + 4) == 0)
         {
           c += ESCAPE_LEN;
           len -= ESCAPE_LEN;
@@ -401,9 +399,9 @@ check_entry (struct archive_entry *e, const char **path_out, const char **link_o
    * is a whiteout keeps its prefix (unpack_entry reads it). */
   const char *last = strrchr (path, '/');
   last = last != NULL ? last + 1 : path;
-  *literal = strncmp (last, ESCAPE_PREFIX ".wh.", ESCAPE_LEN + 4) == 0 && strlen (last) > ESCAPE_LEN + 4;
+  *literal = strncmp (last, ESCAPE_PREFIX ".wh.", ESCAPE_LEN + 4) == 0;
   char plain[PATH_MAX];
-  if (unescape_path (path, plain, sizeof plain) < 0)
+  if (snap_unpack_unescape_path (path, plain, sizeof plain) < 0)
     return err_make (err, ENAMETOOLONG, "path too long in the snapshot: `%.200s`", path);
   archive_entry_set_pathname (e, plain);
   const char *link = archive_entry_hardlink (e);
@@ -412,7 +410,7 @@ check_entry (struct archive_entry *e, const char **path_out, const char **link_o
     {
       while (link[0] == '.' && link[1] == '/')
         link += 2;
-      if (unescape_path (link, plain_link, sizeof plain_link) < 0)
+      if (snap_unpack_unescape_path (link, plain_link, sizeof plain_link) < 0)
         return err_make (err, ENAMETOOLONG, "link too long in the snapshot: `%.200s`", link);
       link = plain_link;
       struct stat lst;

@@ -22,9 +22,16 @@
 #define SBX_GATEWAY_SNAP_UNPACK_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "common/err.h"
 
 int snap_unpack (int fd, long max_entries, bool userxattr, err_t *err);
+
+/* A tar path as the sandbox named it: every component stored escaped
+ * (".wh..wh.u" before a name of the sandbox's own that begins with ".wh.",
+ * the bare ".wh." included) loses its escape; runs of '/' become one.
+ * Into `out` (cap bytes); -1 when it does not fit. */
+int snap_unpack_unescape_path (const char *in, char *out, size_t cap);
 
 #endif

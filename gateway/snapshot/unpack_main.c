@@ -40,12 +40,7 @@
 static void
 report_err (const err_t *err)
 {
-  sbx_report_t r;
-  memset (&r, 0, sizeof r);
-  r.type = SBX_REPORT_ERROR;
-  r.status = err->status;
-  snprintf (r.text, sizeof r.text, "%s", err_msg (err));
-  TEMP_FAILURE_RETRY (send (SBX_REPORT_FD, &r, sizeof r, MSG_NOSIGNAL));
+  sbx_report_error (SBX_REPORT_FD, err->status, err_msg (err));
 }
 
 int

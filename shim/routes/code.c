@@ -334,9 +334,9 @@ static struct MHD_Response *
 code_buffered (shim_req_t *r, rpc_client_call_t *c, unsigned *status)
 {
   doc_t d = {.results = json_array (), .out = json_array (), .err = json_array ()};
-  watch_t *w = watch_add (shim_req_fd (r), c);
+  hangup_t *w = hangup_add (shim_req_fd (r), c);
   int held = doc_collect (c, &d);
-  bool hung_up = watch_remove (w);
+  bool hung_up = hangup_remove (w);
   rpc_status_t st = RPC_STATUS_INIT;
   grpc_status_code code = held > 0 ? rpc_client_finish (c, &st) : GRPC_STATUS_CANCELLED;
   rpc_client_destroy (c);

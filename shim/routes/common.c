@@ -60,7 +60,7 @@ typedef struct ndjson_s
   const ProtobufCMessageDescriptor *desc;
   route_event_fn event;
   void *ctx; /* the events' state, owned */
-  watch_t *watch;
+  hangup_t *hangup;
   char *line;
   size_t len, off;
   bool done;
@@ -142,7 +142,7 @@ static void
 ndjson_free (void *cls)
 {
   ndjson_t *n = cls;
-  watch_remove (n->watch);
+  hangup_remove (n->hangup);
   rpc_client_destroy (n->call);
   free (n->line);
   rpc_status_release (&n->st);
@@ -165,14 +165,14 @@ route_ndjson (shim_req_t *r, rpc_client_call_t *c, const ProtobufCMessageDescrip
   n->desc = desc;
   n->event = event;
   n->ctx = ctx;
-  n->watch = watch_add (shim_req_fd (r), c);
+  n->hangup = hangup_add (shim_req_fd (r), c);
   /* The first message decides the status: an unknown sandbox is a 404,
    * not a 200 with an error line. */
   ndjson_next (n);
   if (n->failed)
     {
-      bool hung_up = watch_remove (n->watch);
-      n->watch = NULL;
+      bool hung_up = hangup_remove (n->hangup);
+      n->hangup = NULL;
       struct MHD_Response *out
           = hung_up ? shim_detail (499, "Client closed the request", status) : error (n->st.code, &n->st, status);
       ndjson_free (n);
@@ -226,4 +226,20 @@ route_output_json (bool stdout_, ProtobufCBinaryData d)
   metrics_bytes (false, d.len);
   cleanup_free char *b64 = route_base64 (d.data, d.len);
   return json_pack ("{s:s}", stdout_ ? "stdout_b64" : "stderr_b64", b64 ? b64 : "");
+}
+
+json_t *
+route_exit_code_json (const Sandbox__V1__ExitStatus *x)
+{
+  if (x->timed_out)
+    return json_null ();
+  if (x->signal != 0)
+    return json_integer (-(json_int_t) x->signal);
+  return json_integer (x->exit_code);
+}
+
+json_t *
+route_exit_signal_json (const Sandbox__V1__ExitStatus *x)
+{
+  return x->signal != 0 ? json_integer (x->signal) : json_null ();
 }

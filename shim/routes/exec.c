@@ -191,14 +191,7 @@ exec_start (shim_req_t *r, const shim_exec_body_t *b, rpc_status_t *st)
 static json_t *
 exit_json (const Sandbox__V1__ExitStatus *x)
 {
-  json_t *code;
-  if (x->timed_out)
-    code = json_null ();
-  else if (x->signal != 0)
-    code = json_integer (-x->signal); /* as Python's subprocess reports it */
-  else
-    code = json_integer (x->exit_code);
-  json_t *j = json_pack ("{s:o, s:b}", "exit_code", code, "timed_out", x->timed_out);
+  json_t *j = json_pack ("{s:o, s:b}", "exit_code", route_exit_code_json (x), "timed_out", x->timed_out);
   /* Additive, and only when true: the contract's answer is otherwise
    * unchanged. */
   if (j != NULL && x->oom_killed)
@@ -379,11 +372,11 @@ exec_buffered (shim_req_t *r, rpc_client_call_t *c, unsigned *status)
       rpc_client_destroy (c);
       return shim_detail (503, "Out of memory", status);
     }
-  watch_t *w = watch_add (shim_req_fd (r), c);
+  hangup_t *w = hangup_add (shim_req_fd (r), c);
   json_t *exit_st = NULL;
   err_t err = ERR_INIT;
   int held = exec_collect (c, a, &exit_st, &err);
-  bool hung_up = watch_remove (w);
+  bool hung_up = hangup_remove (w);
   rpc_status_t st = RPC_STATUS_INIT;
   grpc_status_code code = GRPC_STATUS_CANCELLED;
   if (held == 0)

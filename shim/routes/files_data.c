@@ -19,7 +19,7 @@
 typedef struct download_s
 {
   rpc_client_call_t *call;
-  watch_t *watch;
+  hangup_t *hangup;
   Sandbox__V1__FileChunk *msg;
   size_t off;
   uint64_t left; /* bytes the answer still owes */
@@ -67,7 +67,7 @@ static void
 download_free (void *cls)
 {
   download_t *d = cls;
-  watch_remove (d->watch);
+  hangup_remove (d->hangup);
   if (d->msg != NULL)
     protobuf_c_message_free_unpacked (&d->msg->base, NULL);
   rpc_client_destroy (d->call);
@@ -143,7 +143,7 @@ route_file_get (shim_req_t *r, unsigned *status)
   if (ranged && (open_end || last >= size))
     last = size - 1;
   d->left = ranged ? last - first + 1 : size;
-  d->watch = watch_add (shim_req_fd (r), d->call);
+  d->hangup = hangup_add (shim_req_fd (r), d->call);
   MHD_set_connection_option (r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0);
   struct MHD_Response *resp
       = MHD_create_response_from_callback (d->left, 256 * 1024, download_read, d, download_free);

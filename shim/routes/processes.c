@@ -34,9 +34,9 @@ text_json (const char *text)
 static json_t *
 exit_status_json (const Sandbox__V1__ExitStatus *x)
 {
-  return json_pack ("{s:i, s:i, s:b, s:b, s:b, s:o}", "exit_code", (int) x->exit_code, "signal", (int) x->signal,
-                    "timed_out", x->timed_out, "oom_killed", x->oom_killed, "pids_limited", x->pids_limited,
-                    "message", text_json (x->message));
+  return json_pack ("{s:o, s:o, s:b, s:b, s:b, s:o}", "exit_code", route_exit_code_json (x), "signal",
+                    route_exit_signal_json (x), "timed_out", x->timed_out, "oom_killed", x->oom_killed,
+                    "pids_limited", x->pids_limited, "message", text_json (x->message));
 }
 
 static json_t *
@@ -121,7 +121,7 @@ run_inputs (shim_req_t *r, Sandbox__V1__ProcessInput *const *input, size_t n, un
   rpc_client_call_t *c = run_open (r->id, &first, input, n, true, ROUTE_SHORT_CALL_MS, &st);
   if (c == NULL)
     return call_error (&st, false, status);
-  watch_t *w = watch_add (shim_req_fd (r), c);
+  hangup_t *w = hangup_add (shim_req_fd (r), c);
   for (;;)
     {
       cleanup_message ProtobufCMessage *m = NULL;
@@ -131,7 +131,7 @@ run_inputs (shim_req_t *r, Sandbox__V1__ProcessInput *const *input, size_t n, un
       if (rc <= 0)
         break;
     }
-  bool hung_up = watch_remove (w);
+  bool hung_up = hangup_remove (w);
   grpc_status_code code = rpc_client_finish (c, &st);
   rpc_client_destroy (c);
   if (code == GRPC_STATUS_OK)
@@ -224,9 +224,9 @@ route_process_start (shim_req_t *r, unsigned *status)
   shim_process_body_release (&b);
   if (c == NULL)
     return call_error (&st, false, status);
-  watch_t *w = watch_add (shim_req_fd (r), c);
+  hangup_t *w = hangup_add (shim_req_fd (r), c);
   json_t *info = wait_started (c);
-  bool hung_up = watch_remove (w);
+  bool hung_up = hangup_remove (w);
   struct MHD_Response *out;
   if (info != NULL)
     out = shim_json (info, 201, status);

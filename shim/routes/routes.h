@@ -11,10 +11,13 @@
 #ifndef SBX_SHIM_ROUTES_H
 #define SBX_SHIM_ROUTES_H
 
+#include "sandbox/v1/sandbox.pb-c.h"
 #include "shim/shim.h"
 
 /* Deadline of short gateway calls (launch, delete, status...). */
 #define ROUTE_SHORT_CALL_MS 60000
+/* A launch on an image, which may pull it first. */
+#define ROUTE_IMAGE_LAUNCH_MS (30 * 60 * 1000)
 /* Deadline of each call of a fan-out over several gateways (GET
  * /sandboxes). */
 #define ROUTE_FANOUT_CALL_MS 10000
@@ -26,6 +29,8 @@ struct MHD_Response *route_health (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_launch (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_list (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_delete (shim_req_t *r, unsigned *status);
+/* GET /sandboxes/{id}: its entry in the GET /sandboxes shape (404 unknown). */
+struct MHD_Response *route_get (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_metrics (shim_req_t *r, unsigned *status);
 
 /* ready.c */
@@ -69,6 +74,11 @@ struct MHD_Response *route_file_watch (shim_req_t *r, unsigned *status);
 
 /* ports.c (and proxy.c, through proxy.h) */
 struct MHD_Response *route_ports_list (shim_req_t *r, unsigned *status);
+
+/* images.c */
+struct MHD_Response *route_images_list (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_image_pull (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_image_delete (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_port_link (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_port_root (shim_req_t *r, unsigned *status);
 struct MHD_Response *proxy_handle (shim_req_t *r, unsigned *status);
@@ -125,5 +135,12 @@ typedef struct MHD_Response *(*route_error_fn) (grpc_status_code code, const rpc
  * malloc, freed with free() with the answer) is the events' state. */
 struct MHD_Response *route_ndjson (shim_req_t *r, rpc_client_call_t *c, const ProtobufCMessageDescriptor *desc,
                                    route_event_fn event, void *ctx, route_error_fn error, unsigned *status);
+
+/* How every answer reports how a command ended (exec, process exit lines,
+ * the terminal's exit message): `exit_code` is its exit status, or -N when
+ * signal N ended it (as Python's subprocess reports it), or null when its
+ * timeout killed it; `signal`, where an answer has it, is N or null. */
+json_t *route_exit_code_json (const Sandbox__V1__ExitStatus *x);
+json_t *route_exit_signal_json (const Sandbox__V1__ExitStatus *x);
 
 #endif

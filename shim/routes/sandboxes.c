@@ -1,5 +1,5 @@
 /* routes/sandboxes: GET /health, POST /sandboxes, GET /sandboxes,
- * DELETE /sandboxes/{id} and GET /metrics. No state. */
+ * GET /sandboxes/{id}, DELETE /sandboxes/{id} and GET /metrics. No state. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,8 +16,10 @@
 
 /* ---- GET /health -------------------------------------------------------------- */
 
-/* Whether the gateway of `ch` is SERVING, and then whether it allows
- * egress. */
+/* Whether the gateway of `ch` is usable by this shim: its health says
+ * SERVING (its sandbox runtime passes its self-check) and it answers an
+ * authenticated Status with the shim's credentials (a gateway that
+ * refuses them serves nobody here); then whether it allows egress. */
 static bool
 serving (rpc_channel_t *ch, bool *egress)
 {
@@ -47,13 +49,15 @@ serving (rpc_channel_t *ch, bool *egress)
           *egress = ((Sandbox__V1__StatusResponse *) resp)->allow_egress;
           protobuf_c_message_free_unpacked (resp, NULL);
         }
+      else
+        ok = false;
       rpc_status_release (&st);
     }
   return ok;
 }
 
-/* {"cli_mounted": a gateway serves, "allow_egress": it allows egress};
- * with SHIM_GATEWAYS, the first gateway of the set that serves. */
+/* {"cli_mounted": a gateway is usable (serving), "allow_egress": it allows
+ * egress}; with SHIM_GATEWAYS, the first gateway of the set that is. */
 struct MHD_Response *
 route_health (shim_req_t *r, unsigned *status)
 {
@@ -100,11 +104,12 @@ route_launch (shim_req_t *r, unsigned *status)
   Sandbox__V1__LaunchRequest req = SANDBOX__V1__LAUNCH_REQUEST__INIT;
   req.sandbox_id = body.id;
   req.allow_egress = body.allow_egress;
+  req.image = body.image;
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
   struct MHD_Response *out;
   if (route_unary (body.id, "/sandbox.v1.Sandbox/Launch", &req.base, &sandbox__v1__sandbox_info__descriptor, &resp,
-                   &st, ROUTE_SHORT_CALL_MS)
+                   &st, body.image[0] != '\0' ? ROUTE_IMAGE_LAUNCH_MS : ROUTE_SHORT_CALL_MS)
       == 0)
     out = launched (&body, (const Sandbox__V1__SandboxInfo *) resp, status);
   else if (st.code == GRPC_STATUS_ALREADY_EXISTS || st.code == GRPC_STATUS_INVALID_ARGUMENT
@@ -191,6 +196,24 @@ route_list (shim_req_t *r, unsigned *status)
       json_decref (arr);
       out = shim_gateway_error (st.code, &st, status);
     }
+  rpc_status_release (&st);
+  return out;
+}
+
+struct MHD_Response *
+route_get (shim_req_t *r, unsigned *status)
+{
+  Sandbox__V1__GetRequest req = SANDBOX__V1__GET_REQUEST__INIT;
+  req.sandbox_id = r->id;
+  ProtobufCMessage *resp = NULL;
+  rpc_status_t st = RPC_STATUS_INIT;
+  struct MHD_Response *out = route_unary (r->id, "/sandbox.v1.Sandbox/Get", &req.base,
+                                          &sandbox__v1__sandbox_info__descriptor, &resp, &st, ROUTE_SHORT_CALL_MS)
+                                     == 0
+                                 ? shim_json (sandbox_json ((const Sandbox__V1__SandboxInfo *) resp), 200, status)
+                                 : shim_gateway_error (st.code, &st, status);
+  if (resp != NULL)
+    protobuf_c_message_free_unpacked (resp, NULL);
   rpc_status_release (&st);
   return out;
 }

@@ -15,6 +15,10 @@
 #include "shim/members.h"
 #include "shim/routes/routes.h"
 
+/* The longest a Connect may take (it may restore a large snapshot from the
+ * store): past it the call is cancelled, and the miss logged. */
+#define SHIM_CONNECT_DEADLINE_MS (10 * 60 * 1000)
+
 /* ---- POST /sandboxes/{id}/restore ---------------------------------------------- */
 
 typedef struct restore_s
@@ -136,7 +140,7 @@ route_restore_cleanup (shim_req_t *r)
 typedef struct tar_s
 {
   rpc_client_call_t *call;
-  watch_t *watch;
+  hangup_t *hangup;
   Sandbox__V1__SnapshotChunk *msg;
   size_t off;
   bool done;
@@ -184,7 +188,7 @@ static void
 tar_free (void *cls)
 {
   tar_t *t = cls;
-  watch_remove (t->watch);
+  hangup_remove (t->hangup);
   if (t->msg != NULL)
     protobuf_c_message_free_unpacked (&t->msg->base, NULL);
   rpc_client_destroy (t->call);
@@ -216,7 +220,7 @@ route_tar (shim_req_t *r, unsigned *status)
       tar_free (t);
       return out;
     }
-  t->watch = watch_add (shim_req_fd (r), t->call);
+  t->hangup = hangup_add (shim_req_fd (r), t->call);
   MHD_set_connection_option (r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0);
   struct MHD_Response *resp = MHD_create_response_from_callback (MHD_SIZE_UNKNOWN, 256 * 1024, tar_read, t, tar_free);
   MHD_add_response_header (resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-tar");
@@ -225,6 +229,14 @@ route_tar (shim_req_t *r, unsigned *status)
 }
 
 /* ---- extensions: snapshot, connect, metrics ---------------------------------------- */
+
+/* Logs a Connect of `id` that ran into SHIM_CONNECT_DEADLINE_MS. */
+static void
+connect_deadline_check (const char *id, const rpc_status_t *st)
+{
+  if (st->code == GRPC_STATUS_DEADLINE_EXCEEDED)
+    log_msg (SEV_WARNING, "Connect of sandbox `%s` cut at its deadline of %d s", id, SHIM_CONNECT_DEADLINE_MS / 1000);
+}
 
 struct MHD_Response *
 route_snapshot (shim_req_t *r, unsigned *status)
@@ -238,7 +250,7 @@ route_snapshot (shim_req_t *r, unsigned *status)
           == 0
       && rpc_client_send (c, &req.base, &err) == 0 && rpc_client_close_send (c, &err) == 0)
     {
-      watch_t *w = watch_add (shim_req_fd (r), c);
+      hangup_t *w = hangup_add (shim_req_fd (r), c);
       for (;;)
         {
           ProtobufCMessage *m = NULL;
@@ -249,7 +261,7 @@ route_snapshot (shim_req_t *r, unsigned *status)
           else
             protobuf_c_message_free_unpacked (m, NULL);
         }
-      watch_remove (w);
+      hangup_remove (w);
     }
   err_release (&err);
   rpc_status_t st = RPC_STATUS_INIT;
@@ -282,7 +294,7 @@ route_connect (shim_req_t *r, unsigned *status)
   rpc_status_t st = RPC_STATUS_INIT;
   struct MHD_Response *out;
   if (route_unary (r->id, "/sandbox.v1.Sandbox/Connect", &req.base, &sandbox__v1__connect_response__descriptor, &resp,
-                   &st, 600000)
+                   &st, SHIM_CONNECT_DEADLINE_MS)
       == 0)
     {
       static const char *const outcomes[] = {"unspecified", "live", "restored", "created"};
@@ -291,7 +303,10 @@ route_connect (shim_req_t *r, unsigned *status)
                        200, status);
     }
   else
-    out = shim_gateway_error (st.code, &st, status);
+    {
+      connect_deadline_check (r->id, &st);
+      out = shim_gateway_error (st.code, &st, status);
+    }
   if (resp != NULL)
     protobuf_c_message_free_unpacked (resp, NULL);
   rpc_status_release (&st);
@@ -312,8 +327,9 @@ route_restore_missing (const char *id)
   rpc_status_t st = RPC_STATUS_INIT;
   int64_t t0 = shim_mono_ns ();
   bool ok = route_unary (id, "/sandbox.v1.Sandbox/Connect", &req.base, &sandbox__v1__connect_response__descriptor,
-                         &resp, &st, 600000)
+                         &resp, &st, SHIM_CONNECT_DEADLINE_MS)
             == 0;
+  connect_deadline_check (id, &st);
   const char *outcome = ok ? "restored" : st.code == GRPC_STATUS_NOT_FOUND ? "absent" : "failed";
   metrics_restore_on_miss (outcome);
   log_fields (ok                                 ? SEV_INFO

@@ -12,7 +12,7 @@
  *   - the socket thread (term_main) owns the WebSocket (ws.c) and is the
  *     call's sender: client messages become ProcessInput messages as they
  *     arrive; it also writes the output the pump hands it;
- *   - the pump (term_pump) is the call's receiver: ProcessEvents go into a
+ *   - the pump (terminal_pump) is the call's receiver: ProcessEvents go into a
  *     bounded queue (TERMINAL_MAX_BUFFERED) and the socket thread is woken
  *     through an eventfd. A full queue holds the pump back, which holds the
  *     gateway back (flow control), so a slow client costs bounded memory.
@@ -27,6 +27,9 @@
  * call fails → close 1011; the shim stops → close 1001. Then the socket
  * goes back to MHD (MHD_UPGRADE_ACTION_CLOSE), which frees the connection
  * slot the terminal held all along.
+ *
+ * The JSON messages are terminal_messages.c's; the state both threads
+ * share is terminal_term.h's.
  *
  * The registry of terminals (reg_mu) caps them (SHIM_MAX_TERMINALS) and
  * lets terminal_stop_all() end them before the HTTP daemon stops.
@@ -48,14 +51,14 @@
 #include "shim/metrics.h"
 #include "shim/members.h"
 #include "shim/routes/routes.h"
+#include "shim/routes/terminal_messages.h"
+#include "shim/routes/terminal_term.h"
 #include "shim/watchdog.h"
 #include "shim/ws.h"
 
 #define TERMINAL_PROTOCOL "terminal"
 /* Largest client message (a paste); larger closes the socket with 1009. */
 #define TERMINAL_MAX_INPUT (1024 * 1024)
-/* Output taken from the gateway and not yet handed to the socket. */
-#define TERMINAL_MAX_BUFFERED (1024 * 1024)
 /* Messages handed to wslay and not yet written to the socket. */
 #define TERMINAL_MAX_WS_QUEUED 8
 /* A ping after this long without one (idle paths stay open; a dead peer's
@@ -67,39 +70,6 @@
 #define TERMINAL_STOP_WAIT_MS 10000
 #define TERMINAL_THREAD_STACK (256 * 1024)
 
-typedef struct chunk_s
-{
-  struct chunk_s *next;
-  bool text;
-  size_t len;
-  uint8_t data[];
-} chunk_t;
-
-typedef struct term_s
-{
-  rpc_client_call_t *call;
-  bool call_visible; /* under reg_mu: terminal_stop_all may cancel it */
-  char sandbox_id[SHIM_ID_MAX + 1], process_id[SHIM_ID_MAX + 1];
-  int wake_fd; /* eventfd: output queued, or the shim is stopping */
-  int64_t start_ns;
-  /* After the upgrade (the socket thread owns the terminal from then on). */
-  struct MHD_UpgradeResponseHandle *urh;
-  ws_t *ws;
-  pthread_t pump;
-  bool pump_started;
-  bool input_failed; /* a send failed: the call has ended */
-  /* Between pump and socket thread, under mu. */
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  chunk_t *head, *tail;
-  size_t buffered;
-  bool ended;   /* the pump saw the end of the gateway's stream */
-  bool exited;  /* an exit event came */
-  bool closing; /* the socket side is done: the pump stops waiting for room */
-  /* The registry, under reg_mu. */
-  struct term_s *prev, *next;
-} term_t;
-
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t reg_cv = PTHREAD_COND_INITIALIZER;
 static term_t *terms;
@@ -110,16 +80,6 @@ static int64_t
 now_ms (void)
 {
   return shim_mono_ns () / 1000000;
-}
-
-static void
-wake (term_t *t)
-{
-  uint64_t one = 1;
-  if (write (t->wake_fd, &one, sizeof one) < 0)
-    {
-      /* the counter is full: a wake-up is pending anyway */
-    }
 }
 
 /* ---- the registry ------------------------------------------------------------ */
@@ -199,7 +159,7 @@ terminal_stop_all (void)
   atomic_store (&stopping, true);
   for (term_t *t = terms; t != NULL; t = t->next)
     {
-      wake (t);
+      terminal_wake (t);
       /* A socket thread waiting on a send (the process does not read)
        * would not see the wake-up: the cancel frees it. */
       if (t->call_visible)
@@ -217,174 +177,7 @@ terminal_stop_all (void)
     log_msg (SEV_WARNING, "%ld terminal(s) still open at shutdown", left);
 }
 
-/* ---- gateway → client: the pump ------------------------------------------------ */
-
-static chunk_t *
-chunk_new (bool text, const void *data, size_t len)
-{
-  chunk_t *c = malloc (sizeof *c + len);
-  if (c == NULL)
-    return NULL;
-  c->next = NULL;
-  c->text = text;
-  c->len = len;
-  memcpy (c->data, data, len);
-  return c;
-}
-
-static chunk_t *
-exit_chunk (const Sandbox__V1__ExitStatus *x)
-{
-  json_t *j = json_pack ("{s:s, s:o, s:o, s:b}", "type", "exit", "exit_code",
-                         x->signal != 0 ? json_null () : json_integer (x->exit_code), "signal",
-                         x->signal != 0 ? json_integer (x->signal) : json_null (), "timed_out", x->timed_out);
-  char *text = j != NULL ? json_dumps (j, JSON_COMPACT) : NULL;
-  json_decref (j);
-  chunk_t *c = text != NULL ? chunk_new (true, text, strlen (text)) : NULL;
-  free (text);
-  return c;
-}
-
-/* Queues `c` for the socket thread, waiting for room. False (and `c`
- * freed) once the socket side is done. */
-static bool
-term_push (term_t *t, chunk_t *c)
-{
-  pthread_mutex_lock (&t->mu);
-  while (t->buffered > 0 && t->buffered + c->len > TERMINAL_MAX_BUFFERED && !t->closing)
-    pthread_cond_wait (&t->cv, &t->mu);
-  bool ok = !t->closing;
-  if (ok)
-    {
-      if (t->tail != NULL)
-        t->tail->next = c;
-      else
-        t->head = c;
-      t->tail = c;
-      t->buffered += c->len;
-    }
-  pthread_mutex_unlock (&t->mu);
-  if (!ok)
-    free (c);
-  else
-    wake (t);
-  return ok;
-}
-
-static void *
-term_pump (void *arg)
-{
-  term_t *t = arg;
-  bool exited = false;
-  for (;;)
-    {
-      ProtobufCMessage *m = NULL;
-      err_t err = ERR_INIT;
-      int rc = rpc_client_recv (t->call, &sandbox__v1__process_event__descriptor, &m, &err);
-      err_release (&err);
-      if (rc <= 0)
-        break;
-      Sandbox__V1__ProcessEvent *e = (Sandbox__V1__ProcessEvent *) m;
-      chunk_t *c = NULL;
-      if (e->event_case == SANDBOX__V1__PROCESS_EVENT__EVENT_STDOUT && e->stdout.len > 0)
-        c = chunk_new (false, e->stdout.data, e->stdout.len);
-      else if (e->event_case == SANDBOX__V1__PROCESS_EVENT__EVENT_STDERR && e->stderr.len > 0)
-        c = chunk_new (false, e->stderr.data, e->stderr.len);
-      else if (e->event_case == SANDBOX__V1__PROCESS_EVENT__EVENT_EXIT && e->exit != NULL)
-        {
-          c = exit_chunk (e->exit);
-          exited = true;
-        }
-      if (c != NULL)
-        metrics_bytes (false, c->len);
-      protobuf_c_message_free_unpacked (m, NULL);
-      if (c != NULL && !term_push (t, c))
-        break;
-    }
-  pthread_mutex_lock (&t->mu);
-  t->ended = true;
-  t->exited = exited;
-  pthread_mutex_unlock (&t->mu);
-  wake (t);
-  return NULL;
-}
-
-/* ---- client → gateway: control messages ------------------------------------- */
-
-static const struct
-{
-  const char *name;
-  int number;
-} signal_names[] = {
-    {"HUP", SIGHUP},   {"INT", SIGINT},   {"QUIT", SIGQUIT}, {"KILL", SIGKILL}, {"USR1", SIGUSR1},
-    {"USR2", SIGUSR2}, {"TERM", SIGTERM}, {"CONT", SIGCONT}, {"STOP", SIGSTOP}, {"TSTP", SIGTSTP},
-    {"ALRM", SIGALRM}, {"PIPE", SIGPIPE}, {"TTIN", SIGTTIN}, {"TTOU", SIGTTOU}, {"WINCH", SIGWINCH},
-};
-
-/* A signal given as a name ("SIGINT", "int") or a number; 0 when neither. */
-static int
-signal_of (json_t *v)
-{
-  if (json_is_integer (v))
-    {
-      json_int_t n = json_integer_value (v);
-      return n >= 1 && n <= 64 ? (int) n : 0;
-    }
-  if (!json_is_string (v))
-    return 0;
-  const char *s = json_string_value (v);
-  if (strncasecmp (s, "SIG", 3) == 0)
-    s += 3;
-  for (size_t i = 0; i < sizeof signal_names / sizeof signal_names[0]; i++)
-    if (strcasecmp (s, signal_names[i].name) == 0)
-      return signal_names[i].number;
-  return 0;
-}
-
-/* A terminal dimension (1..65535), or 0. */
-static uint32_t
-dimension_of (json_t *v)
-{
-  json_int_t n = json_is_integer (v) ? json_integer_value (v) : 0;
-  return n >= 1 && n <= 65535 ? (uint32_t) n : 0;
-}
-
-/* Fills `in` from a JSON control message; NULL when fine, else why not. */
-static const char *
-control_of (const uint8_t *data, size_t len, Sandbox__V1__ProcessInput *in, Sandbox__V1__PtySize *size, json_t **doc)
-{
-  json_error_t jerr;
-  *doc = json_loadb ((const char *) data, len, JSON_REJECT_DUPLICATES, &jerr);
-  json_t *type = json_object_get (*doc, "type");
-  if (!json_is_string (type))
-    return "a control message is a JSON object with a string \"type\"";
-  const char *k = json_string_value (type);
-  if (strcmp (k, "resize") == 0)
-    {
-      size->rows = dimension_of (json_object_get (*doc, "rows"));
-      size->cols = dimension_of (json_object_get (*doc, "cols"));
-      if (size->rows == 0 || size->cols == 0)
-        return "resize needs integer \"rows\" and \"cols\" from 1 to 65535";
-      in->input_case = SANDBOX__V1__PROCESS_INPUT__INPUT_RESIZE;
-      in->resize = size;
-      return NULL;
-    }
-  if (strcmp (k, "signal") == 0)
-    {
-      in->signal = signal_of (json_object_get (*doc, "signal"));
-      if (in->signal == 0)
-        return "signal needs \"signal\": a name such as \"SIGINT\" or a number from 1 to 64";
-      in->input_case = SANDBOX__V1__PROCESS_INPUT__INPUT_SIGNAL;
-      return NULL;
-    }
-  if (strcmp (k, "close_stdin") == 0)
-    {
-      in->input_case = SANDBOX__V1__PROCESS_INPUT__INPUT_CLOSE_STDIN;
-      in->close_stdin = true;
-      return NULL;
-    }
-  return "unknown \"type\" (expected resize, signal or close_stdin)";
-}
+/* ---- client → gateway ---------------------------------------------------------- */
 
 /* A message from the client (ws_message_fn), on the socket thread. */
 static void
@@ -407,15 +200,13 @@ term_input (void *user, bool text, const uint8_t *data, size_t len)
     }
   else
     {
-      const char *why = control_of (data, len, &in, &size, &doc);
+      const char *why = terminal_control_of (data, len, &in, &size, &doc);
       if (why != NULL)
         {
-          json_t *e = json_pack ("{s:s, s:s}", "type", "error", "detail", why);
-          char *s = e != NULL ? json_dumps (e, JSON_COMPACT) : NULL;
+          char *s = terminal_error_text (why);
           if (s != NULL)
             ws_send (t->ws, true, s, strlen (s));
           free (s);
-          json_decref (e);
           json_decref (doc);
           return;
         }
@@ -509,7 +300,7 @@ term_main (void *arg)
   pthread_attr_t attr;
   pthread_attr_init (&attr);
   pthread_attr_setstacksize (&attr, TERMINAL_THREAD_STACK);
-  t->pump_started = pthread_create (&t->pump, &attr, term_pump, t) == 0;
+  t->pump_started = pthread_create (&t->pump, &attr, terminal_pump, t) == 0;
   pthread_attr_destroy (&attr);
   const char *why = "client closed";
   int64_t last_ping = now_ms (), close_deadline = -1;
@@ -589,18 +380,10 @@ static const char *
 handshake_problem (shim_req_t *r, char accept[WS_ACCEPT_LEN + 1])
 {
   struct MHD_Connection *c = r->conn;
-  if (r->version == NULL || strcmp (r->version, MHD_HTTP_VERSION_1_1) != 0)
-    return "A WebSocket upgrade needs HTTP/1.1";
-  if (!ws_header_has_token (MHD_lookup_connection_value (c, MHD_HEADER_KIND, MHD_HTTP_HEADER_UPGRADE), "websocket"))
-    return "Not a WebSocket upgrade: missing `Upgrade: websocket`";
-  if (!ws_header_has_token (MHD_lookup_connection_value (c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONNECTION), "upgrade"))
-    return "Not a WebSocket upgrade: missing `Connection: Upgrade`";
-  const char *version = MHD_lookup_connection_value (c, MHD_HEADER_KIND, "Sec-WebSocket-Version");
-  if (version == NULL || strcmp (version, "13") != 0)
-    return "Unsupported Sec-WebSocket-Version (this server speaks 13)";
-  if (ws_accept_key (MHD_lookup_connection_value (c, MHD_HEADER_KIND, "Sec-WebSocket-Key"), accept) < 0)
-    return "Missing or malformed Sec-WebSocket-Key";
-  return NULL;
+  return ws_handshake_problem (r->version, MHD_lookup_connection_value (c, MHD_HEADER_KIND, MHD_HTTP_HEADER_UPGRADE),
+                               MHD_lookup_connection_value (c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONNECTION),
+                               MHD_lookup_connection_value (c, MHD_HEADER_KIND, "Sec-WebSocket-Version"),
+                               MHD_lookup_connection_value (c, MHD_HEADER_KIND, "Sec-WebSocket-Key"), accept);
 }
 
 /* Starts the attach call and waits for `started`: 0, or -1 with the HTTP
@@ -625,12 +408,12 @@ term_attach (shim_req_t *r, term_t *t, bool replay, struct MHD_Response **resp, 
       return -1;
     }
   t->call = call;
-  watch_t *w = watch_add (shim_req_fd (r), call);
+  hangup_t *w = hangup_add (shim_req_fd (r), call);
   ProtobufCMessage *m = NULL;
   int rc = rpc_client_send (call, &first.base, &err);
   if (rc == 0)
     rc = rpc_client_recv (call, &sandbox__v1__process_event__descriptor, &m, &err);
-  watch_remove (w);
+  hangup_remove (w);
   err_release (&err);
   bool started = rc > 0 && ((Sandbox__V1__ProcessEvent *) m)->event_case == SANDBOX__V1__PROCESS_EVENT__EVENT_STARTED;
   if (m != NULL)

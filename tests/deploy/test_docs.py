@@ -13,6 +13,9 @@ The test asserts that the tables list exactly the variables of `--help`
 (none missing, none stale) with the same defaults, and that every variable
 also appears elsewhere in the doc's text as written.
 
+docs/runtime.md and docs/agents.md name only constants, settings and
+files that exist (a rename without the doc fails).
+
 Binaries: SANDBOX_GATEWAY_BIN and SANDBOX_SHIM_BIN, else the plain build
 under bazel-out/k8-fastbuild/bin (as the integration tests).
 """
@@ -127,3 +130,34 @@ def test_entrypoint_variables_are_documented(doc):
     assert names, "no variables found in deploy/entrypoint.sh's header"
     absent = sorted(n for n in names if n not in doc)
     assert not absent, absent
+
+
+# ---- docs/runtime.md and docs/agents.md name only what exists -------------------------------
+
+NAMED_DOCS = [ROOT / "docs" / "runtime.md", ROOT / "docs" / "agents.md"]
+SOURCE_DIRS = ["common", "gateway", "shim"]
+
+
+def _sources_text() -> str:
+    parts = []
+    for d in SOURCE_DIRS:
+        for p in sorted((ROOT / d).rglob("*")):
+            if p.suffix in (".c", ".h") and p.is_file():
+                parts.append(p.read_text(errors="replace"))
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize("path", NAMED_DOCS, ids=[p.name for p in NAMED_DOCS])
+def test_named_constants_and_files_exist(path):
+    """Every `UPPER_CASE` name the doc quotes (a setting or a constant) is
+    in the sources, and every repository path it quotes exists: renaming
+    or removing one without the doc fails here."""
+    text = path.read_text()
+    sources = _sources_text()
+    names = set(re.findall(r"`([A-Z][A-Z0-9]*_[A-Z0-9_]+)`", text))
+    assert names, f"{path.name} quotes no constant"
+    absent = sorted(n for n in names if n not in sources)
+    assert not absent, f"{path.name} names {absent}, which no file of {SOURCE_DIRS} has"
+    files = set(re.findall(r"`((?:gateway|common|shim|tests|bench)/[A-Za-z0-9_./-]+)`", text))
+    missing = sorted(f for f in files if not (ROOT / f).exists())
+    assert not missing, f"{path.name} names {missing}, which do not exist"

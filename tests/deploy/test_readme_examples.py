@@ -11,6 +11,12 @@ contract's JSON answers the keys they name. NDJSON answers must be JSON
 lines ending with an exit line. A command that follows a stream
 (`follow=true`) runs in the background until a later command ends what it
 follows, as a reader of the README would run it.
+
+A comment line `# => [STATUS] [{JSON}]` right after a command is the
+command's documented answer (docs/agents.md writes them): its status
+replaces the table's, and every key of its JSON must be in the answer's
+JSON with that value. Every ```sh block of docs/agents.md must be
+runnable: the guide has no command that no test runs.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ from tests.lib.shim import running_shim
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 REST_HEADING = "## The REST API (sandbox-shim)"
+# A guide all of whose commands run (every ```sh block marked runnable).
+ALL_RUNNABLE = [ROOT / "docs" / "agents.md"]
+ANSWER = re.compile(r"^#\s*=>\s*(?:(\d{3})\b)?\s*(\{.*\})?\s*$")
 # Files the examples read, made in their working directory.
 FIXTURES = {"input.txt": b"hello from input.txt\n"}
 CURL_STATUS = "@@status="
@@ -53,16 +62,34 @@ def self_contained(block: str) -> bool:
     return re.search(r"^SHIM=", block, flags=re.M) is not None
 
 
-def commands(block: str) -> list[str]:
-    out, cur = [], ""
+class Answer:
+    """A command's documented answer (`# => STATUS {JSON}`)."""
+
+    def __init__(self, status: Optional[int], fields: dict):
+        self.status, self.fields = status, fields
+
+
+def commands_with_answers(block: str) -> list[tuple[str, Optional[Answer]]]:
+    out: list[tuple[str, Optional[Answer]]] = []
+    cur = ""
     for line in block.splitlines():
         cur += line.rstrip("\\") + (" " if line.endswith("\\") else "")
         if line.endswith("\\"):
             continue
         cmd, cur = cur.strip(), ""
-        if cmd and not cmd.startswith("#") and not re.match(r"^(SECRET|SHIM)=", cmd):
-            out.append(cmd)
+        m = ANSWER.match(cmd)
+        if m:
+            assert out and out[-1][1] is None, f"`{cmd}` follows no command, or a command's second answer"
+            assert m.group(1) or m.group(2), f"`{cmd}` says nothing"
+            out[-1] = (out[-1][0], Answer(int(m.group(1)) if m.group(1) else None,
+                                          json.loads(m.group(2)) if m.group(2) else {}))
+        elif cmd and not cmd.startswith("#") and not re.match(r"^(SECRET|SHIM)=", cmd):
+            out.append((cmd, None))
     return out
+
+
+def commands(block: str) -> list[str]:
+    return [cmd for cmd, _ in commands_with_answers(block)]
 
 
 class Documented:
@@ -125,9 +152,16 @@ def split_answer(out: str) -> tuple[str, Optional[int]]:
     return out[:i], int(out[i + 1 + len(CURL_STATUS):].strip() or 0)
 
 
-def check(cmd: str, row: Documented, out: str) -> None:
+def check(cmd: str, row: Documented, out: str, answer: Optional[Answer] = None) -> None:
     body, status = split_answer(out)
-    assert status == row.status, f"`{cmd}`: status {status}, the README says {row.status}\n{out[-2000:]}"
+    want = answer.status if answer is not None and answer.status is not None else row.status
+    assert status == want, f"`{cmd}`: status {status}, the docs say {want}\n{out[-2000:]}"
+    if answer is not None and answer.fields:
+        got = json.loads(body)
+        wrong = {k: got.get(k, "(absent)") for k, v in answer.fields.items() if got.get(k) != v}
+        assert not wrong, f"`{cmd}`: {wrong} where the docs say {answer.fields}\n{body[-2000:]}"
+    if want != row.status:
+        return  # an error the docs show: its JSON is {"detail"}, not the success's keys
     if "application/x-ndjson" in cmd or "follow=true" in cmd:
         lines = [json.loads(line) for line in body.splitlines() if line.strip()]
         assert lines and {"exit_code"} <= set(lines[-1]), f"`{cmd}`: no exit line\n{body[-2000:]}"
@@ -144,6 +178,16 @@ def blocks_to_run() -> list[tuple[str, str]]:
     for doc in sorted((ROOT / "docs").glob("*.md")):
         found += [(doc.name, b) for b in sh_blocks(doc.read_text(), runnable_only=True)]
     return found
+
+
+def test_every_block_of_the_agent_guide_runs():
+    for doc in ALL_RUNNABLE:
+        text = doc.read_text()
+        blocks, runnable = sh_blocks(text), sh_blocks(text, runnable_only=True)
+        assert runnable, f"{doc.name} has no runnable ```sh block"
+        assert len(blocks) == len(runnable), f"{doc.name}: a ```sh block is not marked <!-- runnable -->"
+        for block in runnable:
+            assert self_contained(block), f"{doc.name}: a block does not set SHIM= itself"
 
 
 def test_the_rest_section_has_examples_to_run():
@@ -169,7 +213,7 @@ def test_examples_answer_as_documented(gateway_secret, where, block):
         env = {"PATH": "/usr/bin:/bin", "SECRET": gateway_secret, "SHIM": f"http://127.0.0.1:{shim.port}"}
         background: list[tuple[str, subprocess.Popen]] = []
         try:
-            for cmd in commands(block):
+            for cmd, answer in commands_with_answers(block):
                 row = expectation(rows, cmd) if cmd.startswith("curl") else None
                 if "follow=true" in cmd:
                     background.append((cmd, subprocess.Popen(["bash", "-c", wrapped(cmd)], cwd=cwd, env=env,
@@ -179,7 +223,7 @@ def test_examples_answer_as_documented(gateway_secret, where, block):
                                      timeout=COMMAND_TIMEOUT_S + 10)
                 assert run.returncode == 0, f"{where}: `{cmd}` failed\n{run.stdout[-1000:]}{run.stderr[-1000:]}"
                 if row is not None:
-                    check(cmd, row, run.stdout)
+                    check(cmd, row, run.stdout, answer)
             for cmd, proc in background:
                 out, _ = proc.communicate(timeout=COMMAND_TIMEOUT_S)
                 assert proc.returncode == 0, f"{where}: `{cmd}` did not end with what the block ran after it"

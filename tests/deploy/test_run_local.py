@@ -32,3 +32,32 @@ def test_run_local_installs_only_what_running_needs():
     for tool in ["nodejs", "npm", "crun", "debootstrap", "umoci", "skopeo", "clang", "chromium", "python3-pytest"]:
         assert tool not in listing, tool
     assert "libgrpc-dev" in listing and "slirp4netns" in listing
+
+
+LOCAL_ROOTFS = ROOT / "scripts" / "local-rootfs.sh"
+
+
+def rootfs_choice(env: dict) -> subprocess.CompletedProcess:
+    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root")}
+    return subprocess.run(["bash", str(LOCAL_ROOTFS)], capture_output=True, text=True, timeout=600,
+                          env={**base, **env})
+
+
+def test_run_local_shows_sandboxes_the_host_root_only_when_asked_by_name():
+    r = rootfs_choice({"SANDBOX_LOCAL_ROOTFS": "host-root-exposes-host-files"})
+    assert r.returncode == 0 and r.stdout == "/\n"
+    assert "WARNING" in r.stderr and "snapshots" in r.stderr and "mTLS" in r.stderr
+    r = rootfs_choice({"SANDBOX_LOCAL_ROOTFS": "yes"})
+    assert r.returncode == 2 and r.stdout == ""
+    r = rootfs_choice({"SANDBOX_ROOTFS": "/srv/image"})
+    assert r.returncode == 0 and r.stdout == "/srv/image\n"
+    assert "SANDBOX_ROOTFS" in SCRIPT.read_text() and "local-rootfs.sh" in SCRIPT.read_text()
+
+
+def test_run_local_defaults_to_the_prepared_debian_base():
+    r = rootfs_choice({})
+    assert r.returncode == 0, r.stderr
+    root = r.stdout.strip()
+    assert root != "/" and os.path.isdir(os.path.join(root, "etc")) and "sandbox-gateway" in root
+    # Nothing of this host's own state there.
+    assert not os.path.exists(os.path.join(root, "var", "lib", "sandbox-gateway"))

@@ -176,10 +176,42 @@ def gcs():
     seed("b64", 5, 0, "\x00\xff\xfe\x01abc")
 
 
+# ---- http1: selector byte, split step, a sandbox server's bytes ---------------------
+def http1():
+    def seed(name, sel, step, data):
+        write("http1", name, bytes([sel, step]) + (data if isinstance(data, bytes) else data.encode()))
+
+    seed("head-ok", 0, 7, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello")
+    seed("head-chunked", 0, 0, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close, X-A\r\n\r\n")
+    seed("head-10-eof", 0, 3, "HTTP/1.0 404 \r\nX-Blank: \t v \t\r\n\r\n")
+    seed("head-bare-lf", 0, 1, "HTTP/1.1 200 OK\nA: b\n\n")
+    seed("head-obs-fold", 0, 2, "HTTP/1.1 200 OK\r\nA: b\r\n c\r\n\r\n")
+    seed("head-dup-cl", 0, 5, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5, 5\r\n\r\n")
+    seed("head-cl-differ", 0, 5, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n")
+    seed("head-cl-te", 0, 9, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n")
+    seed("head-cl-overflow", 0, 9, "HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n")
+    seed("head-te-gzip", 0, 9, "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n")
+    seed("head-status-bad", 0, 0, "HTTP/1.1 20x OK\r\nA: b\r\n\r\n")
+    seed("head-no-colon", 0, 0, "HTTP/1.1 101 Switching\r\nUpgrade: websocket\r\nNo colon\r\n\r\n")
+    seed("head-ctl", 0, 0, b"HTTP/1.1 200 OK\r\nA: b\x00c\r\nB: \x7f\r\n\r\n")
+    seed("head-many", 0, 200, "HTTP/1.1 200 OK\r\n" + "".join("X-%d: v\r\n" % i for i in range(130)) + "\r\n")
+    seed("head-big", 0, 255, "HTTP/1.1 200 OK\r\nX-Big: " + "h" * 70000 + "\r\n\r\n")
+    seed("chunked-ok", 1, 3, "5\r\nhello\r\n1;name=value\r\n \r\nA \t; ext\r\n0123456789\r\n0\r\nX-T: y\r\n\r\nafter")
+    seed("chunked-missing-end", 1, 2, "5\r\nhello\r\n")
+    seed("chunked-negative", 1, 1, "-1\r\nx\r\n0\r\n\r\n")
+    seed("chunked-overflow", 1, 4, "10000000000000000\r\nx\r\n")
+    seed("chunked-hex-garbage", 1, 0, "0x10\r\nzz\r\n")
+    seed("chunked-bare-lf", 1, 0, "5\nhello\n0\n\n")
+    seed("chunked-no-crlf", 1, 6, "5\r\nhelloX\r\n0\r\n\r\n")
+    seed("chunked-long-ext", 1, 100, "1;" + "e" * 1100 + "\r\nx\r\n0\r\n\r\n")
+    seed("chunked-trailers", 1, 50, "0\r\n" + "X: " + "t" * 17000 + "\r\n\r\n")
+
+
 if __name__ == "__main__":
-    for t in ("shim", "unpack", "proto", "gcs_parse"):
+    for t in ("shim", "unpack", "proto", "gcs_parse", "http1"):
         shutil.rmtree(os.path.join(OUT, t), ignore_errors=True)
     shim()
     unpack()
     proto()
     gcs()
+    http1()

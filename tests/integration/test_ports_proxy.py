@@ -98,6 +98,10 @@ class H(BaseHTTPRequestHandler):
         elif self.path.startswith("/late/"):
             time.sleep(int(self.path[6:]))
             self.echo()
+        elif self.path.startswith("/malformed/"):
+            self.wfile.write(MALFORMED[self.path[11:]])
+            self.wfile.flush()
+            self.close_connection = True
         elif self.path.startswith("/status/"):
             self.send_response(int(self.path[8:]))
             self.send_header("Content-Length", "0")
@@ -144,6 +148,14 @@ class H(BaseHTTPRequestHandler):
         else:
             self.echo()
     do_POST = do_PUT = do_DELETE = do_PATCH = echo
+MALFORMED = {
+    "cl-te": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "bare-lf": b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok",
+    "obs-fold": b"HTTP/1.1 200 OK\r\nX-A: b\r\n c\r\nContent-Length: 2\r\n\r\nok",
+    "two-lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok!",
+    "same-lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok",
+    "bad-chunk": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n-1\r\n\r\n",
+}
 ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H).serve_forever()
 """
 
@@ -886,6 +898,31 @@ def test_sandbox_statuses_are_counted_by_class(shim, web):
     # number; none of them is a 2xx.
     assert "2xx" in statuses, sorted(statuses)
     assert not [s for s in statuses if s.isdigit() and 200 <= int(s) < 300], sorted(statuses)
+
+
+def test_malformed_answers_are_502_saying_what_is_wrong(shim, web):
+    """A server in the sandbox that answers with a head a proxy must not
+    guess at (Content-Length with Transfer-Encoding, bare LF line ends,
+    a folded header, two different lengths) gets the client a 502 naming
+    the fault; equal repeated lengths are one length; a chunked body with
+    a bad chunk size ends the answer cut short (never with a body the
+    client could take as complete). The proxy goes on serving."""
+    for name, why in (("cl-te", "both Content-Length and Transfer-Encoding"), ("bare-lf", "bare LF"),
+                      ("obs-fold", "obs-fold"), ("two-lengths", "Content-Length values that differ")):
+        r = shim.request("GET", _path(web, "/malformed/" + name))
+        assert r.status == 502 and why in r.json()["detail"], (name, r)
+    r = shim.request("GET", _path(web, "/malformed/same-lengths"))
+    assert r.status == 200 and r.body == b"ok", r
+    conn = shim.connection(30)
+    try:
+        conn.request("GET", _path(web, "/malformed/bad-chunk"), headers=shim.auth_headers())
+        resp = conn.getresponse()
+        assert resp.status == 200, resp.status
+        with pytest.raises(http.client.IncompleteRead):
+            resp.read()
+    finally:
+        conn.close()
+    assert shim.request("GET", _path(web, "/echo")).status == 200
 
 
 def test_interim_answers_are_capped(shim, web):

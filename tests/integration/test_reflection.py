@@ -13,7 +13,8 @@ SANDBOX_FILE = "sandbox/v1/sandbox.proto"
 SANDBOX_METHODS = ["Launch", "Restore", "Exec", "Run", "ListProcesses", "SignalProcess", "ExportSnapshot",
                    "PersistSnapshot",
                    "Connect", "Delete", "Get", "List", "Status", "ReadFile", "WriteFile", "ListDir", "Stat",
-                   "Remove", "Rename", "MakeDir", "Watch", "Forward", "ListPorts"]
+                   "Remove", "Rename", "MakeDir", "Watch", "Forward", "ListPorts",
+                   "PullImage", "ListImages", "RemoveImage"]
 NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]  # 5
 
 

@@ -231,6 +231,18 @@ def test_command_not_found_exits_127_with_a_message_on_stderr(sbx, box):
     assert "no-such-command-xyz" in res.err and "No such file or directory" in res.err, res.describe()
 
 
+def test_more_arguments_than_the_holder_takes_are_refused_by_name(sbx, box):
+    # 4 095 arguments is the most (SBX_EXEC_MAX_ARGS); one more is refused
+    # before the request is sent, with an error that names the limit.
+    res = sbx.exec(box, ["sh", "-c", 'echo "$#"', "sh"] + ["a"] * (4095 - 4))
+    assert res.code == 0 and res.out.strip() == str(4095 - 4), res.describe()
+    with pytest.raises(grpc.RpcError) as ei:
+        sbx.exec(box, ["true"] + ["a"] * 4095)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "at most 4095 arguments" in ei.value.details()
+    assert sbx.exec(box, ["true"]).code == 0
+
+
 # --- streaming -----------------------------------------------------------------
 
 def test_output_is_streamed_while_the_command_still_runs(sbx, fresh):

@@ -80,6 +80,7 @@ AUTH_ROUTES = [
     ("GET", "/sandboxes/authcheck/ports/8000", None),
     ("GET", "/sandboxes/authcheck/ports/8000/", None),
     ("POST", "/sandboxes/authcheck/ports/8000/x", b"x"),
+    ("GET", "/sandboxes/authcheck", None),
 ]
 AUTH_IDS = [f"{m} {p}" for m, p, _ in AUTH_ROUTES]
 
@@ -172,7 +173,7 @@ def test_unknown_path_is_404(shim, path):
 
 @pytest.mark.parametrize("method,path", [
     ("PUT", "/sandboxes"), ("DELETE", "/sandboxes"), ("POST", "/health"), ("DELETE", "/health"),
-    ("GET", "/sandboxes/a/exec"), ("PUT", "/sandboxes/a"), ("GET", "/sandboxes/a"),
+    ("GET", "/sandboxes/a/exec"), ("PUT", "/sandboxes/a"), ("POST", "/sandboxes/a"),
     ("POST", "/sandboxes/a/tar"), ("GET", "/sandboxes/a/restore"), ("POST", "/metrics"),
 ])
 def test_wrong_method_is_405(shim, method, path):
@@ -264,7 +265,11 @@ def test_launch_bad_body_is_422(shim, body, loc):
 def test_launch_malformed_body_is_422(shim, client, raw, ctype):
     r = shim.request("POST", "/sandboxes", raw, headers={"Content-Type": ctype})
     client.created.add("ok")  # in case the shim wrongly launched it
-    assert_validation_error(r)
+    errors = assert_validation_error(r)
+    # A body of another type says so (FastAPI's type, a message that names the fix).
+    if raw and "json" not in ctype:
+        assert errors[0]["type"] == "model_attributes_type", errors
+        assert "Content-Type: application/json" in errors[0]["msg"], errors
 
 
 # ---- POST /sandboxes/{id}/exec ----------------------------------------------------------
@@ -475,6 +480,41 @@ def test_restore_over_limit_is_413(shims, gateway):
         c.cleanup()
 
 
+def test_restore_file_and_proxy_bodies_have_each_their_own_cap(shims, gateway):
+    """SHIM_MAX_RESTORE_BYTES caps restores only; a file PUT is capped by
+    SHIM_MAX_FILE_UPLOAD_BYTES (declared or streamed), a request into a
+    sandbox's port by SHIM_MAX_PROXY_BODY_BYTES (refused from its
+    declared length, before the gateway is asked)."""
+    small, large = 16384, 65536
+    s = shims.shim(gateway, env={"SHIM_MAX_RESTORE_BYTES": str(small), "SHIM_MAX_FILE_UPLOAD_BYTES": str(large),
+                                 "SHIM_MAX_PROXY_BODY_BYTES": str(small)})
+    c = ShimClient(s)
+    try:
+        sid = c.launch()
+        data = os.urandom(2 * small)
+        r = s.request("PUT", f"/sandboxes/{sid}/files?path=/tmp/f", data, headers={"Content-Type": "application/octet-stream"})
+        assert r.status == 201, r
+        assert c.sh(sid, "wc -c < /tmp/f").strip() == str(len(data))
+        r = s.request("PUT", f"/sandboxes/{sid}/files?path=/tmp/g", b"\0" * (large + 1))
+        assert r.status == 413, r
+        conn = s.connection(30)
+        try:
+            conn.request("PUT", f"/sandboxes/{sid}/files?path=/tmp/h", body=iter([b"\0" * small] * 5),
+                         headers=s.auth_headers(), encode_chunked=True)
+            resp = conn.getresponse()
+            assert resp.status == 413, (resp.status, resp.read())
+        finally:
+            conn.close()
+        r = s.request("POST", f"/sandboxes/{new_id('big')}/restore", b"\0" * (small + 1), headers=TAR)
+        assert r.status == 413, r
+        r = s.request("POST", f"/sandboxes/{sid}/ports/8000/x", b"x" * (small + 1))
+        assert r.status == 413, r
+        r = s.request("POST", f"/sandboxes/{sid}/ports/8000/x", b"x" * small)
+        assert r.status == 502 and "Nothing listens" in r.json()["detail"], r
+    finally:
+        c.cleanup()
+
+
 def test_refused_restore_leaves_no_sandbox(shims, gateway):
     """A restore answered 413 must not create the sandbox, even when the
     part that was streamed before the limit is a complete tar."""
@@ -623,6 +663,23 @@ def test_list(client, shim):
     assert mine[0]["allow_egress"] is False
 
 
+def test_get_one_sandbox_is_its_list_entry_and_unknown_is_404(client, shim):
+    sid = client.launch()
+    r = shim.request("GET", f"/sandboxes/{sid}")
+    assert r.status == 200, r
+    listed = [s for s in shim.request("GET", "/sandboxes").json()["sandboxes"] if s["sandbox_id"] == sid]
+    assert len(listed) == 1
+    one = r.json()
+    # The same object, but for what moves between the two calls.
+    assert set(one) == set(listed[0]), (one, listed[0])
+    for k in ("sandbox_id", "created_at_ms", "allow_egress", "disk_limit_bytes"):
+        assert one[k] == listed[0][k], (k, one, listed[0])
+    r = shim.request("GET", f"/sandboxes/{new_id('ghost')}")
+    assert r.status == 404 and isinstance(r.json()["detail"], str), r
+    r = shim.request("GET", "/sandboxes/--evil")
+    assert r.status == 422, r
+
+
 # ---- output cap --------------------------------------------------------------------------------
 
 def test_exec_output_cap(shims, gateway):
@@ -706,7 +763,12 @@ def test_gateway_stopped_is_502(shims):
 
 
 def test_gateway_rejects_shim_credentials_is_502(shims, gateway):
+    """A gateway that refuses the shim's credentials serves nobody through
+    it: calls are 502 and /health says cli_mounted: false, although the
+    gateway's own health check (which needs no token) passes."""
     s = shims.shim(gateway, env={"SHIM_GATEWAY_SECRET": "not-the-gateways"})
+    r = s.request("GET", "/health", auth=False)
+    assert r.status == 200 and r.json() == {"cli_mounted": False, "allow_egress": False}, r
     r = s.request("POST", "/sandboxes", {"sandbox_id": new_id()})
     assert r.status == 502, r
     r = s.request("POST", f"/sandboxes/{new_id()}/exec", {"argv": ["true"]})

@@ -128,7 +128,7 @@ def test_a_detached_server_is_started_listed_described_read_and_stopped(shim, cl
     r = signal(shim, sid, "web", "SIGTERM")
     assert r.status == 204 and r.body == b"", r
     done = exited(shim, sid, "web")["exit"]
-    assert (done["exit_code"], done["signal"], done["timed_out"]) == (-1, 15, False), done
+    assert (done["exit_code"], done["signal"], done["timed_out"]) == (-15, 15, False), done
     # Once it has exited, a read ends with the exit line.
     events = output(shim, sid, "web")
     assert events[-1]["signal"] == 15 and set(events[-1]) == EXIT_KEYS, events
@@ -154,7 +154,7 @@ def test_following_streams_output_as_it_comes_and_ends_with_the_exit(shim, clien
         events = events_of(resp.read())
     finally:
         conn.close()
-    assert events[-1]["exit_code"] == 3 and events[-1]["signal"] == 0, events
+    assert events[-1]["exit_code"] == 3 and events[-1]["signal"] is None, events
     assert text(events) == b"second\n" and text(events, "stderr") == b"err\n", events
     # A follower that comes after the exit gets everything, then the exit.
     again = output(shim, sid, pid, "?follow=true")
@@ -170,7 +170,7 @@ def test_stdin_reaches_the_process_and_close_ends_it(shim, sid):
     r = stdin(shim, sid, "cat", b"world\n", close=True)
     assert r.status == 204, r
     done = exited(shim, sid, "cat")["exit"]
-    assert done["exit_code"] == 0 and done["signal"] == 0, done
+    assert done["exit_code"] == 0 and done["signal"] is None, done
     events = output(shim, sid, "cat")
     assert text(events) == b"hello\nworld\n" and events[-1]["exit_code"] == 0, events
 
@@ -215,7 +215,7 @@ def test_signal_by_number_or_name(shim, sid, sig, number):
     r = signal(shim, sid, pid, sig)
     assert r.status == 204, r
     done = exited(shim, sid, pid)["exit"]
-    assert done["signal"] == number and done["exit_code"] == -1, done
+    assert done["signal"] == number and done["exit_code"] == -number, done
 
 
 def test_env_cwd_and_timeout_reach_the_process(shim, sid):

@@ -235,7 +235,7 @@ def test_a_signal_message_reaches_the_process_group(shim, sbx, box, terms):
     t.control({"type": "signal", "signal": "SIGTERM"})
     closed = t.wait_closed()
     assert closed["code"] == 1000, closed
-    assert t.texts[-1] == {"type": "exit", "exit_code": None, "signal": 15, "timed_out": False}, t.texts
+    assert t.texts[-1] == {"type": "exit", "exit_code": -15, "signal": 15, "timed_out": False}, t.texts
 
 
 def test_bad_control_messages_get_an_error_and_the_terminal_stays(shim, sbx, box, terms):

@@ -899,6 +899,30 @@ test_release_after_each_kind_of_failure_frees_what_was_loaded (void **state)
   expect_refused ("SANDBOX_VOLUME_MOUNTS", spec, "SANDBOX_VOLUME_MOUNTS", EINVAL);
 }
 
+/* ---- images ---------------------------------------------------------------- */
+
+static void
+test_image_layers_owner_must_be_outside_the_sandboxes_pool (void **state)
+{
+  (void) state;
+  /* The pool: 1000000 .. 1000000 + 16 x 65536 - 1. */
+  setenv ("SANDBOX_UID_BASE", "1000000", 1);
+  setenv ("SANDBOX_UID_SLOTS", "16", 1);
+  expect_refused ("SANDBOX_IMAGE_UID", "1000000", "SANDBOX_IMAGE_UID", EINVAL);
+  expect_refused ("SANDBOX_IMAGE_UID", "950000", "SANDBOX_IMAGE_UID", EINVAL); /* its last ids overlap */
+  expect_refused ("SANDBOX_IMAGE_UID", "2048575", "SANDBOX_IMAGE_UID", EINVAL);
+  setenv ("SANDBOX_IMAGE_UID", "934464", 1); /* ends right below the pool */
+  gw_config_t c;
+  load_ok (&c);
+  assert_int_equal (c.image_uid, 934464);
+  assert_null (c.registry_auth_file);
+  assert_null (c.insecure_registries);
+  gw_config_release (&c);
+  unsetenv ("SANDBOX_IMAGE_UID");
+  unsetenv ("SANDBOX_UID_BASE");
+  unsetenv ("SANDBOX_UID_SLOTS");
+}
+
 int
 main (void)
 {
@@ -932,6 +956,7 @@ main (void)
       cmocka_unit_test_setup_teardown (test_masks_are_the_absolute_secret_paths, setup, teardown),
       cmocka_unit_test_setup_teardown (test_unpacker_is_beside_the_configured_helper, setup, teardown),
       cmocka_unit_test_setup_teardown (test_release_frees_everything_and_zeroes, setup, teardown),
+      cmocka_unit_test_setup_teardown (test_image_layers_owner_must_be_outside_the_sandboxes_pool, setup, teardown),
       cmocka_unit_test_setup_teardown (test_release_after_each_kind_of_failure_frees_what_was_loaded, setup,
                                        teardown),
   };

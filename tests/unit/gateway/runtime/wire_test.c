@@ -321,9 +321,7 @@ static void
 test_datagrams_keep_their_boundaries_with_and_without_descriptors (void **state)
 {
   fixture_t *f = *state;
-  sbx_report_t sent = {.type = SBX_REPORT_EXIT, .status = 0, .a = 3, .b = 0};
-  snprintf (sent.text, sizeof sent.text, "%s", "done");
-  assert_int_equal (sbx_send_fds (f->sock[0], &sent, sizeof sent, NULL, 0), 0);
+  assert_int_equal (sbx_report_exit (f->sock[0], 3, 0), 0);
   assert_int_equal (sbx_send_fds (f->sock[0], "x", 1, &f->pipe[1], 1), 0);
 
   sbx_report_t got;
@@ -332,8 +330,9 @@ test_datagrams_keep_their_boundaries_with_and_without_descriptors (void **state)
   assert_int_equal (sbx_recv_fds (f->sock[1], &got, sizeof got, fds, &n_fds, 1), (ssize_t) sizeof got);
   assert_int_equal (n_fds, 0);
   assert_int_equal (got.type, SBX_REPORT_EXIT);
-  assert_int_equal (got.a, 3);
-  assert_string_equal (got.text, "done");
+  assert_int_equal (got.u.exit.code, 3);
+  assert_int_equal (got.u.exit.signal, 0);
+  assert_string_equal (got.text, "");
 
   char c = 0;
   assert_int_equal (sbx_recv_fds (f->sock[1], &c, sizeof c, fds, &n_fds, 1), 1);
@@ -402,24 +401,24 @@ test_descriptors_of_a_truncated_datagram_are_closed (void **state)
 }
 
 static void
-test_more_than_eight_descriptors_are_not_sent (void **state)
+test_more_than_the_cap_of_descriptors_are_not_sent (void **state)
 {
   fixture_t *f = *state;
-  int fds[9];
-  for (size_t i = 0; i < 9; i++)
+  int fds[SBX_WIRE_MAX_FDS + 1];
+  for (size_t i = 0; i < SBX_WIRE_MAX_FDS + 1; i++)
     fds[i] = f->pipe[1];
   errno = 0;
-  assert_int_equal (sbx_send_fds (f->sock[0], "z", 1, fds, 9), -1);
+  assert_int_equal (sbx_send_fds (f->sock[0], "z", 1, fds, SBX_WIRE_MAX_FDS + 1), -1);
   assert_int_equal (errno, EINVAL);
-  /* Eight is the most. */
-  assert_int_equal (sbx_send_fds (f->sock[0], "z", 1, fds, 8), 0);
+  /* The cap itself is the most. */
+  assert_int_equal (sbx_send_fds (f->sock[0], "z", 1, fds, SBX_WIRE_MAX_FDS), 0);
   size_t before = open_fd_count ();
   char c;
-  int got[8];
+  int got[SBX_WIRE_MAX_FDS];
   size_t n_fds = 0;
-  assert_int_equal (sbx_recv_fds (f->sock[1], &c, 1, got, &n_fds, 8), 1);
-  assert_int_equal (n_fds, 8);
-  assert_int_equal (open_fd_count (), before + 8);
+  assert_int_equal (sbx_recv_fds (f->sock[1], &c, 1, got, &n_fds, SBX_WIRE_MAX_FDS), 1);
+  assert_int_equal (n_fds, SBX_WIRE_MAX_FDS);
+  assert_int_equal (open_fd_count (), before + SBX_WIRE_MAX_FDS);
   for (size_t i = 0; i < n_fds; i++)
     close (got[i]);
 }
@@ -433,6 +432,115 @@ test_send_on_a_closed_peer_fails (void **state)
   /* MSG_NOSIGNAL: an error, not SIGPIPE. */
   assert_int_equal (sbx_send_fds (f->sock[0], "p", 1, &f->pipe[1], 1), -1);
   assert_int_equal (errno, EPIPE);
+}
+
+/* ---- reports ------------------------------------------------------------ */
+
+static void
+test_each_report_type_reads_back_with_its_own_fields (void **state)
+{
+  fixture_t *f = *state;
+  sbx_report_t r;
+  int got[SBX_REPORT_MAX_FDS];
+
+  assert_int_equal (sbx_report_ready (f->sock[0], 4242, f->pipe[1]), 0);
+  assert_int_equal (sbx_read_report (f->sock[1], &r, 1000, got, SBX_REPORT_MAX_FDS), 1);
+  assert_int_equal (r.type, SBX_REPORT_READY);
+  assert_int_equal (r.status, 0);
+  assert_int_equal (r.u.ready.holder_pid, 4242);
+  assert_true (got[0] >= 0);
+  assert_int_equal (got[1], -1);
+  close (got[0]);
+
+  assert_int_equal (sbx_report_exit (f->sock[0], -1, 9), 0);
+  assert_int_equal (sbx_read_report (f->sock[1], &r, 1000, got, SBX_REPORT_MAX_FDS), 1);
+  assert_int_equal (r.type, SBX_REPORT_EXIT);
+  assert_int_equal (r.u.exit.code, -1);
+  assert_int_equal (r.u.exit.signal, 9);
+  assert_int_equal (got[0], -1);
+
+  assert_int_equal (sbx_report_error (f->sock[0], ENOENT, "exec `nope`: No such file or directory"), 0);
+  assert_int_equal (sbx_read_report (f->sock[1], &r, 1000, got, SBX_REPORT_MAX_FDS), 1);
+  assert_int_equal (r.type, SBX_REPORT_ERROR);
+  assert_int_equal (r.status, ENOENT);
+  assert_string_equal (r.text, "exec `nope`: No such file or directory");
+}
+
+static void
+test_started_report_says_which_descriptors_came (void **state)
+{
+  fixture_t *f = *state;
+  const struct
+  {
+    bool pidfd, master;
+  } cases[] = {{false, false}, {true, false}, {false, true}, {true, true}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    {
+      /* The read end stands for a pidfd, the write end for a master. */
+      assert_int_equal (
+          sbx_report_started (f->sock[0], 77, cases[i].pidfd ? f->pipe[0] : -1, cases[i].master ? f->pipe[1] : -1),
+          0);
+      sbx_report_t r;
+      int got[SBX_REPORT_MAX_FDS];
+      assert_int_equal (sbx_read_report (f->sock[1], &r, 1000, got, SBX_REPORT_MAX_FDS), 1);
+      assert_int_equal (r.type, SBX_REPORT_STARTED);
+      assert_int_equal (r.u.started.pid, 77);
+      assert_int_equal ((r.u.started.flags & SBX_STARTED_F_PIDFD) != 0, cases[i].pidfd);
+      assert_int_equal ((r.u.started.flags & SBX_STARTED_F_MASTER) != 0, cases[i].master);
+      int pidfd, master;
+      sbx_report_started_fds (&r, got, &pidfd, &master);
+      assert_int_equal (pidfd >= 0, cases[i].pidfd);
+      assert_int_equal (master >= 0, cases[i].master);
+      if (master >= 0)
+        {
+          /* The master slot is the write end whatever came before it. */
+          char c = 'm', back = 0;
+          assert_int_equal (write (master, &c, 1), 1);
+          assert_int_equal (read (f->pipe[0], &back, 1), 1);
+          assert_int_equal (back, 'm');
+          close (master);
+        }
+      if (pidfd >= 0)
+        close (pidfd);
+    }
+}
+
+static void
+test_error_report_text_is_cut_to_fit_and_terminated (void **state)
+{
+  fixture_t *f = *state;
+  char long_text[2 * sizeof ((sbx_report_t *) 0)->text];
+  memset (long_text, 'e', sizeof long_text - 1);
+  long_text[sizeof long_text - 1] = '\0';
+  assert_int_equal (sbx_report_error (f->sock[0], E2BIG, long_text), 0);
+  sbx_report_t r;
+  int got[1];
+  assert_int_equal (sbx_read_report (f->sock[1], &r, 1000, got, 0), 1);
+  assert_int_equal (strlen (r.text), sizeof r.text - 1);
+  assert_int_equal (r.status, E2BIG);
+  assert_int_equal (sbx_report_error (f->sock[0], EIO, NULL), 0);
+  assert_int_equal (sbx_read_report (f->sock[1], &r, 1000, got, 0), 1);
+  assert_string_equal (r.text, "");
+}
+
+static void
+test_a_report_that_is_not_a_report_is_refused (void **state)
+{
+  fixture_t *f = *state;
+  sbx_report_t r;
+  int got[SBX_REPORT_MAX_FDS];
+  size_t before = open_fd_count ();
+  /* Too short, with a descriptor attached: refused and the descriptor closed. */
+  assert_int_equal (sbx_send_fds (f->sock[0], "short", 5, &f->pipe[1], 1), 0);
+  assert_int_equal (sbx_read_report (f->sock[1], &r, 1000, got, SBX_REPORT_MAX_FDS), -1);
+  assert_int_equal (got[0], -1);
+  assert_int_equal (open_fd_count (), before);
+  /* Nothing comes: the wait ends at its deadline. */
+  assert_int_equal (sbx_read_report (f->sock[1], &r, 10, got, SBX_REPORT_MAX_FDS), -1);
+  /* The peer closed without a word. */
+  close (f->sock[0]);
+  f->sock[0] = -1;
+  assert_int_equal (sbx_read_report (f->sock[1], &r, 1000, got, SBX_REPORT_MAX_FDS), 0);
 }
 
 int
@@ -453,8 +561,16 @@ main (void)
       cmocka_unit_test_setup_teardown (test_descriptors_beyond_max_fds_are_closed, socket_setup, socket_teardown),
       cmocka_unit_test_setup_teardown (test_descriptors_of_a_truncated_datagram_are_closed, socket_setup,
                                        socket_teardown),
-      cmocka_unit_test_setup_teardown (test_more_than_eight_descriptors_are_not_sent, socket_setup, socket_teardown),
+      cmocka_unit_test_setup_teardown (test_more_than_the_cap_of_descriptors_are_not_sent, socket_setup,
+                                       socket_teardown),
       cmocka_unit_test_setup_teardown (test_send_on_a_closed_peer_fails, socket_setup, socket_teardown),
+      cmocka_unit_test_setup_teardown (test_each_report_type_reads_back_with_its_own_fields, socket_setup,
+                                       socket_teardown),
+      cmocka_unit_test_setup_teardown (test_started_report_says_which_descriptors_came, socket_setup,
+                                       socket_teardown),
+      cmocka_unit_test_setup_teardown (test_error_report_text_is_cut_to_fit_and_terminated, socket_setup,
+                                       socket_teardown),
+      cmocka_unit_test_setup_teardown (test_a_report_that_is_not_a_report_is_refused, socket_setup, socket_teardown),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

@@ -1,0 +1,458 @@
+/* image/cache: the layer cache and the pull (see image.h). The pull here
+ * decides what to fetch and checks it; registry.c fetches, the runtime's
+ * unprivileged helper unpacks. */
+#include <curl/curl.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/cleanup.h"
+#include "gateway/image/image.h"
+#include "gateway/image/internal.h"
+#include "gateway/image/ref.h"
+#include "gateway/image/registry.h"
+
+struct img_cache_s
+{
+  char root[PATH_MAX / 2]; /* <state>/images */
+  char *auth_file, *insecure;
+  sbx_runtime_t *rt;
+  pthread_mutex_t pull_mu;
+};
+
+static const char *const subdirs[] = {"", "/layers", "/manifests", "/refs", "/tmp"};
+
+int
+img_cache_new (const img_cache_opts_t *o, img_cache_t **out, err_t *err)
+{
+  cleanup_free img_cache_t *c = calloc (1, sizeof *c);
+  if (c == NULL)
+    return err_make (err, ENOMEM, "out of memory");
+  if (snprintf (c->root, sizeof c->root, "%s/images", o->state_dir) >= (int) sizeof c->root)
+    return err_make (err, ENAMETOOLONG, "SANDBOX_STATE_DIR is too long");
+  char path[PATH_MAX];
+  snprintf (path, sizeof path, "%s/tmp", c->root);
+  sbx_layer_remove (path); /* what a previous run left half made */
+  for (size_t i = 0; i < sizeof subdirs / sizeof subdirs[0]; i++)
+    {
+      snprintf (path, sizeof path, "%s%s", c->root, subdirs[i]);
+      /* Only root may walk in: the layers hold the images' files. */
+      if (mkdir (path, 0700) < 0 && errno != EEXIST)
+        return err_make_sys (err, errno, "mkdir `%s`", path);
+    }
+  c->auth_file = o->auth_file != NULL ? strdup (o->auth_file) : NULL;
+  c->insecure = o->insecure_registries != NULL ? strdup (o->insecure_registries) : NULL;
+  c->rt = o->rt;
+  /* Before any thread pulls (curl's own lazy set-up is not thread-safe). */
+  if (curl_global_init (CURL_GLOBAL_DEFAULT) != CURLE_OK)
+    return err_make (err, EIO, "curl_global_init");
+  pthread_mutex_init (&c->pull_mu, NULL);
+  *out = take_ptr (&c);
+  return 0;
+}
+
+void
+img_cache_free (img_cache_t *c)
+{
+  if (c == NULL)
+    return;
+  pthread_mutex_destroy (&c->pull_mu);
+  free (c->auth_file);
+  free (c->insecure);
+  free (c);
+}
+
+void
+img_release (img_t *img)
+{
+  free (img->layers);
+  img_env_free (img->env);
+  free (img->workdir);
+  free (img->user);
+  memset (img, 0, sizeof *img);
+}
+
+void
+img_env_free (char **env)
+{
+  for (size_t i = 0; env != NULL && env[i] != NULL; i++)
+    free (env[i]);
+  free (env);
+}
+
+/* The hex SHA-256 of `s`, into hex (65 bytes). */
+static void
+sha256_hex (const void *data, size_t len, char *hex)
+{
+  unsigned char md[32];
+  unsigned int n = 0;
+  EVP_Digest (data, len, md, &n, EVP_sha256 (), NULL);
+  for (int i = 0; i < 32; i++)
+    sprintf (hex + 2 * i, "%02x", md[i]);
+}
+
+/* Writes `doc` to `path` atomically (a temporary file renamed). */
+static int
+write_json (const img_cache_t *c, const char *path, json_t *doc, err_t *err)
+{
+  char tmp[PATH_MAX];
+  snprintf (tmp, sizeof tmp, "%s/tmp/record.%d.%lu", c->root, (int) getpid (), (unsigned long) pthread_self ());
+  if (json_dump_file (doc, tmp, JSON_COMPACT) < 0)
+    return err_make (err, EIO, "write `%s`", tmp);
+  if (rename (tmp, path) < 0)
+    {
+      unlink (tmp);
+      return err_make_sys (err, errno, "rename `%s`", path);
+    }
+  return 0;
+}
+
+/* Reads the record of manifest digest `digest` into *out. ENOENT none or a
+ * layer gone. */
+static int
+read_record (img_cache_t *c, const char *digest, img_t *out, err_t *err)
+{
+  memset (out, 0, sizeof *out);
+  if (!img_digest_valid (digest))
+    return err_make (err, EINVAL, "`%.80s` is not a manifest digest", digest);
+  char path[PATH_MAX];
+  snprintf (path, sizeof path, "%s/manifests/%s", c->root, digest + 7);
+  json_error_t jerr;
+  json_t *doc = json_load_file (path, 0, &jerr);
+  if (doc == NULL)
+    return err_make (err, ENOENT, "image `%s` is not cached", digest);
+  json_t *layers = json_object_get (doc, "layers"), *env = json_object_get (doc, "env");
+  size_t n = json_array_size (layers), ne = json_array_size (env);
+  snprintf (out->ref, sizeof out->ref, "%s", json_string_value (json_object_get (doc, "ref")) ?: "");
+  snprintf (out->digest, sizeof out->digest, "%s", digest);
+  out->n_layers = (unsigned) n;
+  out->bytes = (uint64_t) json_integer_value (json_object_get (doc, "bytes"));
+  const char *wd = json_string_value (json_object_get (doc, "workdir"));
+  const char *user = json_string_value (json_object_get (doc, "user"));
+  out->workdir = wd != NULL && wd[0] != '\0' ? strdup (wd) : NULL;
+  out->user = user != NULL && user[0] != '\0' ? strdup (user) : NULL;
+  out->env = calloc (ne + 1, sizeof *out->env);
+  out->layers = calloc (n, strlen (c->root) + 8 + 64 + 2);
+  int rc = out->env == NULL || out->layers == NULL ? err_make (err, ENOMEM, "out of memory") : 0;
+  for (size_t i = 0; rc == 0 && i < ne; i++)
+    if ((out->env[i] = strdup (json_string_value (json_array_get (env, i)) ?: "")) == NULL)
+      rc = err_make (err, ENOMEM, "out of memory");
+  /* Overlay's lowerdir lists the top layer first; a manifest the base. */
+  for (size_t i = n; rc == 0 && i-- > 0;)
+    {
+      const char *hex = json_string_value (json_array_get (layers, i));
+      struct stat st;
+      snprintf (path, sizeof path, "%s/layers/%s", c->root, hex != NULL ? hex : "");
+      if (hex == NULL || strlen (hex) != 64 || stat (path, &st) < 0)
+        rc = err_make (err, ENOENT, "image `%s`: a layer is no longer cached", digest);
+      else
+        {
+          strcat (out->layers, path);
+          if (i > 0)
+            strcat (out->layers, ":");
+        }
+    }
+  json_decref (doc);
+  if (rc < 0)
+    img_release (out);
+  return rc;
+}
+
+int
+img_get (img_cache_t *c, const char *digest, img_t *out, err_t *err)
+{
+  return read_record (c, digest, out, err);
+}
+
+/* The manifest digest reference `ref` was last pulled as, into dg. */
+static int
+lookup_ref (img_cache_t *c, const char *ref, char dg[SBX_IMAGE_DIGEST_MAX + 1])
+{
+  char hex[65], path[PATH_MAX];
+  sha256_hex (ref, strlen (ref), hex);
+  snprintf (path, sizeof path, "%s/refs/%s", c->root, hex);
+  json_error_t jerr;
+  json_t *doc = json_load_file (path, 0, &jerr);
+  const char *d = json_string_value (json_object_get (doc, "digest"));
+  int rc = d != NULL && img_digest_valid (d) ? 0 : -1;
+  if (rc == 0)
+    snprintf (dg, SBX_IMAGE_DIGEST_MAX + 1, "%s", d);
+  json_decref (doc);
+  return rc;
+}
+
+/* The cached image of `ref` (by its digest when it has one), without the
+ * registry. 0 found, -1 not. */
+static int
+cached (img_cache_t *c, const char *ref, const img_ref_t *p, img_t *out)
+{
+  char dg[SBX_IMAGE_DIGEST_MAX + 1];
+  if (p->digest[0] != '\0')
+    snprintf (dg, sizeof dg, "%s", p->digest);
+  else if (lookup_ref (c, ref, dg) < 0)
+    return -1;
+  err_t ignored = ERR_INIT;
+  int rc = read_record (c, dg, out, &ignored);
+  err_release (&ignored);
+  if (rc == 0)
+    snprintf (out->ref, sizeof out->ref, "%s", ref);
+  return rc;
+}
+
+int
+img_record (img_cache_t *c, const char *ref, const char *digest, json_t *record, err_t *err)
+{
+  char path[PATH_MAX], hex[65];
+  snprintf (path, sizeof path, "%s/manifests/%s", c->root, digest + 7);
+  if (write_json (c, path, record, err) < 0)
+    return -1;
+  sha256_hex (ref, strlen (ref), hex);
+  snprintf (path, sizeof path, "%s/refs/%s", c->root, hex);
+  json_t *r = json_pack ("{s:s, s:s}", "ref", ref, "digest", digest);
+  int rc = r != NULL ? write_json (c, path, r, err) : err_make (err, ENOMEM, "out of memory");
+  json_decref (r);
+  return rc;
+}
+
+const char *
+img_cache_root (const img_cache_t *c)
+{
+  return c->root;
+}
+
+sbx_runtime_t *
+img_cache_runtime (const img_cache_t *c)
+{
+  return c->rt;
+}
+
+int
+img_pull (img_cache_t *c, const char *ref, const img_pull_opts_t *o, img_t *out, err_t *err)
+{
+  img_ref_t p;
+  if (img_ref_parse (ref, &p, err) < 0)
+    return -1;
+  bool reuse = !o->refresh || p.digest[0] != '\0';
+  if (reuse && cached (c, ref, &p, out) == 0)
+    return 0;
+  /* Waited for until this pull's own deadline: another pull holds it at
+   * most until its own. */
+  struct timespec until = {.tv_sec = o->deadline_mono_ms / 1000, .tv_nsec = (o->deadline_mono_ms % 1000) * 1000000};
+  if (pthread_mutex_clocklock (&c->pull_mu, CLOCK_MONOTONIC, &until) != 0)
+    return err_make (err, ETIMEDOUT, "image `%s`: another pull kept the cache busy past this call's deadline", ref);
+  /* Another launch may have pulled it while this one waited. */
+  int rc = reuse && cached (c, ref, &p, out) == 0 ? 1 : 0;
+  if (rc == 0)
+    {
+      char dg[SBX_IMAGE_DIGEST_MAX + 1];
+      rc = img_pull_locked (c, ref, &p, c->auth_file, c->insecure, o, dg, err);
+      if (rc == 0)
+        {
+          rc = read_record (c, dg, out, err);
+          if (rc == 0)
+            snprintf (out->ref, sizeof out->ref, "%s", ref);
+        }
+    }
+  pthread_mutex_unlock (&c->pull_mu);
+  return rc < 0 ? -1 : 0;
+}
+
+/* The manifest digests of `dir`'s record files, for a caller's walk. */
+static int
+for_each_record (img_cache_t *c, int (*fn) (img_cache_t *c, const char *digest, void *ctx), void *ctx, err_t *err)
+{
+  char path[PATH_MAX];
+  snprintf (path, sizeof path, "%s/manifests", c->root);
+  DIR *d = opendir (path);
+  if (d == NULL)
+    return err_make_sys (err, errno, "opendir `%s`", path);
+  struct dirent *e;
+  int rc = 0;
+  while (rc == 0 && (e = readdir (d)) != NULL)
+    {
+      if (strlen (e->d_name) != 64)
+        continue;
+      char dg[SBX_IMAGE_DIGEST_MAX + 1] = "sha256:";
+      memcpy (dg + 7, e->d_name, 65); /* 64 characters, checked above, and the NUL */
+      rc = fn (c, dg, ctx);
+    }
+  closedir (d);
+  return rc;
+}
+
+typedef struct list_ctx_s
+{
+  img_t *v;
+  size_t n, cap;
+} list_ctx_t;
+
+static int
+add_listed (img_cache_t *c, const char *digest, void *ctx)
+{
+  list_ctx_t *l = ctx;
+  if (l->n == l->cap)
+    {
+      size_t cap = l->cap ? l->cap * 2 : 8;
+      img_t *v = realloc (l->v, cap * sizeof *v);
+      if (v == NULL)
+        return -1;
+      l->v = v;
+      l->cap = cap;
+    }
+  err_t ignored = ERR_INIT;
+  if (read_record (c, digest, &l->v[l->n], &ignored) == 0)
+    l->n++;
+  err_release (&ignored);
+  return 0;
+}
+
+int
+img_list (img_cache_t *c, img_t **out, size_t *n, err_t *err)
+{
+  list_ctx_t l = {0};
+  if (for_each_record (c, add_listed, &l, err) < 0)
+    return -1;
+  *out = l.v;
+  *n = l.n;
+  return 0;
+}
+
+/* Whether a live sandbox runs on `digest`. */
+static bool
+in_use (img_cache_t *c, const char *digest)
+{
+  cleanup_free sbx_info_t *infos = NULL;
+  size_t n = 0;
+  err_t ignored = ERR_INIT;
+  if (sbx_list (c->rt, &infos, &n, &ignored) < 0)
+    {
+      err_release (&ignored);
+      return true; /* unknown: keep it */
+    }
+  for (size_t i = 0; i < n; i++)
+    if (strcmp (infos[i].image_digest, digest) == 0)
+      return true;
+  return false;
+}
+
+/* Marks the layers of `digest`'s record in `keep` (a json object). */
+static int
+mark_layers (img_cache_t *c, const char *digest, void *ctx)
+{
+  char path[PATH_MAX];
+  snprintf (path, sizeof path, "%s/manifests/%s", c->root, digest + 7);
+  json_error_t jerr;
+  json_t *doc = json_load_file (path, 0, &jerr), *layers = json_object_get (doc, "layers");
+  for (size_t i = 0; i < json_array_size (layers); i++)
+    {
+      const char *hex = json_string_value (json_array_get (layers, i));
+      if (hex != NULL)
+        json_object_set_new (ctx, hex, json_true ());
+    }
+  json_decref (doc);
+  return 0;
+}
+
+/* Removes every layer no image record names. */
+static void
+sweep_layers (img_cache_t *c)
+{
+  json_t *keep = json_object ();
+  err_t ignored = ERR_INIT;
+  if (keep == NULL || for_each_record (c, mark_layers, keep, &ignored) < 0)
+    {
+      err_release (&ignored);
+      json_decref (keep);
+      return;
+    }
+  char path[PATH_MAX];
+  snprintf (path, sizeof path, "%s/layers", c->root);
+  DIR *d = opendir (path);
+  struct dirent *e;
+  while (d != NULL && (e = readdir (d)) != NULL)
+    if (strlen (e->d_name) == 64 && json_object_get (keep, e->d_name) == NULL)
+      {
+        char victim[PATH_MAX];
+        snprintf (victim, sizeof victim, "%s/layers/%s", c->root, e->d_name);
+        sbx_layer_remove (victim);
+      }
+  if (d != NULL)
+    closedir (d);
+  json_decref (keep);
+}
+
+int
+img_remove (img_cache_t *c, const char *ref, err_t *err)
+{
+  char dg[SBX_IMAGE_DIGEST_MAX + 1];
+  img_ref_t p;
+  if (img_digest_valid (ref))
+    snprintf (dg, sizeof dg, "%s", ref);
+  else if (img_ref_parse (ref, &p, err) < 0)
+    return -1;
+  else if (p.digest[0] != '\0')
+    snprintf (dg, sizeof dg, "%s", p.digest);
+  else if (lookup_ref (c, ref, dg) < 0)
+    return err_make (err, ENOENT, "image `%s` is not cached", ref);
+  /* A pull in progress holds the cache: a removal waits for it a while. */
+  struct timespec until;
+  clock_gettime (CLOCK_MONOTONIC, &until);
+  until.tv_sec += IMG_REMOVE_WAIT_S;
+  if (pthread_mutex_clocklock (&c->pull_mu, CLOCK_MONOTONIC, &until) != 0)
+    return err_make (err, ETIMEDOUT, "image `%s`: a pull kept the cache busy for %d s", ref, IMG_REMOVE_WAIT_S);
+  char path[PATH_MAX];
+  snprintf (path, sizeof path, "%s/manifests/%s", c->root, dg + 7);
+  int rc = 0;
+  if (access (path, F_OK) < 0)
+    rc = err_make (err, ENOENT, "image `%s` is not cached", ref);
+  else if (in_use (c, dg))
+    rc = err_make (err, EBUSY, "image `%s` (%s) is in use by a live sandbox", ref, dg);
+  else if (unlink (path) < 0)
+    rc = err_make_sys (err, errno, "remove `%s`", path);
+  if (rc == 0)
+    sweep_layers (c);
+  pthread_mutex_unlock (&c->pull_mu);
+  return rc;
+}
+
+int
+img_env_merge (const img_t *img, char *const *req, char ***out, err_t *err)
+{
+  size_t ni = 0, nr = 0;
+  while (img != NULL && img->env != NULL && img->env[ni] != NULL)
+    ni++;
+  while (req != NULL && req[nr] != NULL)
+    nr++;
+  char **env = calloc (ni + nr + 1, sizeof *env);
+  if (env == NULL)
+    return err_make (err, ENOMEM, "out of memory");
+  size_t n = 0;
+  for (size_t i = 0; i < ni; i++)
+    {
+      const char *eq = strchr (img->env[i], '=');
+      size_t kl = eq != NULL ? (size_t) (eq - img->env[i]) : strlen (img->env[i]);
+      bool overridden = false;
+      for (size_t j = 0; j < nr && !overridden; j++)
+        overridden = strncmp (req[j], img->env[i], kl) == 0 && req[j][kl] == '=';
+      if (!overridden && eq != NULL && (env[n++] = strdup (img->env[i])) == NULL)
+        goto oom;
+    }
+  for (size_t j = 0; j < nr; j++)
+    if ((env[n++] = strdup (req[j])) == NULL)
+      goto oom;
+  *out = env;
+  return 0;
+oom:
+  img_env_free (env);
+  return err_make (err, ENOMEM, "out of memory");
+}

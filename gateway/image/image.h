@@ -1,0 +1,113 @@
+/* image: the gateway's OCI images — pulled over the distribution API
+ * (registry.c), every blob verified against its SHA-256 digest before it
+ * is used, each layer unpacked once, unprivileged (runtime/layer.c), into
+ * a content-addressed directory of the state directory, and shared by
+ * every sandbox on an image that has it as an overlay lower layer.
+ *
+ * On disk, under <state>/images:
+ *   layers/<hex>      a layer, unpacked (named for its blob's digest)
+ *   manifests/<hex>   what a pulled image is: a JSON record of its
+ *                     reference, layers and config defaults (Env,
+ *                     WorkingDir, User), written last, atomically
+ *   refs/<hex>        reference -> manifest digest (hex of the ref's SHA-256)
+ *   tmp/              blobs being fetched, layers being unpacked; emptied
+ *                     at start: nothing half-made is ever used
+ *
+ * Threading: any thread. Pulls run one at a time (one mutex, waited for
+ * until the waiting pull's own deadline): concurrent launches of one
+ * uncached image pull it once, the later ones find it cached. */
+#ifndef SBX_GATEWAY_IMAGE_H
+#define SBX_GATEWAY_IMAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "gateway/runtime/runtime.h"
+
+/* Caps on what a registry chooses (named in errors). */
+#define IMG_MANIFEST_MAX (4 * 1024 * 1024) /* a manifest or an index */
+#define IMG_CONFIG_MAX (4 * 1024 * 1024)   /* an image config */
+#define IMG_MAX_LAYERS 128                 /* layers of one image */
+#define IMG_LAYER_MAX (8ULL << 30)         /* one compressed layer */
+#define IMG_TOTAL_MAX (32ULL << 30)        /* all compressed layers of an image */
+#define IMG_MAX_ENV 1024                   /* Env entries of a config */
+#define IMG_UNPACK_MS (30 * 60 * 1000)     /* unpacking one layer */
+#define IMG_PULL_MAX_MS (60 * 60 * 1000)   /* one pull, whatever its call's deadline */
+#define IMG_REMOVE_WAIT_S 30               /* a removal waiting for a pull */
+
+typedef struct img_cache_s img_cache_t;
+
+typedef struct img_cache_opts_s
+{
+  const char *state_dir;           /* SANDBOX_STATE_DIR */
+  const char *auth_file;           /* SANDBOX_REGISTRY_AUTH_FILE, or NULL */
+  const char *insecure_registries; /* SANDBOX_INSECURE_REGISTRIES, or NULL */
+  sbx_runtime_t *rt;               /* unpacks layers; lists users */
+} img_cache_opts_t;
+
+/* Strings are copied. */
+int img_cache_new (const img_cache_opts_t *o, img_cache_t **out, err_t *err);
+void img_cache_free (img_cache_t *c);
+
+/* A pulled image, as a launch uses it. */
+typedef struct img_s
+{
+  char ref[SBX_IMAGE_REF_MAX + 1];
+  char digest[SBX_IMAGE_DIGEST_MAX + 1]; /* sha256:<hex> of its manifest */
+  char *layers;                          /* layer directories, top first, ':'-separated */
+  unsigned n_layers;
+  uint64_t bytes; /* compressed bytes of its layers */
+  char **env;     /* config Env, "K=V", NULL-terminated */
+  char *workdir;  /* config WorkingDir, or NULL */
+  char *user;     /* config User, or NULL */
+} img_t;
+
+void img_release (img_t *img);
+
+typedef struct img_progress_s
+{
+  unsigned layers_done, layers_total;
+  uint64_t bytes_done, bytes_total;
+} img_progress_t;
+
+/* Told after every layer (may be NULL). */
+typedef void (*img_progress_fn) (void *ctx, const img_progress_t *p);
+
+typedef struct img_pull_opts_s
+{
+  int64_t deadline_mono_ms;
+  bool (*cancelled) (void *ctx); /* may be NULL */
+  void *cancel_ctx;
+  img_progress_fn progress;
+  void *progress_ctx;
+  /* A reference by tag is resolved at the registry again even when it
+   * was pulled before (PullImage); else the cached one is used. */
+  bool refresh;
+} img_pull_opts_t;
+
+/* Makes `ref` (an OCI reference) available and describes it into *out.
+ * EINVAL bad reference or hostile image (named), EREMOTEIO the registry
+ * refused, ETIMEDOUT, ECANCELED. */
+int img_pull (img_cache_t *c, const char *ref, const img_pull_opts_t *o, img_t *out, err_t *err);
+
+/* The cached image whose manifest digest is `digest` ("sha256:<hex>").
+ * ENOENT not cached. */
+int img_get (img_cache_t *c, const char *digest, img_t *out, err_t *err);
+
+/* Every cached image (release each, free the array). */
+int img_list (img_cache_t *c, img_t **out, size_t *n, err_t *err);
+
+/* Removes image `ref` (a reference as pulled, or its digest) and the
+ * layers no other image has. ENOENT not cached, EBUSY a live sandbox
+ * runs on it. */
+int img_remove (img_cache_t *c, const char *ref, err_t *err);
+
+/* A command's environment on image `img`: the image's Env, then `req`
+ * ("K=V", NULL-terminated, may be NULL) — a request's own value of a
+ * variable wins. Caller frees (img_env_free). */
+int img_env_merge (const img_t *img, char *const *req, char ***out, err_t *err);
+void img_env_free (char **env);
+
+#endif

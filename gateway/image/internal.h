@@ -1,0 +1,23 @@
+/* image/internal: what cache.c and pull.c share. */
+#ifndef SBX_GATEWAY_IMAGE_INTERNAL_H
+#define SBX_GATEWAY_IMAGE_INTERNAL_H
+
+#include <jansson.h>
+
+#include "gateway/image/image.h"
+#include "gateway/image/ref.h"
+
+/* <state>/images, and the runtime that unpacks. */
+const char *img_cache_root (const img_cache_t *c);
+sbx_runtime_t *img_cache_runtime (const img_cache_t *c);
+
+/* Writes the record of manifest `digest` and ref -> digest. */
+int img_record (img_cache_t *c, const char *ref, const char *digest, json_t *record, err_t *err);
+
+/* The pull itself, under the cache's pull mutex: every blob fetched,
+ * verified, unpacked; the record written last. The manifest digest into
+ * dg. */
+int img_pull_locked (img_cache_t *c, const char *ref, const img_ref_t *p, const char *auth_file, const char *insecure,
+                     const img_pull_opts_t *o, char *dg, err_t *err);
+
+#endif

@@ -1,0 +1,388 @@
+/* image/pull: one pull — the manifest (an index or a manifest list first:
+ * its linux/amd64 entry), the config, every missing layer; each blob
+ * checked against its SHA-256 digest as it streams and used only once it
+ * matched, each cap checked before a byte is fetched (declared sizes) and
+ * while fetching (actual bytes). Runs under the cache's pull mutex. */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/cleanup.h"
+#include "gateway/image/internal.h"
+#include "gateway/image/registry.h"
+
+#define ACCEPT_MANIFESTS                                                                                             \
+  "application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, "             \
+  "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"
+
+/* A blob as it streams: hashed, and kept in memory (mem) or written to fd. */
+typedef struct blob_sink_s
+{
+  EVP_MD_CTX *md;
+  char *mem;
+  size_t len, cap;
+  int fd;
+  uint64_t bytes;
+  const img_pull_opts_t *o;
+} blob_sink_t;
+
+static int
+on_blob (void *ctx, const uint8_t *data, size_t len)
+{
+  blob_sink_t *b = ctx;
+  EVP_DigestUpdate (b->md, data, len);
+  b->bytes += len;
+  if (b->fd >= 0)
+    {
+      for (size_t off = 0; off < len;)
+        {
+          ssize_t w = TEMP_FAILURE_RETRY (write (b->fd, data + off, len - off));
+          if (w <= 0)
+            return -1;
+          off += (size_t) w;
+        }
+      return 0;
+    }
+  if (b->len + len > b->cap)
+    {
+      size_t cap = b->cap ? b->cap : 64 * 1024;
+      while (cap < b->len + len)
+        cap *= 2;
+      char *m = realloc (b->mem, cap + 1);
+      if (m == NULL)
+        return -1;
+      b->mem = m;
+      b->cap = cap;
+    }
+  memcpy (b->mem + b->len, data, len);
+  b->len += len;
+  b->mem[b->len] = '\0';
+  return 0;
+}
+
+/* Fetches `kind` `ref` (at most max bytes) into *b and checks it against
+ * `want` ("sha256:<hex>", or NULL: none to check). Its digest into got. */
+static int
+fetch (img_reg_t *r, const char *image, const char *kind, const char *ref, const char *want, uint64_t max,
+       blob_sink_t *b, char *got, char *ctype, err_t *err)
+{
+  b->md = EVP_MD_CTX_new ();
+  if (b->md == NULL || EVP_DigestInit_ex (b->md, EVP_sha256 (), NULL) != 1)
+    return err_make (err, ENOMEM, "out of memory");
+  int rc = img_reg_get (r, kind, ref, kind[0] == 'm' ? ACCEPT_MANIFESTS : NULL, max, on_blob, b, ctype, err);
+  unsigned char md[32];
+  unsigned int n = 0;
+  EVP_DigestFinal_ex (b->md, md, &n);
+  EVP_MD_CTX_free (b->md);
+  b->md = NULL;
+  if (rc < 0)
+    return -1;
+  strcpy (got, "sha256:");
+  for (int i = 0; i < 32; i++)
+    sprintf (got + 7 + 2 * i, "%02x", md[i]);
+  if (want != NULL && strcmp (got, want) != 0)
+    return err_make (err, EINVAL, "image `%s`: %s `%s` does not match its digest (got %s)", image, kind, want, got);
+  return 0;
+}
+
+/* The digest and size of a descriptor, checked. */
+static int
+descriptor (json_t *d, const char *image, const char *what, const char **digest, uint64_t *size, uint64_t cap,
+            err_t *err)
+{
+  *digest = json_string_value (json_object_get (d, "digest"));
+  json_t *sz = json_object_get (d, "size");
+  if (*digest == NULL || !img_digest_valid (*digest) || !json_is_integer (sz) || json_integer_value (sz) < 0)
+    return err_make (err, EINVAL, "image `%s`: a %s descriptor without a sha256 digest and a size", image, what);
+  *size = (uint64_t) json_integer_value (sz);
+  if (*size > cap)
+    return err_make (err, EINVAL, "image `%s`: its %s is %llu bytes, over the cap of %llu", image, what,
+                     (unsigned long long) *size, (unsigned long long) cap);
+  return 0;
+}
+
+/* The manifest: by tag or digest, through an index to its linux/amd64
+ * entry. The manifest's JSON into *out, its digest into dg. */
+static int
+fetch_manifest (img_reg_t *r, const char *ref, const img_ref_t *p, json_t **out, char *dg, err_t *err)
+{
+  const char *want = p->digest[0] != '\0' ? p->digest : NULL;
+  char first[SBX_IMAGE_DIGEST_MAX + 1] = "";
+  for (int depth = 0; depth < 2; depth++)
+    {
+      blob_sink_t b = {.fd = -1};
+      char ctype[IMG_HEADER_MAX];
+      int rc = fetch (r, ref, "manifests", want != NULL ? want : p->tag, want, IMG_MANIFEST_MAX, &b, dg, ctype, err);
+      json_error_t jerr;
+      json_t *doc = rc == 0 ? json_loadb (b.mem != NULL ? b.mem : "", b.len, 0, &jerr) : NULL;
+      free (b.mem);
+      if (rc < 0)
+        return -1;
+      if (!json_is_object (doc))
+        {
+          json_decref (doc);
+          return err_make (err, EINVAL, "image `%s`: the manifest is not a JSON object", ref);
+        }
+      json_t *list = json_object_get (doc, "manifests");
+      if (list == NULL)
+        {
+          *out = doc;
+          return 0;
+        }
+      if (depth == 0)
+        snprintf (first, sizeof first, "%s", dg);
+      const char *pick = NULL;
+      for (size_t i = 0; i < json_array_size (list) && pick == NULL; i++)
+        {
+          json_t *m = json_array_get (list, i), *pf = json_object_get (m, "platform");
+          const char *os = json_string_value (json_object_get (pf, "os"));
+          const char *arch = json_string_value (json_object_get (pf, "architecture"));
+          const char *d = json_string_value (json_object_get (m, "digest"));
+          if (os != NULL && arch != NULL && strcmp (os, "linux") == 0 && strcmp (arch, "amd64") == 0 && d != NULL
+              && img_digest_valid (d))
+            pick = d;
+        }
+      if (pick == NULL || depth == 1)
+        {
+          json_decref (doc);
+          return err_make (err, EINVAL, "image `%s`: its index has no linux/amd64 manifest", ref);
+        }
+      static char picked[SBX_IMAGE_DIGEST_MAX + 1];
+      snprintf (picked, sizeof picked, "%s", pick);
+      want = picked;
+      json_decref (doc);
+    }
+  return err_make (err, EINVAL, "image `%s`: nested indexes", ref);
+}
+
+/* The config's Env, WorkingDir and User into the record. */
+static int
+read_config (img_reg_t *r, const char *ref, json_t *manifest, json_t *record, err_t *err)
+{
+  const char *digest;
+  uint64_t size;
+  if (descriptor (json_object_get (manifest, "config"), ref, "config", &digest, &size, IMG_CONFIG_MAX, err) < 0)
+    return -1;
+  blob_sink_t b = {.fd = -1};
+  char got[SBX_IMAGE_DIGEST_MAX + 1];
+  int rc = fetch (r, ref, "blobs", digest, digest, IMG_CONFIG_MAX, &b, got, NULL, err);
+  json_error_t jerr;
+  json_t *doc = rc == 0 ? json_loadb (b.mem != NULL ? b.mem : "", b.len, 0, &jerr) : NULL;
+  free (b.mem);
+  if (rc < 0)
+    return -1;
+  json_t *cfg = json_object_get (doc, "config"), *env = json_object_get (cfg, "Env");
+  if (doc == NULL || json_array_size (env) > IMG_MAX_ENV)
+    {
+      json_decref (doc);
+      return err_make (err, EINVAL, "image `%s`: a config that is not JSON or has more than %d Env entries", ref,
+                       IMG_MAX_ENV);
+    }
+  json_t *e = json_array ();
+  for (size_t i = 0; i < json_array_size (env); i++)
+    {
+      const char *v = json_string_value (json_array_get (env, i));
+      if (v != NULL && strchr (v, '=') != NULL && v[0] != '=')
+        json_array_append_new (e, json_string (v));
+    }
+  json_object_set_new (record, "env", e);
+  const char *wd = json_string_value (json_object_get (cfg, "WorkingDir"));
+  const char *user = json_string_value (json_object_get (cfg, "User"));
+  json_object_set_new (record, "workdir", json_string (wd != NULL && wd[0] == '/' ? wd : ""));
+  json_object_set_new (record, "user", json_string (user != NULL ? user : ""));
+  json_decref (doc);
+  return 0;
+}
+
+static bool
+layer_type_ok (const char *t)
+{
+  static const char *const ok[]
+      = {"application/vnd.oci.image.layer.v1.tar",       "application/vnd.oci.image.layer.v1.tar+gzip",
+         "application/vnd.oci.image.layer.v1.tar+zstd",  "application/vnd.docker.image.rootfs.diff.tar.gzip",
+         "application/vnd.docker.image.rootfs.diff.tar", NULL};
+  for (size_t i = 0; t != NULL && ok[i] != NULL; i++)
+    if (strcmp (t, ok[i]) == 0)
+      return true;
+  return false;
+}
+
+/* One layer into layers/<hex>: fetched to tmp, verified, unpacked into a
+ * temporary directory, renamed in place once whole. */
+static int
+pull_layer (img_cache_t *c, img_reg_t *r, const char *ref, const char *digest, uint64_t size, err_t *err)
+{
+  const char *root = img_cache_root (c), *hex = digest + 7;
+  char final[PATH_MAX], blob[PATH_MAX], dir[PATH_MAX];
+  snprintf (final, sizeof final, "%s/layers/%s", root, hex);
+  struct stat st;
+  if (stat (final, &st) == 0)
+    return 0; /* shared with an image pulled before */
+  snprintf (blob, sizeof blob, "%s/tmp/%s.blob", root, hex);
+  snprintf (dir, sizeof dir, "%s/tmp/%s.dir", root, hex);
+  sbx_layer_remove (dir);
+  cleanup_close int fd = open (blob, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return err_make_sys (err, errno, "create `%s`", blob);
+  blob_sink_t b = {.fd = fd};
+  char got[SBX_IMAGE_DIGEST_MAX + 1];
+  int rc = fetch (r, ref, "blobs", digest, digest, size, &b, got, NULL, err);
+  if (rc == 0 && b.bytes != size)
+    rc = err_make (err, EINVAL, "image `%s`: layer %s is %llu bytes, its manifest says %llu", ref, digest,
+                   (unsigned long long) b.bytes, (unsigned long long) size);
+  if (rc == 0 && lseek (fd, 0, SEEK_SET) < 0)
+    rc = err_make_sys (err, errno, "rewind `%s`", blob);
+  if (rc == 0 && mkdir (dir, 0755) < 0)
+    rc = err_make_sys (err, errno, "mkdir `%s`", dir);
+  if (rc == 0 && sbx_unpack_layer (img_cache_runtime (c), fd, dir, IMG_UNPACK_MS, err) < 0)
+    rc = err_wrap (err, "image `%s`: layer %s", ref, digest);
+  if (rc == 0 && rename (dir, final) < 0)
+    rc = err_make_sys (err, errno, "rename `%s`", final);
+  unlink (blob);
+  if (rc < 0)
+    sbx_layer_remove (dir);
+  return rc;
+}
+
+static void
+report (const img_pull_opts_t *o, const img_progress_t *p)
+{
+  if (o->progress != NULL)
+    o->progress (o->progress_ctx, p);
+}
+
+/* The layers of `manifest`, checked, then each pulled; their hex digests
+ * into the record (base first). */
+static int
+pull_layers (img_cache_t *c, img_reg_t *r, const char *ref, json_t *manifest, json_t *record,
+             const img_pull_opts_t *o, err_t *err)
+{
+  json_t *layers = json_object_get (manifest, "layers");
+  size_t n = json_array_size (layers);
+  if (!json_is_array (layers) || n == 0)
+    return err_make (err, EINVAL, "image `%s`: a manifest without layers", ref);
+  if (n > IMG_MAX_LAYERS)
+    return err_make (err, EINVAL, "image `%s`: %zu layers, more than the cap of %d", ref, n, IMG_MAX_LAYERS);
+  img_progress_t p = {.layers_total = (unsigned) n};
+  json_t *hexes = json_array ();
+  json_object_set_new (record, "layers", hexes);
+  for (size_t i = 0; i < n; i++)
+    {
+      const char *digest;
+      uint64_t size;
+      json_t *l = json_array_get (layers, i);
+      if (descriptor (l, ref, "layer", &digest, &size, IMG_LAYER_MAX, err) < 0)
+        return -1;
+      if (!layer_type_ok (json_string_value (json_object_get (l, "mediaType"))))
+        return err_make (err, EINVAL, "image `%s`: layer %zu has media type `%.100s`, not a tar (plain, gzip, zstd)",
+                         ref, i, json_string_value (json_object_get (l, "mediaType")) ?: "");
+      p.bytes_total += size;
+      if (p.bytes_total > IMG_TOTAL_MAX)
+        return err_make (err, EINVAL, "image `%s`: its layers total more than the cap of %llu bytes", ref,
+                         (unsigned long long) IMG_TOTAL_MAX);
+      json_array_append_new (hexes, json_string (digest + 7));
+    }
+  json_object_set_new (record, "bytes", json_integer ((json_int_t) p.bytes_total));
+  report (o, &p);
+  for (size_t i = 0; i < n; i++)
+    {
+      const char *digest;
+      uint64_t size;
+      descriptor (json_array_get (layers, i), ref, "layer", &digest, &size, IMG_LAYER_MAX, err);
+      if (pull_layer (c, r, ref, digest, size, err) < 0)
+        return -1;
+      p.layers_done++;
+      p.bytes_done += size;
+      report (o, &p);
+    }
+  return 0;
+}
+
+/* The Basic credentials SANDBOX_REGISTRY_AUTH_FILE has for `host`: its
+ * "auth" (base64 of user:password), or "username" and "password". */
+static char *
+credentials_for (const char *auth_file, const char *host)
+{
+  if (auth_file == NULL)
+    return NULL;
+  json_error_t jerr;
+  json_t *doc = json_load_file (auth_file, 0, &jerr);
+  json_t *auths = json_object_get (doc, "auths"), *entry = json_object_get (auths, host);
+  if (entry == NULL && strcmp (host, "registry-1.docker.io") == 0)
+    entry = json_object_get (auths, "https://index.docker.io/v1/");
+  const char *b64 = json_string_value (json_object_get (entry, "auth"));
+  const char *user = json_string_value (json_object_get (entry, "username"));
+  const char *pass = json_string_value (json_object_get (entry, "password"));
+  char *out = NULL;
+  if (b64 != NULL
+      && strspn (b64, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") == strlen (b64))
+    out = strdup (b64);
+  else if (user != NULL && pass != NULL)
+    {
+      cleanup_free char *plain = NULL;
+      int n = asprintf (&plain, "%s:%s", user, pass);
+      if (n > 0 && (out = malloc (4 * ((size_t) n / 3 + 1) + 1)) != NULL)
+        EVP_EncodeBlock ((unsigned char *) out, (const unsigned char *) plain, n);
+    }
+  json_decref (doc);
+  return out;
+}
+
+/* Whether `host` is in the comma-separated list. */
+static bool
+listed (const char *list, const char *host)
+{
+  size_t hl = strlen (host);
+  for (const char *p = list; p != NULL && *p;)
+    {
+      const char *end = strchr (p, ',');
+      size_t n = end != NULL ? (size_t) (end - p) : strlen (p);
+      while (n > 0 && *p == ' ')
+        p++, n--;
+      if (n == hl && strncmp (p, host, n) == 0)
+        return true;
+      p = end != NULL ? end + 1 : NULL;
+    }
+  return false;
+}
+
+int
+img_pull_locked (img_cache_t *c, const char *ref, const img_ref_t *p, const char *auth_file, const char *insecure,
+                 const img_pull_opts_t *o, char *dg, err_t *err)
+{
+  cleanup_free char *basic = credentials_for (auth_file, p->host);
+  img_reg_opts_t ro = {.host = p->host,
+                       .repo = p->repo,
+                       .insecure = listed (insecure, p->host),
+                       .basic_b64 = basic,
+                       .deadline_mono_ms = o->deadline_mono_ms,
+                       .cancelled = o->cancelled,
+                       .cancel_ctx = o->cancel_ctx,
+                       .image = ref};
+  img_reg_t *r = NULL;
+  if (img_reg_new (&ro, &r, err) < 0)
+    return -1;
+  json_t *manifest = NULL, *record = json_object ();
+  int rc = record != NULL ? fetch_manifest (r, ref, p, &manifest, dg, err) : err_make (err, ENOMEM, "out of memory");
+  if (rc == 0)
+    {
+      json_object_set_new (record, "ref", json_string (ref));
+      json_object_set_new (record, "digest", json_string (dg));
+      rc = read_config (r, ref, manifest, record, err);
+    }
+  if (rc == 0)
+    rc = pull_layers (c, r, ref, manifest, record, o, err);
+  if (rc == 0)
+    rc = img_record (c, ref, dg, record, err);
+  json_decref (manifest);
+  json_decref (record);
+  img_reg_free (r);
+  return rc;
+}

@@ -1,0 +1,51 @@
+/* runtime/layer: an image layer unpacked by `sandbox-helper unpack-layer`
+ * (helper/layer.c), unprivileged in a user namespace whose root is the
+ * SANDBOX_IMAGE_UID range, with sandbox-unpack's confinement. The gateway
+ * only spawns it and reads its one report; every path and byte of the
+ * layer is handled in the helper's confined child. Any thread. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/cleanup.h"
+#include "gateway/runtime/internal.h"
+
+int
+sbx_unpack_layer (sbx_runtime_t *rt, int blob_fd, const char *dir, int timeout_ms, err_t *err)
+{
+  const sbx_config_t *c = &rt->cfg;
+  char uid[24], max[24];
+  snprintf (uid, sizeof uid, "%ld", c->image_uid);
+  snprintf (max, sizeof max, "%ld", c->snapshot_max_entries);
+  if (chown (dir, (uid_t) c->image_uid, (gid_t) c->image_uid) < 0)
+    return err_make_sys (err, errno, "chown the new layer `%s`", dir);
+  const char *argv[]
+      = {"sandbox-helper", "unpack-layer", "--id",          "layer", "--state", dir, "--layer-uid", uid,
+         "--unpacker",     c->unpacker,    "--max-entries", max,     NULL};
+  cleanup_close int null = open ("/dev/null", O_RDWR | O_CLOEXEC);
+  cleanup_close int report_fd = -1;
+  pid_t pid = -1;
+  if (sbx_spawn_helper (rt, (char *const *) argv, blob_fd, null, STDERR_FILENO, false, &pid, &report_fd, err) < 0)
+    return err_wrap (err, "unpack a layer");
+  sbx_report_t r;
+  int got = sbx_read_report (report_fd, &r, timeout_ms, NULL, 0);
+  if (got != 1)
+    kill (pid, SIGKILL);
+  sbx_reap (pid);
+  if (got < 0)
+    return err_make (err, ETIMEDOUT, "unpacking a layer took longer than %d ms", timeout_ms);
+  if (got == 0)
+    return err_make (err, EIO, "the layer's unpacker ended without a report");
+  if (r.type == SBX_REPORT_ERROR)
+    return err_make (err, r.status != 0 ? r.status : EIO, "%s", r.text);
+  return 0;
+}
+
+void
+sbx_layer_remove (const char *path)
+{
+  sbx_remove_tree (path);
+}

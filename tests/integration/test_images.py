@@ -1,0 +1,297 @@
+"""Images: sandboxes launched on OCI images pulled from a real registry
+(Debian's docker-registry on loopback, images pushed with skopeo), layers
+shared on disk, the image's Env and WorkingDir as defaults, PullImage,
+ListImages, RemoveImage, and one pull for many concurrent launches."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from tests.lib.client import new_id, sandbox_client
+from tests.lib.gateway import running_gateway
+from tests.lib.grpc_clients import sandbox_modules
+from tests.lib.images import RawRegistry, busybox_layer, make_image, registry, tar_bytes
+
+pb, _ = sandbox_modules()
+
+
+def layer(entries) -> bytes:
+    return gzip.compress(tar_bytes(entries), mtime=0)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return busybox_layer()
+
+
+@pytest.fixture(scope="module")
+def reg():
+    with registry() as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def raw():
+    r = RawRegistry()
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+@pytest.fixture(scope="module")
+def igw(reg, raw, gateway_secret):
+    env = {"SANDBOX_INSECURE_REGISTRIES": f"{reg.host},{raw.host}"}
+    with running_gateway(env, secret=gateway_secret, check=True) as gw:
+        yield gw
+
+
+@pytest.fixture
+def c(igw):
+    with sandbox_client(igw) as client:
+        yield client
+
+
+def launch(c, sid, image, timeout=120):
+    return c.stub.Launch(pb.LaunchRequest(sandbox_id=sid, image=image), metadata=c.md, timeout=timeout)
+
+
+def state_dir(gw) -> str:
+    return gw.state_dir
+
+
+def test_launch_by_tag_sees_the_image_files_env_and_workdir(c, reg, base):
+    img = make_image([base, layer([("dir", "work"), ("file", "etc/greeting", b"hello from A\n")])],
+                     env=["PATH=/bin", "GREETING=image-a"], workdir="/work")
+    ref = reg.push(img, "test/a", "v1")
+    sid = new_id("img")
+    info = launch(c, sid, ref)
+    assert info.image == ref and info.image_digest == img.digest
+    r = c.sh(sid, "cat /etc/greeting; echo $GREETING; pwd")
+    assert r.code == 0, r.describe()
+    assert r.out == "hello from A\nimage-a\n/work\n"
+    # The request's own values win over the image's.
+    r = c.exec_call(sid, ["sh", "-c", "echo $GREETING; pwd"], env={"GREETING": "mine"}, cwd="/tmp")
+    out = b"".join(ev.stdout for ev in r)
+    assert out == b"mine\n/tmp\n"
+    assert c.get(sid).image_digest == img.digest
+    # Writes go to the sandbox's own layer, never the shared one.
+    assert c.sh(sid, "echo changed > /etc/greeting && cat /etc/greeting").out == "changed\n"
+
+
+def test_launch_by_digest_and_two_images_side_by_side_share_the_base_layer(c, igw, reg, base):
+    a = make_image([base, layer([("file", "etc/which", b"A\n")])])
+    b = make_image([base, layer([("file", "etc/which", b"B\n")])])
+    reg.push(a, "test/side-a", "v1")
+    reg.push(b, "test/side-b", "v1")
+    sa, sb, sd = new_id("ia"), new_id("ib"), new_id("idef")
+    launch(c, sa, f"{reg.host}/test/side-a@{a.digest}")
+    launch(c, sb, f"{reg.host}/test/side-b:v1")
+    c.launch(sd)
+    assert c.sh(sa, "cat /etc/which").out == "A\n"
+    assert c.sh(sb, "cat /etc/which").out == "B\n"
+    # The default sandbox sees SANDBOX_ROOTFS, not an image.
+    assert c.get(sd).image == "" and not c.sh(sd, "test -e /etc/which").code == 0
+    layers = os.listdir(os.path.join(state_dir(igw), "images", "layers"))
+    from tests.lib.images import sha256
+    assert sha256(base)[7:] in layers
+    # One copy of the shared base however many images have it.
+    assert len([l for l in layers if l == sha256(base)[7:]]) == 1
+
+
+def test_whiteouts_and_opaque_directories_of_upper_layers_apply(c, reg, base):
+    lower = layer([("dir", "data"), ("file", "data/gone", b"x"), ("dir", "opq"), ("file", "opq/old", b"x"),
+                   ("file", "keep", b"k")])
+    upper = layer([("file", "data/.wh.gone", b""), ("dir", "opq"), ("file", "opq/.wh..wh..opq", b""),
+                   ("file", "opq/new", b"n")])
+    ref = reg.push(make_image([base, lower, upper]), "test/wh", "v1")
+    sid = new_id("iwh")
+    launch(c, sid, ref)
+    r = c.sh(sid, "ls /data; echo ---; ls /opq; echo ---; cat /keep")
+    assert r.out == "---\nnew\n---\nk", r.describe()
+
+
+def test_layer_files_are_owned_by_the_unprivileged_image_range_on_the_host(c, igw, reg, base):
+    img = make_image([base, layer([("file", "bin/suid", b"#!/bin/sh\n", 0o4755)])])
+    ref = reg.push(img, "test/suid", "v1")
+    sid = new_id("isu")
+    launch(c, sid, ref)
+    from tests.lib.images import sha256
+    path = os.path.join(state_dir(igw), "images", "layers", sha256(img.blobs[list(img.blobs)[-1]])[7:], "bin", "suid")
+    st = os.lstat(path)
+    assert st.st_uid >= 65536 and st.st_gid >= 65536, "a layer file owned by host root"
+    # Inside, the image's root-owned files are root's.
+    assert c.sh(sid, "stat -c %u:%g /bin/suid").out == "0:0\n"
+
+
+def test_pull_image_streams_progress_then_lists_and_removes_unless_in_use(c, reg, base):
+    img = make_image([base, layer([("file", "etc/p", b"p")])])
+    ref = reg.push(img, "test/pull", "v1")
+    events = list(c.stub.PullImage(pb.PullImageRequest(image=ref), metadata=c.md, timeout=120))
+    assert events[-1].done and events[-1].image_digest == img.digest
+    assert events[-1].layers_done == events[-1].layers_total == 2
+    assert any(e.layers_done < e.layers_total for e in events[:-1])
+    listed = {i.image_digest: i for i in c.stub.ListImages(pb.ListImagesRequest(), metadata=c.md).images}
+    assert listed[img.digest].image == ref and listed[img.digest].sandboxes == 0
+    sid = new_id("irm")
+    launch(c, sid, ref)
+    with pytest.raises(grpc.RpcError) as ei:
+        c.stub.RemoveImage(pb.RemoveImageRequest(image=ref), metadata=c.md)
+    assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert c.sh(sid, "cat /etc/p").out == "p"
+    c.delete(sid)
+    c.stub.RemoveImage(pb.RemoveImageRequest(image=ref), metadata=c.md)
+    assert img.digest not in {i.image_digest for i in c.stub.ListImages(pb.ListImagesRequest(),
+                                                                         metadata=c.md).images}
+    with pytest.raises(grpc.RpcError) as ei:
+        c.stub.RemoveImage(pb.RemoveImageRequest(image=ref), metadata=c.md)
+    assert ei.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_ten_concurrent_launches_of_an_uncached_image_pull_it_once(c, raw, base):
+    top = layer([("file", "etc/once", b"1")])
+    img = make_image([base, top])
+    ref = raw.add("test/once", "v1", img)
+    from tests.lib.images import sha256
+    ids = [new_id("ionce") for _ in range(10)]
+    with ThreadPoolExecutor(10) as pool:
+        infos = list(pool.map(lambda s: launch(c, s, ref), ids))
+    assert {i.image_digest for i in infos} == {img.digest}
+    assert raw.requests.count(f"/v2/test/once/blobs/{sha256(top)}") == 1, raw.requests
+    assert c.sh(ids[-1], "cat /etc/once").out == "1"
+
+
+def test_bad_references_are_invalid_argument(c):
+    for ref in ["UPPER/case:x", "a/../b:1", "host:5000/repo@sha256:123", "repo:" + "t" * 200]:
+        with pytest.raises(grpc.RpcError) as ei:
+            launch(c, new_id("ibad"), ref)
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ref
+
+
+# --- auth ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def locked():
+    """A registry that wants credentials, its blobs redirected to another
+    host (`cdn`), and a gateway whose SANDBOX_REGISTRY_AUTH_FILE has them."""
+    import base64
+    import tempfile
+    reg_, cdn = RawRegistry(), RawRegistry()
+    creds = base64.b64encode(b"tester:s3cret").decode()
+    reg_.basic = creds
+    reg_.redirect_to = cdn.host
+    auth = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    json.dump({"auths": {reg_.host: {"auth": creds}}}, auth)
+    auth.close()
+    env = {"SANDBOX_INSECURE_REGISTRIES": f"{reg_.host},{cdn.host}", "SANDBOX_REGISTRY_AUTH_FILE": auth.name}
+    try:
+        with running_gateway(env, check=True, secret="images-auth-secret") as gw, sandbox_client(gw) as client:
+            yield reg_, cdn, client
+    finally:
+        reg_.close()
+        cdn.close()
+        os.unlink(auth.name)
+
+
+def test_basic_auth_then_a_blob_redirect_to_another_host_carries_no_authorization(locked, base):
+    reg_, cdn, client = locked
+    img = make_image([base, layer([("file", "etc/basic", b"b")])])
+    ref = reg_.add("priv/basic", "v1", img)
+    cdn.blobs.update(img.blobs)
+    info = launch(client, new_id("ibasic"), ref)
+    assert client.sh(info.sandbox_id, "cat /etc/basic").out == "b"
+    assert any(a == f"Basic {reg_.basic}" for p, a in reg_.authorizations if "/manifests/" in p)
+    assert [p for p, _ in cdn.authorizations if "/blobs/" in p], "the blobs came from the other host"
+    assert all(a is None for _, a in cdn.authorizations), cdn.authorizations
+
+
+def test_the_bearer_token_flow_with_basic_credentials_at_the_realm(locked, base):
+    reg_, cdn, client = locked
+    reg_.bearer = "tok-" + os.urandom(8).hex()
+    reg_.redirect_to = None
+    try:
+        img = make_image([base, layer([("file", "etc/bearer", b"t")])])
+        ref = reg_.add("priv/bearer", "v1", img)
+        info = launch(client, new_id("ibear"), ref)
+        assert client.sh(info.sandbox_id, "cat /etc/bearer").out == "t"
+        assert any(p.startswith("/token") and a == f"Basic {reg_.basic}" for p, a in reg_.authorizations)
+        assert any(a == f"Bearer {reg_.bearer}" for p, a in reg_.authorizations if "/blobs/" in p)
+    finally:
+        reg_.bearer = None
+        reg_.redirect_to = cdn.host
+
+
+def test_a_registry_not_named_insecure_is_spoken_to_over_tls_only(c, locked, base):
+    reg_, _, _ = locked  # plain HTTP, and not in this gateway's SANDBOX_INSECURE_REGISTRIES
+    ref = reg_.add("priv/tls", "v1", make_image([base]))
+    with pytest.raises(grpc.RpcError) as ei:
+        launch(c, new_id("itls"), ref)
+    assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"https://{reg_.host}/" in ei.value.details() and "priv/tls" in ei.value.details()
+    assert not any(p.startswith("/v2/priv/tls") for p in reg_.requests), "a plain-HTTP request reached it"
+
+
+def test_without_credentials_a_locked_registry_is_failed_precondition(c, raw, base):
+    ref = raw.add("priv/nocreds", "v1", make_image([base]))
+    raw.basic = "bm9ib2R5Om5vcGU="
+    try:
+        with pytest.raises(grpc.RpcError) as ei:
+            launch(c, new_id("inocred"), ref)
+    finally:
+        raw.basic = None
+    assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "priv/nocreds" in ei.value.details() and "401" in ei.value.details()
+
+
+# --- shim ----------------------------------------------------------------------------
+
+def test_shim_launches_on_an_image_pulls_lists_and_removes(igw, reg, base):
+    import base64
+    from tests.lib.shim import running_shim
+    img = make_image([base, layer([("file", "etc/shim", b"via shim")])], env=["PATH=/bin", "V=1"])
+    ref = reg.push(img, "test/shim", "v1")
+    with running_shim(igw, check=True) as shim:
+        pulled = shim.request("POST", "/images/pull", {"image": ref}, timeout=120)
+        assert pulled.status == 200 and pulled.headers["content-type"] == "application/x-ndjson", pulled
+        lines = [json.loads(l) for l in pulled.body.splitlines()]
+        assert lines[-1]["done"] and lines[-1]["image_digest"] == img.digest
+        sid = new_id("ishim")
+        r = shim.request("POST", "/sandboxes", {"sandbox_id": sid, "image": ref}, timeout=120)
+        assert r.status == 201 and r.json() == {"sandbox_id": sid}, r
+        r = shim.request("POST", f"/sandboxes/{sid}/exec", {"argv": ["sh", "-c", "cat /etc/shim; echo $V"]})
+        assert r.status == 200 and base64.b64decode(r.json()["stdout_b64"]) == b"via shim1\n", r
+        listed = shim.request("GET", "/images").json()["images"]
+        assert any(i["image_digest"] == img.digest and i["sandboxes"] == 1 for i in listed), listed
+        assert shim.request("DELETE", f"/images/{ref}").status == 409
+        assert shim.request("DELETE", f"/sandboxes/{sid}").status == 204
+        assert shim.request("DELETE", f"/images/{ref}").status == 204
+        assert shim.request("DELETE", f"/images/{ref}").status == 404
+        # Without "image", the seed's contract as it was.
+        sid2 = new_id("ishim")
+        r = shim.request("POST", "/sandboxes", {"sandbox_id": sid2})
+        assert r.status == 201 and r.json() == {"sandbox_id": sid2}
+        assert shim.request("POST", "/sandboxes", {"sandbox_id": new_id("x"), "image": 5}).status == 422
+        shim.request("DELETE", f"/sandboxes/{sid2}")
+
+
+# --- snapshots ---------------------------------------------------------------------------
+
+def test_a_snapshot_taken_on_an_image_restores_onto_that_image(c, reg, base):
+    img = make_image([base, layer([("file", "etc/from-image", b"img")])], env=["PATH=/bin", "ON=a"])
+    ref = reg.push(img, "test/snap", "v1")
+    sid = new_id("isnap")
+    launch(c, sid, ref)
+    c.ok(sid, "echo mine > /root/own")
+    tar = c.export(sid).data
+    c.delete(sid)
+    header = pb.RestoreHeader(sandbox_id=sid, image=ref)
+    reqs = iter([pb.RestoreRequest(header=header), pb.RestoreRequest(tar_chunk=tar)])
+    info = c.stub.Restore(reqs, metadata=c.md, timeout=120)
+    assert info.image_digest == img.digest
+    assert c.sh(sid, "cat /root/own /etc/from-image; echo $ON").out == "mine\nimga\n"
