@@ -20,7 +20,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 54
+#define N_VARS 55
 
 /* The table of variables, with targets in *c. */
 static void
@@ -175,6 +175,9 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
       {"SANDBOX_INSECURE_REGISTRIES", CFG_STRING, NULL,
        "registries (host:port, comma-separated) pulled from over plain HTTP; every other one over verified TLS", 0, 0,
        &c->insecure_registries, NULL, false},
+      {"SANDBOX_MAX_CONTEXTS", CFG_INT, "8",
+       "most code contexts (Jupyter kernels, CreateContext) one sandbox may have; more: RESOURCE_EXHAUSTED", 1, 256,
+       &c->max_contexts, NULL, false},
   };
   _Static_assert(sizeof table / sizeof table[0] == N_VARS, "N_VARS matches the table");
   memcpy (vars, table, sizeof table);
@@ -746,5 +749,6 @@ gw_config_runtime (const gw_config_t *c, sbx_config_t *out)
       .exec_buffer_total_bytes = c->exec_buffer_total_mb * 1024 * 1024,
       .idle_counts_processes = c->idle_counts_processes,
       .image_uid = c->image_uid,
+      .max_contexts = c->max_contexts,
   };
 }

@@ -17,7 +17,10 @@ RUN_PACKAGES=(
   protobuf-c-compiler libprotobuf-c-dev
   # Libraries of the gateway and the shim
   libssl-dev openssl libarchive-dev libcurl4-openssl-dev libmicrohttpd-dev
-  libjansson-dev libseccomp-dev libwslay-dev
+  libjansson-dev libseccomp-dev libwslay-dev libzmq3-dev
+  # Code contexts: the Jupyter kernel sandboxes run (SANDBOX_ROOTFS / by
+  # default), with the libraries their charts and tables come from
+  python3-ipykernel python3-matplotlib python3-pandas
   # Sandbox runtime: user-mode networking for egress
   slirp4netns
   iproute2 procps

@@ -7,6 +7,7 @@
 
 #include "common/cleanup.h"
 #include "gateway/api/internal.h"
+#include "gateway/code/kernel.h"
 
 void
 api_info_to_proto (const sbx_info_t *in, Sandbox__V1__SandboxInfo *out)
@@ -23,6 +24,7 @@ api_info_to_proto (const sbx_info_t *in, Sandbox__V1__SandboxInfo *out)
   out->dead_reason = (char *) in->dead_reason;
   out->image = (char *) in->image;
   out->image_digest = (char *) in->image_digest;
+  out->context_count = (uint32_t) code_count (in->id, in->created_ms);
 }
 
 int
@@ -106,6 +108,12 @@ api_env_from_proto (Sandbox__V1__ExecRequest__EnvEntry **entries, size_t n, char
 
 int
 api_env_from_start (Sandbox__V1__ProcessStart__EnvEntry **entries, size_t n, char ***out, err_t *err)
+{
+  ENV_FROM (entries, n, out, err);
+}
+
+int
+api_env_from_context (Sandbox__V1__CreateContextRequest__EnvEntry **entries, size_t n, char ***out, err_t *err)
 {
   ENV_FROM (entries, n, out, err);
 }

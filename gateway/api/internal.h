@@ -62,6 +62,13 @@ int api_connect (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_forward (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_list_ports (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 
+/* code.c */
+int api_create_context (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_list_contexts (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_restart_context (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_delete_context (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_run_code (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+
 /* files.c, shared with files_list.c: the file operation's cleanup, the
  * call's "gone" test, a request received whole with its strings checked
  * for NUL bytes, the path of a request (its `path_bytes` twin when set,
@@ -131,6 +138,7 @@ int api_compression_from_proto (Sandbox__V1__Compression c, snap_compression_t *
  * and the array with api_env_free). EINVAL for a bad name. */
 int api_env_from_proto (Sandbox__V1__ExecRequest__EnvEntry **entries, size_t n, char ***out, err_t *err);
 int api_env_from_start (Sandbox__V1__ProcessStart__EnvEntry **entries, size_t n, char ***out, err_t *err);
+int api_env_from_context (Sandbox__V1__CreateContextRequest__EnvEntry **entries, size_t n, char ***out, err_t *err);
 void api_env_free (char **env);
 
 #endif

@@ -45,6 +45,11 @@ static const api_method_t api_methods[] = {
     {"/sandbox.v1.Sandbox/PullImage", api_pull_image},
     {"/sandbox.v1.Sandbox/ListImages", api_list_images},
     {"/sandbox.v1.Sandbox/RemoveImage", api_remove_image},
+    {"/sandbox.v1.Sandbox/CreateContext", api_create_context},
+    {"/sandbox.v1.Sandbox/ListContexts", api_list_contexts},
+    {"/sandbox.v1.Sandbox/RestartContext", api_restart_context},
+    {"/sandbox.v1.Sandbox/DeleteContext", api_delete_context},
+    {"/sandbox.v1.Sandbox/RunCode", api_run_code},
 };
 
 #define N_METHODS (sizeof api_methods / sizeof api_methods[0])

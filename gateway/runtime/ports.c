@@ -544,3 +544,43 @@ sbx_port_list (sbx_runtime_t *rt, const char *id, sbx_port_t **out, size_t *n, e
   *out = take_ptr (&ports);
   return 0;
 }
+
+/* ---- any work inside the namespace ---------------------------------------- */
+
+typedef struct netns_call_s
+{
+  int pidfd;
+  void (*fn) (void *arg);
+  void *arg;
+  int error;
+} netns_call_t;
+
+static void *
+netns_call_main (void *arg)
+{
+  netns_call_t *c = arg;
+  if (setns (c->pidfd, CLONE_NEWNET) < 0)
+    {
+      c->error = errno == ESRCH ? ENOENT : errno;
+      return NULL;
+    }
+  c->fn (c->arg);
+  return NULL;
+}
+
+int
+sbx_netns_run (sbx_runtime_t *rt, const char *id, void (*fn) (void *arg), void *arg, err_t *err)
+{
+  cleanup_close int pidfd = holder_pidfd (rt, id, err);
+  if (pidfd < 0)
+    return -1;
+  netns_call_t c = {.pidfd = pidfd, .fn = fn, .arg = arg};
+  pthread_t t;
+  int rc = pthread_create (&t, NULL, netns_call_main, &c);
+  if (rc != 0)
+    return err_make_sys (err, rc, "a thread to enter sandbox `%s`", id);
+  pthread_join (t, NULL);
+  if (c.error != 0)
+    return err_make_sys (err, c.error, "sandbox `%s`: enter its network namespace", id);
+  return 0;
+}

@@ -67,7 +67,8 @@ typedef struct sbx_config_s
   /* SANDBOX_EXEC_BUFFER_TOTAL_MB, in bytes: the output buffers all execs
    * hold beyond each one's first (16 KiB); at it they read into that one. */
   long exec_buffer_total_bytes;
-  long image_uid; /* SANDBOX_IMAGE_UID: first host id of the image layers' owner range */
+  long image_uid;    /* SANDBOX_IMAGE_UID: first host id of the image layers' owner range */
+  long max_contexts; /* SANDBOX_MAX_CONTEXTS: code contexts per sandbox */
 } sbx_config_t;
 
 typedef struct sbx_runtime_s sbx_runtime_t;
@@ -467,5 +468,11 @@ typedef struct sbx_port_s
 /* Lists sandbox `id`'s listening TCP sockets, ordered by port. *out is
  * freed by the caller. ENOENT unknown sandbox. */
 int sbx_port_list (sbx_runtime_t *rt, const char *id, sbx_port_t **out, size_t *n, err_t *err);
+
+/* Runs fn(arg) on a thread of its own inside sandbox `id`'s network
+ * namespace, and waits for it. What the thread creates keeps that
+ * namespace (sockets; threads it starts, which stay in it for their whole
+ * life). ENOENT unknown sandbox. */
+int sbx_netns_run (sbx_runtime_t *rt, const char *id, void (*fn) (void *arg), void *arg, err_t *err);
 
 #endif

@@ -86,6 +86,13 @@ int proxy_upload (shim_req_t *r, const char *data, size_t len);
 void proxy_cleanup (shim_req_t *r);
 void proxy_admit (shim_req_t *r);
 
+/* code.c */
+struct MHD_Response *route_code (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_context_create (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_context_list (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_context_delete (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_context_restart (shim_req_t *r, unsigned *status);
+
 /* common.c */
 /* A whole unary call with the shim's credentials to the gateway that owns
  * sandbox `id` (members.h). */

@@ -49,5 +49,11 @@ const shim_route_t shim_routes[] = {
     {"GET", "/images", SHIM_BODY_NONE, true, route_images_list, NULL, NULL, false, NULL},
     {"POST", "/images/pull", SHIM_BODY_JSON, true, route_image_pull, NULL, NULL, false, NULL},
     {"DELETE", "/images/{*}", SHIM_BODY_NONE, true, route_image_delete, NULL, NULL, false, NULL},
+    {"POST", "/sandboxes/{id}/code", SHIM_BODY_JSON, true, route_code, NULL, NULL, false, NULL},
+    {"POST", "/sandboxes/{id}/contexts", SHIM_BODY_JSON, true, route_context_create, NULL, NULL, false, NULL},
+    {"GET", "/sandboxes/{id}/contexts", SHIM_BODY_NONE, true, route_context_list, NULL, NULL, false, NULL},
+    {"DELETE", "/sandboxes/{id}/contexts/{pid}", SHIM_BODY_NONE, true, route_context_delete, NULL, NULL, false, NULL},
+    {"POST", "/sandboxes/{id}/contexts/{pid}/restart", SHIM_BODY_JSON, true, route_context_restart, NULL, NULL, false,
+     NULL},
 };
 const size_t shim_n_routes = sizeof shim_routes / sizeof shim_routes[0];

@@ -1,0 +1,139 @@
+/* code/kernel: code contexts — a Jupyter kernel per context, running
+ * inside its sandbox as one of its detached processes — and running cells
+ * in them.
+ *
+ * A context is started from a kernelspec found in the sandbox's image
+ * (`kernel.json` under the Jupyter data directories, read through the file
+ * API, so inside the sandbox: the gateway never resolves a sandbox path).
+ * Its connection file is written into the sandbox the same way, and the
+ * kernel is started with sbx_proc_start from the kernelspec's argv: it has
+ * the sandbox's namespaces, user, seccomp and cgroup, and counts toward
+ * SANDBOX_MAX_PROCESSES.
+ *
+ * The kernel's ports are on the sandbox's loopback. The gateway reaches
+ * them with libzmq: each context has a ZMQ context of its own, made on a
+ * thread that has joined the sandbox's network namespace (sbx_netns_run),
+ * so the ZMQ I/O thread it starts lives in that namespace and every
+ * connection it makes is on the sandbox's loopback; no other gateway
+ * thread changes namespace. (libzmq cannot adopt a socket connected
+ * elsewhere, as Forward does, so the I/O thread itself must be inside.)
+ *
+ * Nothing the kernel sends is trusted: frames are bounded (ZMQ_MAXMSGSIZE,
+ * JMSG_FRAME_MAX), queues are bounded (ZMQ_RCVHWM), every message is
+ * signature-checked before it is parsed, and every wait has a deadline.
+ *
+ * Contexts are the gateway's bookkeeping of kernels: they die with their
+ * sandbox (Delete, the idle reaper; a relaunched id has new ones) and a
+ * snapshot does not carry them.
+ *
+ * Threading: any thread. A registry mutex guards the list; each context has
+ * a run mutex held while one call (a cell, a restart) uses its kernel.
+ */
+#ifndef SBX_GATEWAY_CODE_KERNEL_H
+#define SBX_GATEWAY_CODE_KERNEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "gateway/runtime/runtime.h"
+
+#define CODE_ID_MAX 40
+#define CODE_LANGUAGE_MAX 64
+#define CODE_CWD_MAX 1024
+/* The most kernelspecs ListContexts reports. */
+#define CODE_MAX_LANGUAGES 64
+
+typedef struct code_info_s
+{
+  char id[CODE_ID_MAX + 1];
+  char language[CODE_LANGUAGE_MAX + 1];
+  char cwd[CODE_CWD_MAX + 1];
+  int64_t created_ms; /* Unix epoch */
+  bool is_default;
+} code_info_t;
+
+/* Starts a context in sandbox `sid`: its kernel is ready on return.
+ * ENOENT no sandbox or no kernelspec `language`, EAGAIN
+ * SANDBOX_MAX_CONTEXTS, EINVAL bad language, cwd or env. */
+int code_create (sbx_runtime_t *rt, const char *sid, const char *language, const char *cwd, char *const *env,
+                 code_info_t *out, err_t *err);
+/* The contexts of sandbox `sid` (*out freed by the caller), and the names
+ * of the kernelspecs its image has (each and the array freed by the
+ * caller). */
+int code_list (sbx_runtime_t *rt, const char *sid, code_info_t **out, size_t *n, char ***languages, size_t *n_lang,
+               err_t *err);
+int code_restart (sbx_runtime_t *rt, const char *sid, const char *cid, code_info_t *out, err_t *err);
+int code_delete (sbx_runtime_t *rt, const char *sid, const char *cid, err_t *err);
+/* Forgets every context of sandbox `sid` (it was deleted). */
+void code_forget_sandbox (sbx_runtime_t *rt, const char *sid);
+/* How many contexts sandbox `sid` (created at `created_ms`) has. */
+size_t code_count (const char *sid, int64_t created_ms);
+
+typedef enum code_ev_kind_e
+{
+  CODE_EV_STDOUT = 1,
+  CODE_EV_STDERR,
+  CODE_EV_RESULT,
+  CODE_EV_ERROR,
+  CODE_EV_END,
+} code_ev_kind_t;
+
+/* The MIME types a result carries, by index. */
+typedef enum code_mime_e
+{
+  CODE_MIME_TEXT,
+  CODE_MIME_HTML,
+  CODE_MIME_MARKDOWN,
+  CODE_MIME_SVG,
+  CODE_MIME_JSON,
+  CODE_MIME_LATEX,
+  CODE_MIME_JAVASCRIPT,
+  CODE_MIME_N
+} code_mime_t;
+
+/* One event of a cell; everything is lent for the callback's duration. */
+typedef struct code_event_s
+{
+  code_ev_kind_t kind;
+  const char *text; /* STDOUT, STDERR */
+  /* RESULT */
+  const char *mime[CODE_MIME_N]; /* NULL when absent */
+  const uint8_t *png, *jpeg;
+  size_t png_len, jpeg_len;
+  bool is_main;
+  /* ERROR */
+  const char *ename, *evalue;
+  const char *const *traceback;
+  size_t n_traceback;
+  /* END */
+  uint32_t execution_count;
+  uint64_t duration_ms;
+  bool restarted;
+  const char *message;
+} code_event_t;
+
+typedef struct code_sink_s
+{
+  /* -1: the consumer is gone (the cell is then interrupted). */
+  int (*event) (void *ctx, const code_event_t *ev, err_t *err);
+  bool (*cancelled) (void *ctx);
+  void *ctx;
+} code_sink_t;
+
+typedef struct code_run_req_s
+{
+  const char *sid;
+  const char *cid;      /* NULL or "": the default context of `language` */
+  const char *language; /* NULL or "": python3 */
+  const char *code;
+  uint32_t timeout_seconds; /* 0: SBX_EXEC_DEFAULT_TIMEOUT */
+} code_run_req_t;
+
+/* Runs a cell, its events to `sink`, END last. 0 when the cell ran (errors
+ * of the code itself are events), -1 with *err when it could not (ENOENT,
+ * EPROTO a kernel that broke the protocol, ECANCELED). */
+int code_run (sbx_runtime_t *rt, const code_run_req_t *req, const code_sink_t *sink, err_t *err);
+
+#endif

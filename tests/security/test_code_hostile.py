@@ -1,0 +1,146 @@
+"""Hostile kernels: a kernelspec whose program speaks ZMQ badly (wrong
+signatures, frames over the gateway's cap, an endless iopub flood, no
+answer at all). Each call ends cleanly with a clear error or a restart,
+the gateway's memory stays bounded, and another sandbox's code runs
+meanwhile."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import grpc
+import pytest
+
+from tests.lib import code
+from tests.lib.client import sandbox_client
+from tests.lib.gateway import running_gateway
+
+# Starts like a kernel (kernel_info answered, signed), then misbehaves on
+# execute_request as its first argument says.
+FAKE_KERNEL = r'''
+import hashlib, hmac, json, signal, sys, time, uuid
+import zmq
+
+mode, conn = sys.argv[1], json.load(open(sys.argv[2]))
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+key = conn["key"].encode()
+ctx = zmq.Context()
+def bind(kind, port):
+    s = ctx.socket(kind)
+    s.bind(f"tcp://127.0.0.1:{port}")
+    return s
+shell, iopub, control = bind(zmq.ROUTER, conn["shell_port"]), bind(zmq.PUB, conn["iopub_port"]), \
+    bind(zmq.ROUTER, conn["control_port"])
+
+def frames(msg_type, parent, content, good=True):
+    parts = [json.dumps(p).encode() for p in (
+        {"msg_id": uuid.uuid4().hex, "msg_type": msg_type, "session": "s", "username": "u", "date": "",
+         "version": "5.3"}, parent, {}, content)]
+    sig = hmac.new(key if good else b"wrong", b"".join(parts), hashlib.sha256).hexdigest().encode()
+    return [b"<IDS|MSG>", sig] + parts
+
+def handle(idents, parts):
+    header = json.loads(parts[parts.index(b"<IDS|MSG>") + 2])
+    if header["msg_type"] == "kernel_info_request":
+        shell.send_multipart(idents + frames("kernel_info_reply", header, {"status": "ok"}))
+        iopub.send_multipart(frames("status", header, {"execution_state": "idle"}))
+    elif header["msg_type"] == "execute_request":
+        if mode == "badsig":
+            iopub.send_multipart(frames("stream", header, {"name": "stdout", "text": "x"}, good=False))
+            shell.send_multipart(idents + frames("execute_reply", header, {"status": "ok"}, good=False))
+        elif mode == "oversized":
+            iopub.send_multipart(frames("stream", header, {"name": "stdout", "text": "y" * (20 << 20)}))
+        elif mode == "flood":
+            chunk = {"name": "stdout", "text": "z" * 65536}
+            while True:
+                iopub.send_multipart(frames("stream", header, chunk))
+        elif mode == "garbage":
+            iopub.send_multipart([b"not", b"a", b"jupyter", b"message"])
+            shell.send_multipart(idents + [b"<IDS|MSG>", b"00", b"{", b"}", b"[", b"]"])
+        # "silent": nothing at all.
+
+while True:
+    for s in zmq.select([shell, control], [], [], 1.0)[0]:
+        parts = s.recv_multipart()
+        d = parts.index(b"<IDS|MSG>")
+        handle(parts[:d], parts)
+'''
+
+MODES = ["badsig", "oversized", "flood", "garbage", "silent"]
+SPEC_DIR = "/root/.local/share/jupyter/kernels"
+
+
+@pytest.fixture(scope="module")
+def gwh(gateway_secret):
+    with running_gateway(secret=gateway_secret, check=True) as gw:
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def client(gwh):
+    with sandbox_client(gwh) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def sid(client):
+    sid = client.launch().sandbox_id
+    client.write_file(sid, "/root/fake_kernel.py", FAKE_KERNEL.encode())
+    for mode in MODES:
+        client.write_file(sid, f"{SPEC_DIR}/fake-{mode}/kernel.json", json.dumps({
+            "argv": ["/usr/bin/python3", "/root/fake_kernel.py", mode, "{connection_file}"],
+            "display_name": mode, "language": "fake"}).encode(), make_parents=True)
+    return sid
+
+
+def test_a_kernel_with_wrong_signatures_fails_the_call_only(client, sid):
+    with pytest.raises(grpc.RpcError) as e:
+        code.run(client, sid, "1", language="fake-badsig")
+    assert e.value.code() == grpc.StatusCode.INTERNAL and "signature" in e.value.details()
+
+
+def test_a_kernel_sending_garbage_fails_the_call_only(client, sid):
+    with pytest.raises(grpc.RpcError) as e:
+        code.run(client, sid, "1", language="fake-garbage")
+    assert e.value.code() == grpc.StatusCode.INTERNAL
+    assert "not a Jupyter message" in e.value.details() or "signature" in e.value.details()
+
+
+@pytest.mark.parametrize("mode", ["oversized", "silent"])
+def test_a_kernel_that_never_answers_in_bounds_times_out_and_is_restarted(client, sid, mode):
+    cell = code.run(client, sid, "1", language=f"fake-{mode}", timeout_seconds=2, timeout=60)
+    assert cell.end.restarted and "did not stop" in cell.end.message
+    assert cell.stdout == ""
+
+
+def test_an_endless_iopub_flood_costs_bounded_memory_and_other_sandboxes_run(gwh, client, sid):
+    other = client.launch().sandbox_id
+    code.run(client, other, "warm = 1")
+    before = gwh.vm_rss_kib()
+    peak = [before]
+    received = [0]
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(0.2):
+            peak[0] = max(peak[0], gwh.vm_rss_kib())
+
+    t = threading.Thread(target=sample)
+    t.start()
+    try:
+        call = code.run_call(client, sid, "1", language="fake-flood", timeout_seconds=4, timeout=60)
+        beside = None
+        for ev in call:
+            if ev.WhichOneof("event") == "stdout":
+                received[0] += len(ev.stdout)
+                if beside is None and received[0] > (8 << 20):
+                    beside = code.run(client, other, "warm + 1")
+            elif ev.WhichOneof("event") == "end":
+                assert ev.end.restarted
+    finally:
+        done.set()
+        t.join()
+    assert received[0] > (8 << 20)
+    assert beside is not None and beside.main.text == "2"
+    assert (peak[0] - before) < 256 * 1024, (before, peak[0])
