@@ -17,6 +17,19 @@ int api_launch (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_get (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_delete (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_list (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+
+/* bulk.c: the CPU priority (nice value) of a thread answering a call that
+ * reads every sandbox, while it does (see bulk.c). Use as
+ * `cleanup_bulk api_bulk_t b; api_bulk_enter (&b);`. */
+#define API_BULK_NICE 10
+typedef struct api_bulk_s
+{
+  int prev;
+  bool lowered;
+} api_bulk_t;
+void api_bulk_enter (api_bulk_t *b);
+void api_bulk_leave (api_bulk_t *b);
+#define cleanup_bulk __attribute__ ((cleanup (api_bulk_leave)))
 int api_exec (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_status (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 

@@ -74,6 +74,8 @@ api_list (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   cleanup_message ProtobufCMessage *m = NULL;
   if (api_recv_request (call, &sandbox__v1__list_request__descriptor, &m, err) < 0)
     return -1;
+  cleanup_bulk api_bulk_t bulk;
+  api_bulk_enter (&bulk);
   cleanup_free sbx_info_t *infos = NULL;
   size_t n = 0;
   if (sbx_list (ctx->rt, &infos, &n, err) < 0)
