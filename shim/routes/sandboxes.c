@@ -16,10 +16,11 @@
 
 /* ---- GET /health -------------------------------------------------------------- */
 
-/* Whether the gateway of `ch` is usable by this shim: its health says
- * SERVING (its sandbox runtime passes its self-check) and it answers an
- * authenticated Status with the shim's credentials (a gateway that
- * refuses them serves nobody here); then whether it allows egress. */
+/* Whether the gateway of `ch` answers and its health says SERVING (its
+ * sandbox runtime passes its self-check): the seed's meaning of
+ * cli_mounted. Whether it also accepts this shim's credentials is /ready's
+ * question, not /health's. Then whether it allows egress (from an
+ * authenticated Status; false when that is refused). */
 static bool
 serving (rpc_channel_t *ch, bool *egress)
 {
@@ -49,15 +50,13 @@ serving (rpc_channel_t *ch, bool *egress)
           *egress = ((Sandbox__V1__StatusResponse *) resp)->allow_egress;
           protobuf_c_message_free_unpacked (resp, NULL);
         }
-      else
-        ok = false;
       rpc_status_release (&st);
     }
   return ok;
 }
 
-/* {"cli_mounted": a gateway is usable (serving), "allow_egress": it allows
- * egress}; with SHIM_GATEWAYS, the first gateway of the set that is. */
+/* {"cli_mounted": a gateway answers and serves, "allow_egress": it allows
+ * egress}; with SHIM_GATEWAYS, the first gateway of the set that serves. */
 struct MHD_Response *
 route_health (shim_req_t *r, unsigned *status)
 {

@@ -47,12 +47,21 @@ def _requests(pb2):
         "Watch": lambda: pb2.WatchRequest(sandbox_id=MISSING_ID, path="/tmp"),
         "Forward": lambda: iter([pb2.ForwardFrame(sandbox_id=MISSING_ID, port=8000)]),
         "ListPorts": lambda: pb2.ListPortsRequest(sandbox_id=MISSING_ID),
+        "PullImage": lambda: pb2.PullImageRequest(image=BAD_ID),
+        "ListImages": lambda: pb2.ListImagesRequest(),
+        "RemoveImage": lambda: pb2.RemoveImageRequest(image=BAD_ID),
+        "CreateContext": lambda: pb2.CreateContextRequest(sandbox_id=MISSING_ID),
+        "ListContexts": lambda: pb2.ListContextsRequest(sandbox_id=MISSING_ID),
+        "RestartContext": lambda: pb2.RestartContextRequest(sandbox_id=MISSING_ID, context_id="c"),
+        "DeleteContext": lambda: pb2.DeleteContextRequest(sandbox_id=MISSING_ID, context_id="c"),
+        "RunCode": lambda: pb2.RunCodeRequest(sandbox_id=MISSING_ID, code="1"),
     }
 
 
 METHODS = ["Launch", "Restore", "Exec", "Run", "ListProcesses", "SignalProcess", "ExportSnapshot", "PersistSnapshot",
            "Connect", "Delete", "Get", "List", "Status", "ReadFile", "WriteFile", "ListDir", "Stat", "Remove",
-           "Rename", "MakeDir", "Watch", "Forward", "ListPorts"]
+           "Rename", "MakeDir", "Watch", "Forward", "ListPorts", "PullImage", "ListImages", "RemoveImage",
+           "CreateContext", "ListContexts", "RestartContext", "DeleteContext", "RunCode"]
 
 
 def call(gw, sandbox_api, method, metadata=None):

@@ -764,11 +764,14 @@ def test_gateway_stopped_is_502(shims):
 
 def test_gateway_rejects_shim_credentials_is_502(shims, gateway):
     """A gateway that refuses the shim's credentials serves nobody through
-    it: calls are 502 and /health says cli_mounted: false, although the
-    gateway's own health check (which needs no token) passes."""
+    it: calls are 502. /health keeps the seed's meaning (the gateway answers
+    and its runtime works: cli_mounted true); /ready is what says the
+    credentials are refused (tests/integration/test_shim_ready.py)."""
     s = shims.shim(gateway, env={"SHIM_GATEWAY_SECRET": "not-the-gateways"})
     r = s.request("GET", "/health", auth=False)
-    assert r.status == 200 and r.json() == {"cli_mounted": False, "allow_egress": False}, r
+    assert r.status == 200 and r.json() == {"cli_mounted": True, "allow_egress": False}, r
+    r = s.request("GET", "/ready", auth=False)
+    assert r.status == 503, r
     r = s.request("POST", "/sandboxes", {"sandbox_id": new_id()})
     assert r.status == 502, r
     r = s.request("POST", f"/sandboxes/{new_id()}/exec", {"argv": ["true"]})
