@@ -207,11 +207,41 @@ def http1():
     seed("chunked-trailers", 1, 50, "0\r\n" + "X: " + "t" * 17000 + "\r\n\r\n")
 
 
+# ---- jmsg: selector byte, then frames each as a 2-byte little-endian length --
+def jmsg():
+    import json
+    import struct
+
+    def frames(*parts):
+        out = b""
+        for p in parts:
+            p = p if isinstance(p, bytes) else p.encode()
+            out += struct.pack("<H", len(p)) + p
+        return out
+
+    header = json.dumps({"msg_id": "m1", "msg_type": "stream", "session": "s", "username": "u",
+                         "date": "2026-01-01T00:00:00Z", "version": "5.3"})
+    parent = json.dumps({"msg_id": "req-1"})
+    content = json.dumps({"name": "stdout", "text": "2\n"})
+    sig = "0" * 64
+    write("jmsg", "stream-signed", b"\1" + frames("kernel", "<IDS|MSG>", sig, header, parent, "{}", content))
+    write("jmsg", "stream-unsigned", b"\0" + frames("<IDS|MSG>", sig, header, parent, "{}", content, b"\0buffer"))
+    write("jmsg", "no-parent", b"\1" + frames("<IDS|MSG>", sig, header, "{}", "{}", content))
+    write("jmsg", "not-objects", b"\1" + frames("<IDS|MSG>", sig, "[]", "1", "null", '"x"'))
+    write("jmsg", "bad-json", b"\1" + frames("<IDS|MSG>", sig, '{"msg_type":', "{}", "{}", "{}"))
+    write("jmsg", "no-type", b"\1" + frames("<IDS|MSG>", sig, '{"msg_type":7}', "{}", "{}", "{}"))
+    write("jmsg", "no-delimiter", b"\0" + frames("a", "b", "c", "d", "e", "f"))
+    write("jmsg", "short", b"\1" + frames("<IDS|MSG>", sig, header))
+    write("jmsg", "deep", b"\1" + frames("<IDS|MSG>", sig, '{"msg_type":"x","a":' + "[" * 3000 + "]" * 3000 + "}",
+                                          "{}", "{}", "{}"))
+
+
 if __name__ == "__main__":
-    for t in ("shim", "unpack", "proto", "gcs_parse", "http1"):
+    for t in ("shim", "unpack", "proto", "gcs_parse", "http1", "jmsg"):
         shutil.rmtree(os.path.join(OUT, t), ignore_errors=True)
     shim()
     unpack()
     proto()
     gcs()
     http1()
+    jmsg()
