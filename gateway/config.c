@@ -20,7 +20,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 55
+#define N_VARS 56
 
 /* The table of variables, with targets in *c. */
 static void
@@ -178,6 +178,10 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
       {"SANDBOX_MAX_CONTEXTS", CFG_INT, "8",
        "most code contexts (Jupyter kernels, CreateContext) one sandbox may have; more: RESOURCE_EXHAUSTED", 1, 256,
        &c->max_contexts, NULL, false},
+      {"SANDBOX_MAX_CONTEXTS_TOTAL", CFG_INT, "64",
+       "most code contexts of all sandboxes together (each holds two gateway threads and up to ~100 MiB of queued "
+       "kernel messages); more: RESOURCE_EXHAUSTED",
+       1, 4096, &c->max_contexts_total, NULL, false},
   };
   _Static_assert(sizeof table / sizeof table[0] == N_VARS, "N_VARS matches the table");
   memcpy (vars, table, sizeof table);
@@ -750,5 +754,6 @@ gw_config_runtime (const gw_config_t *c, sbx_config_t *out)
       .idle_counts_processes = c->idle_counts_processes,
       .image_uid = c->image_uid,
       .max_contexts = c->max_contexts,
+      .max_contexts_total = c->max_contexts_total,
   };
 }

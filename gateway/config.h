@@ -84,7 +84,8 @@ typedef struct gw_config_s
   char *registry_auth_file;  /* SANDBOX_REGISTRY_AUTH_FILE, or NULL */
   char *insecure_registries; /* SANDBOX_INSECURE_REGISTRIES, or NULL */
   bool idle_counts_processes;
-  long max_contexts; /* SANDBOX_MAX_CONTEXTS */
+  long max_contexts;       /* SANDBOX_MAX_CONTEXTS */
+  long max_contexts_total; /* SANDBOX_MAX_CONTEXTS_TOTAL */
 
   /* Derived by gw_config_load. */
   bool persist_on_shutdown; /* SANDBOX_PERSIST_ON_SHUTDOWN, or whether a store was chosen */

@@ -720,29 +720,34 @@ ctx_new (sbx_runtime_t *rt, const char *sid, int64_t created, const char *lang, 
   c->info.is_default = is_default;
   c->refs = 2; /* the registry's and the caller's */
   size_t max = (size_t) sbx_runtime_config (rt)->max_contexts;
+  size_t max_total = (size_t) sbx_runtime_config (rt)->max_contexts_total;
   pthread_mutex_lock (&reg_mu);
-  size_t n = 0;
+  size_t n = 0, total = 0;
   bool taken = false;
-  for (code_ctx_t *o = reg_head; o != NULL; o = o->next)
+  for (code_ctx_t *o = reg_head; o != NULL; o = o->next, total++)
     if (strcmp (o->sid, sid) == 0)
       {
         n++;
         taken |= is_default && o->info.is_default && strcmp (o->info.language, lang) == 0;
       }
-  if (n < max && !taken)
+  bool full = total >= max_total;
+  if (n < max && !taken && !full)
     {
       c->next = reg_head;
       reg_head = c;
     }
   pthread_mutex_unlock (&reg_mu);
-  if (n >= max || taken)
+  if (n >= max || taken || full)
     {
       strv_free (c->env);
       pthread_mutex_destroy (&c->run_mu);
       free (c);
       if (taken)
         return err_make (err, EAGAIN, "sandbox `%s`: its default `%s` context is being made; retry", sid, lang);
-      return err_make (err, EAGAIN, "sandbox `%s` has %zu code contexts (SANDBOX_MAX_CONTEXTS)", sid, n);
+      if (n >= max)
+        return err_make (err, EAGAIN, "sandbox `%s` has %zu code contexts (SANDBOX_MAX_CONTEXTS)", sid, n);
+      return err_make (err, EAGAIN, "the gateway has %zu code contexts (SANDBOX_MAX_CONTEXTS_TOTAL); delete some",
+                       total);
     }
   *out = c;
   return 0;

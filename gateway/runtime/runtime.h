@@ -67,8 +67,9 @@ typedef struct sbx_config_s
   /* SANDBOX_EXEC_BUFFER_TOTAL_MB, in bytes: the output buffers all execs
    * hold beyond each one's first (16 KiB); at it they read into that one. */
   long exec_buffer_total_bytes;
-  long image_uid;    /* SANDBOX_IMAGE_UID: first host id of the image layers' owner range */
-  long max_contexts; /* SANDBOX_MAX_CONTEXTS: code contexts per sandbox */
+  long image_uid;          /* SANDBOX_IMAGE_UID: first host id of the image layers' owner range */
+  long max_contexts;       /* SANDBOX_MAX_CONTEXTS: code contexts per sandbox */
+  long max_contexts_total; /* SANDBOX_MAX_CONTEXTS_TOTAL: code contexts of all sandboxes */
 } sbx_config_t;
 
 typedef struct sbx_runtime_s sbx_runtime_t;

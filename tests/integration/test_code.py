@@ -233,6 +233,25 @@ def test_the_cap_gives_resource_exhausted_and_contexts_die_with_delete(client):
     client.delete(sid)
 
 
+def test_the_total_cap_spans_sandboxes_and_deleting_one_frees_its_share(gateway_secret):
+    """SANDBOX_MAX_CONTEXTS_TOTAL bounds the kernels (and the gateway threads
+    they hold) of all sandboxes together, whatever each sandbox's own cap."""
+    env = {"SANDBOX_MAX_CONTEXTS_TOTAL": "2", "SANDBOX_MEMORY_MB": str(MEMORY_MB)}
+    with running_gateway(env, secret=gateway_secret, check=True) as gw, sandbox_client(gw) as c:
+        first, second, third = (c.launch().sandbox_id for _ in range(3))
+        code.create(c, first)
+        code.create(c, second)
+        with pytest.raises(grpc.RpcError) as e:
+            code.create(c, third)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "SANDBOX_MAX_CONTEXTS_TOTAL" in e.value.details()
+        assert c.get(third).context_count == 0
+        c.delete(first)
+        cell = code.run(c, third, "6 * 7")
+        assert cell.main is not None and cell.main.text == "42"
+        assert c.get(third).context_count == 1
+
+
 # --- REST (sandbox-shim) --------------------------------------------------------
 
 @pytest.fixture(scope="module")
