@@ -138,6 +138,11 @@ typedef struct sbx_s
                                                 * the next Forward, once there has been one (ports.c; rt->mu);
                                                 * -1: none */
   bool port_spare_making;                      /* ports.c is making it (rt->mu) */
+  /* Its process count and disk use as a List last read them, and when
+   * (monotonic; 0: never) — rt->mu. */
+  int64_t usage_ms;
+  long usage_processes;
+  uint64_t usage_disk_used, usage_disk_limit;
   struct sbx_s *next;
   struct sbx_s **pprev; /* what points at this one in the list */
   struct sbx_s *hnext;  /* next in its bucket of the id index */
@@ -230,9 +235,12 @@ void sbx_unlink_locked (sbx_runtime_t *rt, sbx_t *s);
  * registry lock is never held across the reads: sbx_info_copy_locked
  * copies the bookkeeping fields (rt->mu held) and takes a reference;
  * sbx_info_measure (rt->mu not held) reads the process count and the disk
- * use and drops that reference. */
+ * use and drops that reference. sbx_list reads the usage (sbx_info_read_usage)
+ * only of sandboxes used since a List last read it or read more than
+ * SBX_LIST_USAGE_MAX_AGE_MS ago, and drops its references under one lock. */
 void sbx_info_copy_locked (sbx_t *s, sbx_info_t *out);
 void sbx_info_measure (sbx_runtime_t *rt, sbx_t *s, sbx_info_t *out);
+void sbx_info_read_usage (sbx_runtime_t *rt, sbx_t *s, sbx_info_t *out);
 /* A ready sandbox, referenced (renews its idle timer), or NULL. */
 sbx_t *sbx_acquire (sbx_runtime_t *rt, const char *id);
 void sbx_release (sbx_runtime_t *rt, sbx_t *s);

@@ -233,7 +233,7 @@ sbx_info_copy_locked (sbx_t *s, sbx_info_t *out)
 }
 
 void
-sbx_info_measure (sbx_runtime_t *rt, sbx_t *s, sbx_info_t *out)
+sbx_info_read_usage (sbx_runtime_t *rt, sbx_t *s, sbx_info_t *out)
 {
   long n = sbx_cg_count (&rt->cg, s->id, NULL);
   out->process_count = n > 0 ? n : 0;
@@ -243,6 +243,12 @@ sbx_info_measure (sbx_runtime_t *rt, sbx_t *s, sbx_info_t *out)
       out->disk_limit_bytes = (uint64_t) sf.f_blocks * (uint64_t) sf.f_bsize;
       out->disk_used_bytes = (uint64_t) (sf.f_blocks - sf.f_bfree) * (uint64_t) sf.f_bsize;
     }
+}
+
+void
+sbx_info_measure (sbx_runtime_t *rt, sbx_t *s, sbx_info_t *out)
+{
+  sbx_info_read_usage (rt, s, out);
   pthread_mutex_lock (&rt->mu);
   bool last = sbx_unref_locked (rt, s);
   pthread_mutex_unlock (&rt->mu);
@@ -516,6 +522,45 @@ info_cmp (const void *a, const void *b)
 /* A List copies every record under the registry lock, referenced, and
  * reads their process counts and disks after it: the lock every exec takes
  * is never held across those reads, whatever the number of sandboxes. */
+/* How old a List's figures of an unused sandbox may be (process count,
+ * disk use): a List reads them again only for sandboxes used since, or
+ * after this long, so a client listing thousands of sandboxes in a loop
+ * costs the gateway a copy, not thousands of reads (docs/runtime.md). */
+#define SBX_LIST_USAGE_MAX_AGE_MS 1000
+
+/* Whether s's remembered usage is still a List's answer (rt->mu). */
+static bool
+usage_fresh_locked (const sbx_t *s, int64_t now)
+{
+  return s->usage_ms > 0 && s->usage_ms >= s->last_used_ms && now - s->usage_ms < SBX_LIST_USAGE_MAX_AGE_MS;
+}
+
+/* Stores what was read into the records, drops the references taken by
+ * sbx_info_copy_locked under one lock, and frees the records a delete left
+ * to the last of them. */
+static void
+list_release (sbx_runtime_t *rt, sbx_t **held, const sbx_info_t *v, const bool *read, size_t k, int64_t read_ms)
+{
+  size_t n_last = 0;
+  pthread_mutex_lock (&rt->mu);
+  for (size_t i = 0; i < k; i++)
+    {
+      sbx_t *s = held[i];
+      if (read[i])
+        {
+          s->usage_ms = read_ms;
+          s->usage_processes = v[i].process_count;
+          s->usage_disk_used = v[i].disk_used_bytes;
+          s->usage_disk_limit = v[i].disk_limit_bytes;
+        }
+      if (sbx_unref_locked (rt, s))
+        held[n_last++] = s; /* i >= n_last: the entries left to visit are intact */
+    }
+  pthread_mutex_unlock (&rt->mu);
+  for (size_t i = 0; i < n_last; i++)
+    sbx_free_record (held[i]);
+}
+
 int
 sbx_list (sbx_runtime_t *rt, sbx_info_t **out, size_t *n, err_t *err)
 {
@@ -523,22 +568,35 @@ sbx_list (sbx_runtime_t *rt, sbx_info_t **out, size_t *n, err_t *err)
   size_t cap = rt->count + 1;
   sbx_info_t *v = calloc (cap, sizeof *v);
   cleanup_free sbx_t **held = calloc (cap, sizeof *held);
-  if (v == NULL || held == NULL)
+  cleanup_free bool *read = calloc (cap, sizeof *read);
+  if (v == NULL || held == NULL || read == NULL)
     {
       pthread_mutex_unlock (&rt->mu);
       free (v);
       return err_make (err, ENOMEM, "list: out of memory");
     }
+  int64_t now = sbx_mono_ms ();
   size_t k = 0;
   for (sbx_t *s = rt->list; s != NULL && k < cap; s = s->next)
     if (s->ready && !s->deleting)
       {
         held[k] = s;
-        sbx_info_copy_locked (s, &v[k++]);
+        sbx_info_copy_locked (s, &v[k]);
+        read[k] = !usage_fresh_locked (s, now);
+        if (!read[k])
+          {
+            v[k].process_count = s->usage_processes;
+            v[k].disk_used_bytes = s->usage_disk_used;
+            v[k].disk_limit_bytes = s->usage_disk_limit;
+          }
+        k++;
       }
   pthread_mutex_unlock (&rt->mu);
+  int64_t read_ms = sbx_mono_ms ();
   for (size_t i = 0; i < k; i++)
-    sbx_info_measure (rt, held[i], &v[i]);
+    if (read[i])
+      sbx_info_read_usage (rt, held[i], &v[i]);
+  list_release (rt, held, v, read, k, read_ms);
   qsort (v, k, sizeof *v, info_cmp);
   *out = v;
   *n = k;

@@ -86,6 +86,25 @@ def test_get_and_list_describe_the_sandbox(sbx):
     assert after.disk_used_bytes <= after.disk_limit_bytes
 
 
+def test_list_figures_of_an_unused_sandbox_are_at_most_a_second_old(sbx):
+    """List may answer an unused sandbox's process count and disk use from
+    its last read, but never older than a second: a detached writer's bytes
+    show up without any call to the sandbox."""
+    sid = new_id("age")
+    sbx.launch(sid)
+    sbx.ok(sid, "nohup sh -c 'sleep 1; head -c 8388608 /dev/urandom > /root/late; sleep 1000' >/dev/null 2>&1 &")
+    first = {s.sandbox_id: s for s in sbx.list()}[sid]
+    deadline = time.time() + 10
+    while True:
+        time.sleep(0.5)
+        now = {s.sandbox_id: s for s in sbx.list()}[sid]
+        if now.disk_used_bytes >= first.disk_used_bytes + 8 * 1024 * 1024:
+            break
+        assert time.time() < deadline, (first, now)
+    assert now.last_used_unix_ms == first.last_used_unix_ms  # List is not use
+    sbx.delete(sid)
+
+
 def test_list_is_ordered_by_id(sbx):
     ids = [new_id("ord") for _ in range(3)]
     for sid in ids:
