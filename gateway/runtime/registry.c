@@ -519,13 +519,11 @@ info_cmp (const void *a, const void *b)
   return strcmp (((const sbx_info_t *) a)->id, ((const sbx_info_t *) b)->id);
 }
 
-/* A List copies every record under the registry lock, referenced, and
- * reads their process counts and disks after it: the lock every exec takes
- * is never held across those reads, whatever the number of sandboxes. */
 /* How old a List's figures of an unused sandbox may be (process count,
  * disk use): a List reads them again only for sandboxes used since, or
  * after this long, so a client listing thousands of sandboxes in a loop
- * costs the gateway a copy, not thousands of reads (docs/runtime.md). */
+ * costs the gateway a copy, not thousands of reads (said in the proto's
+ * List comment). */
 #define SBX_LIST_USAGE_MAX_AGE_MS 1000
 
 /* Whether s's remembered usage is still a List's answer (rt->mu). */
@@ -561,6 +559,9 @@ list_release (sbx_runtime_t *rt, sbx_t **held, const sbx_info_t *v, const bool *
     sbx_free_record (held[i]);
 }
 
+/* A List copies every record under the registry lock, referenced, and
+ * reads the process counts and disks it must after it: the lock every exec
+ * takes is never held across those reads, whatever the number of sandboxes. */
 int
 sbx_list (sbx_runtime_t *rt, sbx_info_t **out, size_t *n, err_t *err)
 {
