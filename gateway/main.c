@@ -287,10 +287,10 @@ arm_shutdown_deadline (const gateway_t *g, int64_t signalled_ms)
     free (at);
 }
 
-int
-main (int argc, char **argv)
+/* The command line: -1 to go on, else the exit status (--help: 0). */
+static int
+parse_args (int argc, char **argv)
 {
-  log_set_program ("sandbox-gateway");
   for (int i = 1; i < argc; i++)
     {
       if (strcmp (argv[i], "--help") == 0 || strcmp (argv[i], "-h") == 0)
@@ -301,6 +301,46 @@ main (int argc, char **argv)
       fprintf (stderr, "sandbox-gateway: unknown argument `%s` (see --help)\n", argv[i]);
       return 2;
     }
+  return -1;
+}
+
+/* Warns when the open-file limit is below what SANDBOX_MAX sandboxes need. */
+static void
+warn_open_file_limit (const gateway_t *g)
+{
+  struct rlimit nofile;
+  if (getrlimit (RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY
+      && g->cfg.max_sandboxes * GW_FDS_PER_SANDBOX + GW_FDS_RESERVED > (long) nofile.rlim_cur)
+    log_msg (SEV_WARNING,
+             "SANDBOX_MAX %ld needs about %ld open files and this process may hold %ld: launches will fail "
+             "before SANDBOX_MAX sandboxes live (raise the open-file limit or lower SANDBOX_MAX)",
+             g->cfg.max_sandboxes, g->cfg.max_sandboxes * GW_FDS_PER_SANDBOX + GW_FDS_RESERVED,
+             (long) nofile.rlim_cur);
+}
+
+static void
+log_listening (const gateway_t *g)
+{
+  log_fields (SEV_INFO,
+              json_pack ("{s:s, s:i, s:b, s:s, s:b}", "address", g->cfg.listen, "port", g->port, "tls",
+                         g->cfg.tls_cert != NULL, "gateway_name", g->cfg.gateway_name, "persist_on_shutdown",
+                         g->cfg.persist_on_shutdown),
+              "listening");
+  if (g->health_server != NULL)
+    log_fields (SEV_INFO, json_pack ("{s:s, s:i}", "address", g->cfg.health_listen, "port", g->health_port),
+                "health listener (plaintext, Check only)");
+  if (g->cfg.tls_cert != NULL)
+    log_msg (SEV_WARNING, "with TLS, gRPC core accepts connections itself: SANDBOX_MAX_CONNECTIONS and "
+                          "SANDBOX_MAX_CONNECTIONS_PER_PEER are not enforced (keep the port on a private network)");
+}
+
+int
+main (int argc, char **argv)
+{
+  log_set_program ("sandbox-gateway");
+  int rc = parse_args (argc, argv);
+  if (rc >= 0)
+    return rc;
 
   gateway_t g = {0};
   err_t err = ERR_INIT;
@@ -316,13 +356,7 @@ main (int argc, char **argv)
 
   sigset_t sigs;
   set_up_process (&sigs);
-  struct rlimit nofile;
-  if (getrlimit (RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY
-      && g.cfg.max_sandboxes * GW_FDS_PER_SANDBOX + GW_FDS_RESERVED > (long) nofile.rlim_cur)
-    log_msg (SEV_WARNING,
-             "SANDBOX_MAX %ld needs about %ld open files and this process may hold %ld: launches will fail "
-             "before SANDBOX_MAX sandboxes live (raise the open-file limit or lower SANDBOX_MAX)",
-             g.cfg.max_sandboxes, g.cfg.max_sandboxes * GW_FDS_PER_SANDBOX + GW_FDS_RESERVED, (long) nofile.rlim_cur);
+  warn_open_file_limit (&g);
   rpc_init ();
   if (start (&g, &err) < 0)
     {
@@ -331,17 +365,7 @@ main (int argc, char **argv)
       stop (&g);
       return 1;
     }
-  log_fields (SEV_INFO,
-              json_pack ("{s:s, s:i, s:b, s:s, s:b}", "address", g.cfg.listen, "port", g.port, "tls",
-                         g.cfg.tls_cert != NULL, "gateway_name", g.cfg.gateway_name, "persist_on_shutdown",
-                         g.cfg.persist_on_shutdown),
-              "listening");
-  if (g.health_server != NULL)
-    log_fields (SEV_INFO, json_pack ("{s:s, s:i}", "address", g.cfg.health_listen, "port", g.health_port),
-                "health listener (plaintext, Check only)");
-  if (g.cfg.tls_cert != NULL)
-    log_msg (SEV_WARNING, "with TLS, gRPC core accepts connections itself: SANDBOX_MAX_CONNECTIONS and "
-                          "SANDBOX_MAX_CONNECTIONS_PER_PEER are not enforced (keep the port on a private network)");
+  log_listening (&g);
 
   int sig = 0;
   sigwait (&sigs, &sig);

@@ -461,6 +461,62 @@ ensure_listener (rpc_server_t *s)
     }
 }
 
+/* Before this thread goes to `slot`'s call: makes sure another waits for
+ * calls (starting one when too few are free), or, when none may, refuses
+ * the call (false: this thread goes on waiting). */
+static bool
+hand_over_listening (rpc_server_t *s, rpc_slot_t *slot)
+{
+  pthread_mutex_lock (&s->mu);
+  s->listening--;
+  /* Threads not running an admitted call: this one, those answering
+   * or refusing calls, those about to wait again. With enough of
+   * them, one is soon back waiting: no thread is started (so a flood
+   * of refused or reset calls costs at most RPC_ACCEPT_THREADS). */
+  size_t free_threads = s->threads - s->inflight;
+  bool need = s->listening == 0 && free_threads < RPC_ACCEPT_THREADS;
+  bool start = need && s->threads < s->max_threads;
+  if (need)
+    s->listening++; /* the thread to start, or this one if none may */
+  if (start)
+    s->threads++;
+  pthread_mutex_unlock (&s->mu);
+  if (!need || (start && rpc_spawn_thread (s)))
+    return true;
+  /* No other thread would wait for calls while this one runs (for as long
+   * as its call lasts), and none may start (the cap, or pthread_create
+   * failed): the call is refused instead, and this thread goes on waiting. */
+  rpc_listener_charge (s->listener, slot->call);
+  grpc_call_cancel_with_status (slot->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "no thread for the call", NULL);
+  grpc_call_unref (slot->call);
+  slot_free (slot);
+  if (start)
+    {
+      pthread_mutex_lock (&s->mu);
+      s->threads--; /* the one that did not start */
+      pthread_mutex_unlock (&s->mu);
+    }
+  return false;
+}
+
+/* After a call: back to waiting (true), unless enough threads already do
+ * (false: this thread ends). */
+static bool
+rejoin_listening (rpc_server_t *s)
+{
+  pthread_mutex_lock (&s->mu);
+  bool stay = s->listening < RPC_IDLE_THREADS;
+  if (stay)
+    s->listening++;
+  else
+    {
+      s->threads--;
+      pthread_cond_broadcast (&s->cv);
+    }
+  pthread_mutex_unlock (&s->mu);
+  return stay;
+}
+
 static void *
 server_thread (void *arg)
 {
@@ -491,38 +547,8 @@ server_thread (void *arg)
       if (!atomic_load (&s->shutting_down))
         rpc_slot_request (s, slot->method);
       /* This thread goes to the call; another waits for the next one. */
-      pthread_mutex_lock (&s->mu);
-      s->listening--;
-      /* Threads not running an admitted call: this one, those answering
-       * or refusing calls, those about to wait again. With enough of
-       * them, one is soon back waiting: no thread is started (so a flood
-       * of refused or reset calls costs at most RPC_ACCEPT_THREADS). */
-      size_t free_threads = s->threads - s->inflight;
-      bool need = s->listening == 0 && free_threads < RPC_ACCEPT_THREADS;
-      bool start = need && s->threads < s->max_threads;
-      if (need)
-        s->listening++; /* the thread to start, or this one if none may */
-      if (start)
-        s->threads++;
-      pthread_mutex_unlock (&s->mu);
-      if (need && (!start || !rpc_spawn_thread (s)))
-        {
-          /* No other thread would wait for calls while this one runs (for
-           * as long as its call lasts), and none may start (the cap, or
-           * pthread_create failed): the call is refused instead, and this
-           * thread goes on waiting. */
-          rpc_listener_charge (s->listener, slot->call);
-          grpc_call_cancel_with_status (slot->call, GRPC_STATUS_RESOURCE_EXHAUSTED, "no thread for the call", NULL);
-          grpc_call_unref (slot->call);
-          slot_free (slot);
-          if (start)
-            {
-              pthread_mutex_lock (&s->mu);
-              s->threads--; /* the one that did not start */
-              pthread_mutex_unlock (&s->mu);
-            }
-          continue;
-        }
+      if (!hand_over_listening (s, slot))
+        continue;
       rpc_call_t *c = call_accept (s, slot);
       if (c != NULL)
         {
@@ -530,17 +556,8 @@ server_thread (void *arg)
           call_run (c);
           call_done (s, c);
         }
-      /* Back to waiting, unless enough threads already do. */
-      pthread_mutex_lock (&s->mu);
-      if (s->listening >= RPC_IDLE_THREADS)
-        {
-          s->threads--;
-          pthread_cond_broadcast (&s->cv);
-          pthread_mutex_unlock (&s->mu);
-          return NULL;
-        }
-      s->listening++;
-      pthread_mutex_unlock (&s->mu);
+      if (!rejoin_listening (s))
+        return NULL;
     }
   pthread_mutex_lock (&s->mu);
   s->listening--;

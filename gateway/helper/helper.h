@@ -5,7 +5,8 @@
  *   main.c    the subcommands, reports
  *   options.c the command line, volume specs, id maps (pure)
  *   launch.c  cgroups, disk, restore, forking the holder, READY
- *   rootfs.c  the holder's namespaces and root (overlay, /proc, /dev, volumes)
+ *   rootfs.c  the holder's namespaces and root (overlay, volumes)
+ *   kernfs.c  /dev, /proc and masked paths in that root (rootfs.h)
  *   volumes.c a volume's spec and its detached, idmapped copy
  *   netns.c   loopback and egress routes
  *   holder.c  the sandbox's pid 1: commands and orphans

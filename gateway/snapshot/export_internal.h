@@ -111,12 +111,16 @@ typedef struct export_s
  * abort flag, an atomic, every time). */
 #define EXPORT_CANCEL_POLL 256
 
-/* export.c: the stream thread. start: 0 or -1 (out of memory); finish:
+/* export_stream.c: the stream thread. start: 0 or -1 (out of memory); finish:
  * waits for what is queued, 0 or -1 when the sink failed (its error moved
  * to *x->err); release frees (finishing first). */
 int export_stream_start (export_t *x, const atomic_bool *abort);
 int export_stream_finish (export_t *x);
 void export_stream_release (export_t *x);
+/* libarchive's write and close callbacks (ctx: the export_t): bytes into
+ * the current buffer, a full buffer to the stream thread. */
+la_ssize_t export_write_cb (struct archive *a, void *ctx, const void *data, size_t len);
+int export_close_cb (struct archive *a, void *ctx);
 
 /* export.c: 0, or -1 with ECANCELED in *x->err once the export was told to
  * stop (its abort flag, or its caller's `cancelled`). Every loop of the
