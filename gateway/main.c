@@ -329,9 +329,6 @@ log_listening (const gateway_t *g)
   if (g->health_server != NULL)
     log_fields (SEV_INFO, json_pack ("{s:s, s:i}", "address", g->cfg.health_listen, "port", g->health_port),
                 "health listener (plaintext, Check only)");
-  if (g->cfg.tls_cert != NULL)
-    log_msg (SEV_WARNING, "with TLS, gRPC core accepts connections itself: SANDBOX_MAX_CONNECTIONS and "
-                          "SANDBOX_MAX_CONNECTIONS_PER_PEER are not enforced (keep the port on a private network)");
 }
 
 int

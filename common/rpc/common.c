@@ -233,6 +233,9 @@ rpc_channel_args_init (rpc_channel_args_t *a, const rpc_opts_t *opts, bool serve
       ARG_INT (GRPC_ARG_MAX_CONNECTION_IDLE_MS, idle);
       ARG_INT (GRPC_ARG_MAX_CONNECTION_AGE_MS, RPC_CONNECTION_AGE_MS);
       ARG_INT (GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, INT32_MAX);
+      /* A TLS handshake not done within this is dropped (gRPC's default
+       * is 120 s: a client could hold its connection slots that long). */
+      ARG_INT (GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, RPC_HANDSHAKE_TIMEOUT_MS);
     }
 #undef ARG_INT
   if (!server && opts != NULL && opts->tls && opts->tls_server_name != NULL)

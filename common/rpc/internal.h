@@ -32,14 +32,28 @@ gpr_timespec rpc_deadline_in_ms (int64_t ms);
 #include <stdatomic.h>
 #include <stdbool.h>
 
-/* listen.c: a plaintext server's own listening sockets and the table of
- * its connections (caps, rapid-reset budget). */
+/* listen.c: a server's own listening sockets and the table of its
+ * connections (caps, rapid-reset budget). */
 typedef struct rpc_listener_s rpc_listener_t;
 
+/* The channel argument (and address) of the "external" listener that TLS
+ * servers hand their accepted connections to (external.cc). */
+#define RPC_EXTERNAL_LISTENER "external:rpc-tls"
+
+/* external.cc: hands accepted socket `fd` to gRPC core's connection
+ * handler `handler` (filled in through RPC_EXTERNAL_LISTENER). */
+#ifdef __cplusplus
+extern "C"
+#endif
+    void
+    rpc_external_handle (void *handler, int listener_fd, int fd);
+
 /* Listens on `addr` ("host:port") and hands every connection under the
- * caps to `server`; *port is the port bound. *out is set also on failure
- * (free it with rpc_listener_free). */
-int rpc_listener_start (grpc_server *server, const char *addr, size_t max_total, size_t max_per_peer,
+ * caps to `server`: plaintext through grpc_server_add_channel_from_fd,
+ * or, with `external` (the handler of an RPC_EXTERNAL_LISTENER listener,
+ * which carries the credentials), through it. *port is the port bound.
+ * *out is set also on failure (free it with rpc_listener_free). */
+int rpc_listener_start (grpc_server *server, void *external, const char *addr, size_t max_total, size_t max_per_peer,
                         rpc_listener_t **out, int *port, err_t *err);
 /* Stops accepting (joins the accept thread, closes the listening sockets). */
 void rpc_listener_stop (rpc_listener_t *l);
@@ -141,7 +155,10 @@ struct rpc_server_s
   int64_t last_refusal_sweep_ms;
   size_t max_threads;
   grpc_resource_quota *quota;
-  rpc_listener_t *listener; /* NULL: gRPC listens (TLS) */
+  rpc_listener_t *listener; /* NULL: gRPC listens (a unix socket) */
+  /* A TLS server's connection handler, filled in by gRPC core when the
+   * RPC_EXTERNAL_LISTENER listener is added (external.cc). */
+  void *external_handler;
   int64_t last_sweep_ms;
   /* The server's threads (server.c; `mu`): each waits on `cq` and runs
    * the calls it takes. */

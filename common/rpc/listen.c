@@ -1,13 +1,15 @@
-/* rpc/listen: a plaintext server's own listening sockets, so that
- * connections are capped before gRPC core holds them.
+/* rpc/listen: a server's own listening sockets, so that connections are
+ * capped before gRPC core holds them.
  *
  * gRPC core 1.51 has no connection cap (no "max allowed incoming
  * connections"), and its accept loop gives up listening on an accept error
- * such as EMFILE. So for plaintext servers the layer listens itself: one
- * thread accepts, checks the caps — in total and per peer address — and
- * hands the connected socket to gRPC (grpc_server_add_channel_from_fd),
- * which names the connection "fd:<n>" in every call's peer. A connection
- * past a cap is closed at once. gRPC closes a connection's descriptor when
+ * such as EMFILE. So the layer listens itself: one thread accepts, checks
+ * the caps — in total and per peer address — and hands the connected
+ * socket to gRPC: a plaintext one through grpc_server_add_channel_from_fd,
+ * which names the connection "fd:<n>" in every call's peer; a TLS one
+ * through the external listener (external.cc), which names it by its peer
+ * address and port ("ipv4:a.b.c.d:port"), looked up in the table by port.
+ * A connection past a cap is closed at once. gRPC closes a connection's descriptor when
  * the connection ends without telling anyone, so the table of connections
  * remembers each one's inode and drops an entry whose descriptor is closed
  * or now names another file (checked when a cap is near, and every second).
@@ -24,6 +26,7 @@
  */
 #include "common/rpc/internal.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grpc/grpc_posix.h>
@@ -60,6 +63,7 @@ typedef struct conn_s
   dev_t dev;
   ino_t ino;
   struct sockaddr_storage peer; /* port zeroed: the address alone */
+  uint16_t port;                /* the peer's port */
   double tokens;                /* rapid-reset budget */
   int64_t refill_ms;
   bool cut; /* shut down for its resets: its calls still queued are dropped */
@@ -68,6 +72,7 @@ typedef struct conn_s
 struct rpc_listener_s
 {
   grpc_server *server;
+  void *external; /* TLS: the external listener's handler; NULL: plaintext */
   int fds[LISTEN_MAX_FDS];
   size_t n_fds;
   pthread_t thread;
@@ -76,7 +81,8 @@ struct rpc_listener_s
   pthread_mutex_t mu;
   conn_t *conns; /* indexed by descriptor */
   size_t n_conns;
-  int *live; /* descriptors of the table's entries */
+  int *live;    /* descriptors of the table's entries */
+  int *by_port; /* 65536: the last descriptor recorded for a peer port, or -1 */
   size_t n_live;
   size_t max_total, max_per_peer;
   int64_t last_sweep_ms, last_log_ms;
@@ -153,7 +159,7 @@ fits_locked (rpc_listener_t *l, const struct sockaddr_storage *peer, int64_t now
 
 /* Records an accepted connection: false when it cannot be (closed then). */
 static bool
-record_locked (rpc_listener_t *l, int fd, const struct sockaddr_storage *peer, int64_t now)
+record_locked (rpc_listener_t *l, int fd, const struct sockaddr_storage *peer, uint16_t port, int64_t now)
 {
   struct stat st;
   if ((size_t) fd >= l->n_conns || fstat (fd, &st) < 0)
@@ -166,7 +172,8 @@ record_locked (rpc_listener_t *l, int fd, const struct sockaddr_storage *peer, i
           break;
         }
   conn_t *c = &l->conns[fd];
-  *c = (conn_t){.used = true, .dev = st.st_dev, .ino = st.st_ino, .peer = *peer};
+  *c = (conn_t){.used = true, .dev = st.st_dev, .ino = st.st_ino, .peer = *peer, .port = port};
+  l->by_port[port] = fd;
   c->tokens = RPC_CONN_RESETS_BURST;
   c->refill_ms = now;
   l->live[l->n_live++] = fd;
@@ -189,15 +196,22 @@ note_refused_locked (rpc_listener_t *l, int64_t now)
 
 /* Takes one accepted connection: hands it to gRPC or closes it. */
 static void
-take (rpc_listener_t *l, int fd, struct sockaddr_storage *peer)
+take (rpc_listener_t *l, int listen_fd, int fd, struct sockaddr_storage *peer)
 {
+  uint16_t port = 0;
   if (peer->ss_family == AF_INET)
-    ((struct sockaddr_in *) peer)->sin_port = 0;
+    {
+      port = ntohs (((struct sockaddr_in *) peer)->sin_port);
+      ((struct sockaddr_in *) peer)->sin_port = 0;
+    }
   else if (peer->ss_family == AF_INET6)
-    ((struct sockaddr_in6 *) peer)->sin6_port = 0;
+    {
+      port = ntohs (((struct sockaddr_in6 *) peer)->sin6_port);
+      ((struct sockaddr_in6 *) peer)->sin6_port = 0;
+    }
   int64_t now = now_ms ();
   pthread_mutex_lock (&l->mu);
-  bool ok = fits_locked (l, peer, now) && record_locked (l, fd, peer, now);
+  bool ok = fits_locked (l, peer, now) && record_locked (l, fd, peer, port, now);
   if (!ok)
     note_refused_locked (l, now);
   pthread_mutex_unlock (&l->mu);
@@ -208,6 +222,11 @@ take (rpc_listener_t *l, int fd, struct sockaddr_storage *peer)
     }
   int one = 1;
   setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (l->external != NULL)
+    {
+      rpc_external_handle (l->external, listen_fd, fd);
+      return;
+    }
   grpc_server_credentials *creds = grpc_insecure_server_credentials_create ();
   grpc_server_add_channel_from_fd (l->server, fd, creds);
   grpc_server_credentials_release (creds);
@@ -233,7 +252,7 @@ accept_thread (void *arg)
           socklen_t len = sizeof peer;
           int fd = accept4 (l->fds[i], (struct sockaddr *) &peer, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
           if (fd >= 0)
-            take (l, fd, &peer);
+            take (l, l->fds[i], fd, &peer);
           else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
             {
               /* Out of descriptors elsewhere in the process: the pending
@@ -340,7 +359,7 @@ open_sockets (rpc_listener_t *l, const char *addr, int *port_out, err_t *err)
 }
 
 int
-rpc_listener_start (grpc_server *server, const char *addr, size_t max_total, size_t max_per_peer,
+rpc_listener_start (grpc_server *server, void *external, const char *addr, size_t max_total, size_t max_per_peer,
                     rpc_listener_t **out, int *port, err_t *err)
 {
   struct rlimit nofile;
@@ -351,15 +370,19 @@ rpc_listener_start (grpc_server *server, const char *addr, size_t max_total, siz
   if (l == NULL)
     return err_make (err, ENOMEM, "rpc listener: out of memory");
   l->server = server;
+  l->external = external;
   l->max_total = max_total;
   l->max_per_peer = max_per_peer;
   l->n_conns = slots;
   l->conns = calloc (slots, sizeof *l->conns);
   l->live = calloc (max_total + 1, sizeof *l->live);
+  l->by_port = malloc (65536 * sizeof *l->by_port);
+  if (l->by_port != NULL)
+    memset (l->by_port, 0xff, 65536 * sizeof *l->by_port);
   pthread_mutex_init (&l->mu, NULL);
   atomic_init (&l->stop, false);
   *out = l;
-  if (l->conns == NULL || l->live == NULL)
+  if (l->conns == NULL || l->live == NULL || l->by_port == NULL)
     return err_make (err, ENOMEM, "rpc listener: out of memory");
   if (open_sockets (l, addr, port, err) < 0)
     return -1;
@@ -391,22 +414,84 @@ rpc_listener_free (rpc_listener_t *l)
   rpc_listener_stop (l);
   free (l->conns);
   free (l->live);
+  free (l->by_port);
   pthread_mutex_destroy (&l->mu);
   free (l);
 }
 
-/* The descriptor a call's peer names ("fd:<n>"), or -1. */
+/* A TLS connection's peer, "ipv4:a.b.c.d:port" or "ipv6:[addr]:port" (the
+ * brackets maybe %-escaped): its address (port zeroed) and port. */
+static bool
+parse_peer (const char *peer, struct sockaddr_storage *out, uint16_t *port)
+{
+  const char *colon = strrchr (peer, ':');
+  bool v4 = strncmp (peer, "ipv4:", 5) == 0, v6 = strncmp (peer, "ipv6:", 5) == 0;
+  if (colon == NULL || !(v4 || v6))
+    return false;
+  char *end = NULL;
+  long p = strtol (colon + 1, &end, 10);
+  if (end == colon + 1 || *end != '\0' || p < 0 || p > 65535)
+    return false;
+  char host[INET6_ADDRSTRLEN + 8];
+  const char *h = peer + 5;
+  size_t n = (size_t) (colon - h);
+  if (n >= sizeof host)
+    return false;
+  memcpy (host, h, n);
+  host[n] = '\0';
+  memset (out, 0, sizeof *out);
+  *port = (uint16_t) p;
+  if (v4)
+    {
+      out->ss_family = AF_INET;
+      return inet_pton (AF_INET, host, &((struct sockaddr_in *) out)->sin_addr) == 1;
+    }
+  char *in = host;
+  if (strncmp (in, "%5B", 3) == 0 || strncmp (in, "%5b", 3) == 0)
+    in += 3;
+  else if (*in == '[')
+    in++;
+  size_t len = strlen (in);
+  if (len >= 3 && (strcmp (in + len - 3, "%5D") == 0 || strcmp (in + len - 3, "%5d") == 0))
+    in[len - 3] = '\0';
+  else if (len >= 1 && in[len - 1] == ']')
+    in[len - 1] = '\0';
+  out->ss_family = AF_INET6;
+  return inet_pton (AF_INET6, in, &((struct sockaddr_in6 *) out)->sin6_addr) == 1;
+}
+
+/* The descriptor of a call's connection: the one its peer names
+ * ("fd:<n>"), or the table's entry for its peer address and port; -1. */
 static int
-call_fd (grpc_call *call)
+call_fd (rpc_listener_t *l, grpc_call *call)
 {
   char *peer = grpc_call_get_peer (call);
   int fd = -1;
+  struct sockaddr_storage addr;
+  uint16_t port = 0;
   if (peer != NULL && strncmp (peer, "fd:", 3) == 0)
     {
       char *end = NULL;
       long v = strtol (peer + 3, &end, 10);
       if (end != peer + 3 && *end == '\0' && v >= 0 && v < INT32_MAX)
         fd = (int) v;
+    }
+  else if (peer != NULL && l->external != NULL && parse_peer (peer, &addr, &port))
+    {
+      pthread_mutex_lock (&l->mu);
+      int at = l->by_port[port];
+      if (at < 0 || !l->conns[at].used || l->conns[at].port != port || !same_address (&l->conns[at].peer, &addr))
+        {
+          at = -1; /* two peers on one port: the table's entries */
+          for (size_t i = 0; i < l->n_live && at < 0; i++)
+            {
+              const conn_t *c = &l->conns[l->live[i]];
+              if (c->port == port && same_address (&c->peer, &addr))
+                at = l->live[i];
+            }
+        }
+      pthread_mutex_unlock (&l->mu);
+      fd = at;
     }
   gpr_free (peer);
   return fd;
@@ -427,7 +512,7 @@ rpc_listener_charge (rpc_listener_t *l, grpc_call *call)
 {
   if (l == NULL)
     return;
-  int fd = call_fd (call);
+  int fd = call_fd (l, call);
   if (fd < 0 || (size_t) fd >= l->n_conns)
     return;
   int64_t now = now_ms ();
@@ -462,7 +547,7 @@ rpc_listener_cut (rpc_listener_t *l, grpc_call *call)
 {
   if (l == NULL)
     return false;
-  int fd = call_fd (call);
+  int fd = call_fd (l, call);
   if (fd < 0 || (size_t) fd >= l->n_conns)
     return false;
   pthread_mutex_lock (&l->mu);

@@ -98,6 +98,8 @@ typedef struct rpc_opts_s
 #define RPC_DEFAULT_MAX_OPEN_CALLS 64
 #define RPC_DEFAULT_FIRST_MESSAGE_MS 10000
 #define RPC_DEFAULT_MAX_CONNECTIONS 1024
+/* A server's TLS handshake must end within this, or the connection closes. */
+#define RPC_HANDSHAKE_TIMEOUT_MS 10000
 #define RPC_DEFAULT_MAX_CONNECTIONS_PER_PEER 64
 #define RPC_DEFAULT_CONNECTION_IDLE_MS (5 * 60 * 1000)
 

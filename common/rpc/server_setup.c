@@ -16,6 +16,26 @@
 #include "common/cleanup.h"
 #include "common/log.h"
 
+/* The external listener's channel argument: a pointer to the server's own
+ * slot, which outlives every copy gRPC core makes of it. */
+static void *
+slot_copy (void *p)
+{
+  return p;
+}
+
+static void
+slot_destroy (void *p)
+{
+  (void) p;
+}
+
+static int
+slot_cmp (void *a, void *b)
+{
+  return a < b ? -1 : a > b;
+}
+
 int
 rpc_server_new (const rpc_opts_t *opts, rpc_server_t **out, err_t *err)
 {
@@ -56,6 +76,17 @@ rpc_server_new (const rpc_opts_t *opts, rpc_server_t **out, err_t *err)
   q->key = (char *) GRPC_ARG_RESOURCE_QUOTA;
   q->value.pointer.p = s->quota;
   q->value.pointer.vtable = grpc_resource_quota_arg_vtable ();
+  if (s->tls_cert_file != NULL || s->tls_key_file != NULL)
+    {
+      /* Where gRPC core puts the handler of the external listener (see
+       * rpc_server_start): TLS connections are accepted here too. */
+      static const grpc_arg_pointer_vtable slot_vtable = {slot_copy, slot_destroy, slot_cmp};
+      grpc_arg *h = &args.args[args.channel_args.num_args++];
+      h->type = GRPC_ARG_POINTER;
+      h->key = (char *) RPC_EXTERNAL_LISTENER;
+      h->value.pointer.p = &s->external_handler;
+      h->value.pointer.vtable = &slot_vtable;
+    }
   s->max_message = args.max_message;
   s->server = grpc_server_create (&args.channel_args, NULL);
   s->cq = grpc_completion_queue_create_for_next (NULL);
@@ -128,19 +159,23 @@ rpc_server_start (rpc_server_t *s, const char *addr, int *bound_port, err_t *err
 {
   if (s->started)
     return err_make (err, EBUSY, "the server has already started");
-  /* Plaintext: the layer listens itself (listen.c), so that connections
-   * are capped; TLS: gRPC core does (it takes ready sockets only without
-   * TLS), uncapped. */
-  bool own = s->tls_cert_file == NULL && s->tls_key_file == NULL && strncmp (addr, "unix:", 5) != 0;
+  /* TCP: the layer listens itself (listen.c), so that connections are
+   * capped; plaintext connections go to gRPC as ready sockets, TLS ones to
+   * the external listener that carries the credentials. A unix socket:
+   * gRPC core listens (uncapped; its peers are local). */
+  bool own = strncmp (addr, "unix:", 5) != 0;
+  bool tls = s->tls_cert_file != NULL || s->tls_key_file != NULL;
   int port = 0;
-  if (!own)
+  if (!own || tls)
     {
       grpc_server_credentials *creds = NULL;
       if (server_credentials (s, &creds, err) < 0)
         return -1;
-      port = grpc_server_add_http2_port (s->server, addr, creds);
+      port = grpc_server_add_http2_port (s->server, own ? RPC_EXTERNAL_LISTENER : addr, creds);
       grpc_server_credentials_release (creds);
-      if (port == 0)
+      if (own && s->external_handler == NULL)
+        return err_make (err, EINVAL, "TLS: gRPC core made no listener for accepted connections");
+      if (!own && port == 0)
         return err_make (err, EADDRINUSE, "cannot listen on `%s` (address in use or not valid)", addr);
     }
   grpc_server_start (s->server);
@@ -167,7 +202,9 @@ rpc_server_start (rpc_server_t *s, const char *addr, int *bound_port, err_t *err
       size_t max_conns = s->opts.max_connections > 0 ? s->opts.max_connections : RPC_DEFAULT_MAX_CONNECTIONS;
       size_t per_peer = s->opts.max_connections_per_peer > 0 ? s->opts.max_connections_per_peer
                                                              : RPC_DEFAULT_MAX_CONNECTIONS_PER_PEER;
-      if (rpc_listener_start (s->server, addr, max_conns, per_peer, &s->listener, &port, err) < 0)
+      if (rpc_listener_start (s->server, tls ? s->external_handler : NULL, addr, max_conns, per_peer, &s->listener,
+                              &port, err)
+          < 0)
         return err->status == EADDRINUSE ? -1 : err_make (err, EADDRINUSE, "cannot listen: %s", err_msg (err));
     }
   if (bound_port != NULL)

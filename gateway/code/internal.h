@@ -34,7 +34,7 @@ struct code_ctx_s
   char key[JMSG_KEY_MAX + 1];
   char session[37];
   bool interrupt_message;   /* interrupt_mode "message" */
-  char restart_reason[160]; /* why the last kernel died, "" */
+  char restart_reason[400]; /* why the last kernel died, "" */
 };
 
 /* The context a cell runs in, held (made, with its kernel, for a default

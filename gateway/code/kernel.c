@@ -324,7 +324,50 @@ code_kernel_close (sbx_runtime_t *rt, code_ctx_t *c)
     }
 }
 
-/* Whether the kernel process has exited; why into c->restart_reason. */
+/* The last non-empty line of what the exited kernel wrote to stderr (a
+ * Python traceback's last line names the cause), at most cap - 1 bytes of
+ * it; "" when none. Reads at most KERNEL_WORDS_READS chunks of the ring. */
+#define KERNEL_WORDS_READS 256
+static void
+kernel_last_words (sbx_runtime_t *rt, code_ctx_t *c, char *out, size_t cap)
+{
+  char tail[256];
+  size_t len = 0;
+  sbx_proc_cursor_t cur;
+  sbx_proc_cursor_start (rt, c->proc, true, &cur);
+  for (int i = 0; i < KERNEL_WORDS_READS; i++)
+    {
+      uint8_t buf[4096];
+      int stream = 0;
+      sbx_exec_result_t res;
+      int n = sbx_proc_read (rt, c->proc, &cur, buf, sizeof buf, &stream, 0, &res);
+      if (n <= 0)
+        break;
+      if (stream != 2)
+        continue;
+      size_t take = (size_t) n < sizeof tail ? (size_t) n : sizeof tail;
+      if (len + take > sizeof tail)
+        {
+          size_t drop = len + take - sizeof tail;
+          memmove (tail, tail + drop, len - drop);
+          len -= drop;
+        }
+      memcpy (tail + len, buf + (size_t) n - take, take);
+      len += take;
+    }
+  while (len > 0 && (tail[len - 1] == '\n' || tail[len - 1] == '\r' || tail[len - 1] == ' '))
+    len--;
+  size_t start = len;
+  while (start > 0 && tail[start - 1] != '\n')
+    start--;
+  size_t n = len - start < cap - 1 ? len - start : cap - 1;
+  for (size_t i = 0; i < n; i++)
+    out[i] = (unsigned char) tail[start + i] < 0x20 ? ' ' : tail[start + i];
+  out[n] = '\0';
+}
+
+/* Whether the kernel process has exited; why into c->restart_reason (with
+ * the last line of its stderr when it exited with a status). */
 bool
 code_kernel_exited (sbx_runtime_t *rt, code_ctx_t *c)
 {
@@ -340,7 +383,12 @@ code_kernel_exited (sbx_runtime_t *rt, code_ctx_t *c)
   else if (pi.res.signal != 0)
     snprintf (c->restart_reason, sizeof c->restart_reason, "the kernel was killed by signal %d", pi.res.signal);
   else
-    snprintf (c->restart_reason, sizeof c->restart_reason, "the kernel exited with status %d", pi.res.exit_code);
+    {
+      char words[200];
+      kernel_last_words (rt, c, words, sizeof words);
+      snprintf (c->restart_reason, sizeof c->restart_reason, "the kernel exited with status %d%s%s", pi.res.exit_code,
+                words[0] ? ": " : "", words);
+    }
   return true;
 }
 
@@ -415,10 +463,12 @@ pick_ports (unsigned ports[5])
   unsigned char r[2];
   if (RAND_bytes (r, sizeof r) != 1)
     r[0] = r[1] = (unsigned char) rand ();
-  /* A block of five in 20000..59999: the sandbox's own loopback, so only
-   * its own servers can be in the way (the kernel then fails to bind and
-   * the start fails with its exit). */
-  unsigned base = 20000 + ((unsigned) (r[0] << 8 | r[1]) % 8000) * 5;
+  /* A block of five in 20000..32759: the sandbox's own loopback, below the
+   * kernel's ephemeral range (32768..60999 by default) that the sockets
+   * connected to other kernels take their local ports from; only the
+   * sandbox's own servers can be in the way (the kernel then fails to bind,
+   * and the start tries other ports, KERNEL_START_TRIES in all). */
+  unsigned base = 20000 + ((unsigned) (r[0] << 8 | r[1]) % 2552) * 5;
   for (int i = 0; i < 5; i++)
     ports[i] = base + (unsigned) i;
 }
@@ -497,9 +547,10 @@ await_iopub (sbx_runtime_t *rt, code_ctx_t *c, int64_t deadline, err_t *err)
     }
 }
 
-/* Starts c's kernel (run_mu held; none running). */
-int
-code_kernel_start (sbx_runtime_t *rt, code_ctx_t *c, err_t *err)
+/* One try at starting c's kernel on fresh ports (run_mu held; none
+ * running). */
+static int
+kernel_start_once (sbx_runtime_t *rt, code_ctx_t *c, err_t *err)
 {
   spec_t spec = {0};
   if (spec_load (rt, c->sid, c->info.language, &spec, err) < 0)
@@ -539,11 +590,30 @@ code_kernel_start (sbx_runtime_t *rt, code_ctx_t *c, err_t *err)
   if (rc == 0)
     rc = await_iopub (rt, c, code_mono_ms () + CODE_START_MS, err);
   if (rc < 0)
+    code_kernel_close (rt, c);
+  return rc;
+}
+
+/* Starts c's kernel (run_mu held; none running): again on other ports when
+ * the kernel exited because one of its ports was taken, KERNEL_START_TRIES
+ * tries in all. */
+#define KERNEL_START_TRIES 3
+int
+code_kernel_start (sbx_runtime_t *rt, code_ctx_t *c, err_t *err)
+{
+  for (int i = 1;; i++)
     {
-      code_kernel_close (rt, c);
-      return err_wrap (err, "start kernel `%s`", c->info.language);
+      err_t e = ERR_INIT;
+      if (kernel_start_once (rt, c, &e) == 0)
+        return 0;
+      if (i == KERNEL_START_TRIES || e.status != EIO || e.msg == NULL
+          || strstr (e.msg, "Address already in use") == NULL)
+        {
+          *err = e;
+          return err_wrap (err, "start kernel `%s`", c->info.language);
+        }
+      err_release (&e);
     }
-  return 0;
 }
 
 /* ---- the registry ---------------------------------------------------------- */

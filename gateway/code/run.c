@@ -291,7 +291,7 @@ code_run (sbx_runtime_t *rt, const code_run_req_t *req, const code_sink_t *sink,
   pthread_mutex_lock (&c->run_mu);
   int64_t start = code_mono_ms ();
   outcome_t o = {0};
-  char before[200] = "";
+  char before[sizeof ((code_ctx_t *) 0)->restart_reason] = "";
   int rc = 0;
   if (c->proc == NULL || code_kernel_exited (rt, c))
     {

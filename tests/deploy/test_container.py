@@ -45,6 +45,8 @@ from typing import Any, Iterator, Optional
 
 import pytest
 
+from tests.lib.procs import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 # bazel-out/k8-fastbuild, not bazel-bin: bazel-bin follows the last --config
 # (scripts/test.sh also builds under --config=asan).
@@ -84,9 +86,7 @@ def _caps() -> list[str]:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 def _crun_argv(*args: str) -> list[str]:

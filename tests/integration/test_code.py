@@ -206,6 +206,55 @@ def test_a_second_kernelspec_is_listed_and_runs(client, sid):
     code.delete(client, sid, echo[0].context_id)
 
 
+# A kernel wrapper that, the first time only, has a process of the sandbox
+# listen on the shell port it was handed before it starts ipykernel there:
+# the kernel then fails to bind for real, as when a server of the sandbox
+# happens to hold one of the ports the gateway picked.
+PORT_TAKER = '''
+import json, os, socket, sys, time
+conn = json.load(open(sys.argv[1]))
+if not os.path.exists("/tmp/port-taken-once"):
+    open("/tmp/port-taken-once", "w").close()
+    s = socket.socket()
+    s.bind(("127.0.0.1", conn["shell_port"]))
+    s.listen()
+    if os.fork() == 0:
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        time.sleep(60)
+        os._exit(0)
+    s.close()
+os.execv("/usr/bin/python3", ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", sys.argv[1]])
+'''
+
+
+def _spec(client, sid, name: str, argv: list[str]) -> None:
+    client.write_file(sid, f"/root/.local/share/jupyter/kernels/{name}/kernel.json", json.dumps({
+        "argv": argv, "display_name": name, "language": "python"}).encode(), make_parents=True)
+
+
+def test_a_kernel_whose_port_is_taken_starts_on_other_ports(client, sid):
+    client.write_file(sid, "/root/port_taker.py", PORT_TAKER.encode())
+    _spec(client, sid, "taken", ["/usr/bin/python3", "/root/port_taker.py", "{connection_file}"])
+    cell = code.run(client, sid, "6 * 7", language="taken")
+    assert cell.main.text == "42", cell.events
+    assert client.exec(sid, ["test", "-e", "/tmp/port-taken-once"]).code == 0
+    for c in code.contexts(client, sid).contexts:
+        if c.language == "taken":
+            code.delete(client, sid, c.context_id)
+
+
+def test_a_kernel_that_exits_at_start_is_named_with_its_last_words(client, sid):
+    _spec(client, sid, "dies", ["/bin/sh", "-c", "echo 'ImportError: no module named nothing_here' >&2; exit 3",
+                                "{connection_file}"])
+    with pytest.raises(grpc.RpcError) as e:
+        code.create(client, sid, language="dies")
+    assert e.value.code() == grpc.StatusCode.INTERNAL
+    assert "exited with status 3: ImportError: no module named nothing_here" in e.value.details()
+    assert [c for c in code.contexts(client, sid).contexts if c.language == "dies"] == []
+
+
 def test_unknown_language_is_not_found(client, sid):
     with pytest.raises(grpc.RpcError) as e:
         code.create(client, sid, language="no-such-kernel")

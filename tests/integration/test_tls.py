@@ -1,6 +1,10 @@
 """TLS (SANDBOX_TLS_CERT/KEY) and mutual TLS (SANDBOX_TLS_CLIENT_CA)."""
 
+import os
+import select
+import socket
 import subprocess
+import time
 from types import SimpleNamespace
 
 import grpc
@@ -98,3 +102,34 @@ def test_mtls_refuses_client_certificate_from_another_ca(mtls_gateway, pki, std_
     ch = mtls_gateway.secure_channel(pki.ca, private_key=pki.stranger_key,
                                      certificate_chain=pki.stranger_cert)
     assert _check(ch, std_protos) == grpc.StatusCode.UNAVAILABLE
+
+
+PER_PEER = 8
+
+
+def test_tls_connections_are_capped_per_address_before_any_handshake(gateways, pki, std_protos):
+    """The gateway's own listener takes TLS connections too: past
+    SANDBOX_MAX_CONNECTIONS_PER_PEER from one address, a connection that
+    never starts its handshake is closed at once, and the descriptors stay
+    bounded; a client from another address is served meanwhile."""
+    gw = gateways.gateway({**pki.env, "SANDBOX_MAX_CONNECTIONS_PER_PEER": str(PER_PEER)}, secret="s")
+    base = len(os.listdir(f"/proc/{gw.pid}/fd"))
+    socks = [socket.create_connection(("127.0.0.1", gw.port), timeout=5, source_address=("127.0.1.7", 0))
+             for _ in range(4 * PER_PEER)]
+    try:
+        closed: set[int] = set()
+        deadline = time.monotonic() + 10
+        while len(closed) < 3 * PER_PEER and time.monotonic() < deadline:
+            ready, _, _ = select.select([s for s in socks if s.fileno() not in closed], [], [], 0.5)
+            for s in ready:
+                try:
+                    if s.recv(1) == b"":
+                        closed.add(s.fileno())
+                except ConnectionError:
+                    closed.add(s.fileno())
+        assert len(closed) == 3 * PER_PEER, f"{len(closed)} of {4 * PER_PEER} closed"
+        assert len(os.listdir(f"/proc/{gw.pid}/fd")) <= base + PER_PEER + 8
+        assert _check(gw.secure_channel(pki.ca), std_protos) == std_protos.ServingStatus.SERVING
+    finally:
+        for s in socks:
+            s.close()

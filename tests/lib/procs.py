@@ -20,6 +20,7 @@ import atexit
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -99,11 +100,31 @@ def require_shim_binary() -> Path:
 
 # --- environment and ports ---------------------------------------------------
 
+# Ports handed to servers that bind them later are taken below the kernel's
+# ephemeral range (ip_local_port_range, 32768-60999 by default): a port the
+# kernel picked for us is one it may hand to any outgoing connection before
+# the server binds it, which made a shim fail "address in use" at start.
+_FIXED_PORTS = (20000, 32000)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (for tests that cannot use port 0)."""
+    """A port that was free a moment ago on `host` and on 0.0.0.0, outside
+    the ephemeral range (for tests that cannot use port 0)."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(*_FIXED_PORTS)
+        if _bindable(host, port) and _bindable("0.0.0.0", port):
+            return port
+    raise RuntimeError(f"no free port in {_FIXED_PORTS}")
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def overlay_env(env: dict, extra: Optional[Mapping[str, Optional[str]]]) -> dict:
