@@ -20,7 +20,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 56
+#define N_VARS 57
 
 /* The table of variables, with targets in *c. */
 static void
@@ -182,6 +182,10 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        "most code contexts of all sandboxes together (each holds two gateway threads and up to ~100 MiB of queued "
        "kernel messages); more: RESOURCE_EXHAUSTED",
        1, 4096, &c->max_contexts_total, NULL, false},
+      {"SANDBOX_WARM_POOL", CFG_STRING, NULL,
+       "ready sandboxes kept made ahead of launches, per image: `default=N` (SANDBOX_ROOTFS; N at most 64); "
+       "each holds what an idle sandbox holds and counts against SANDBOX_MAX; unset: no pool",
+       0, 0, &c->warm_pool_text, NULL, false},
   };
   _Static_assert(sizeof table / sizeof table[0] == N_VARS, "N_VARS matches the table");
   memcpy (vars, table, sizeof table);
@@ -623,7 +627,7 @@ gw_config_load (gw_config_t *c, err_t *err)
     }
   if (c->state_dir[0] != '/' || c->rootfs[0] != '/')
     return err_make (err, EINVAL, "SANDBOX_STATE_DIR and SANDBOX_ROOTFS must be absolute paths");
-  if (size_uid_pool (c, err) < 0)
+  if (size_uid_pool (c, err) < 0 || sbx_pool_parse (c->warm_pool_text, &c->warm_pool, err) < 0)
     return -1;
   /* The layers' owner must be nobody a sandbox of this gateway runs as. */
   if (c->userns && c->image_uid + 65536 > c->uid_base && c->image_uid < c->uid_base + c->uid_slots * c->uid_range)
@@ -755,5 +759,6 @@ gw_config_runtime (const gw_config_t *c, sbx_config_t *out)
       .image_uid = c->image_uid,
       .max_contexts = c->max_contexts,
       .max_contexts_total = c->max_contexts_total,
+      .warm_pool = c->warm_pool,
   };
 }

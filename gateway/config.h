@@ -86,6 +86,8 @@ typedef struct gw_config_s
   bool idle_counts_processes;
   long max_contexts;       /* SANDBOX_MAX_CONTEXTS */
   long max_contexts_total; /* SANDBOX_MAX_CONTEXTS_TOTAL */
+  char *warm_pool_text;    /* SANDBOX_WARM_POOL as given, or NULL */
+  long warm_pool;          /* its `default` count */
 
   /* Derived by gw_config_load. */
   bool persist_on_shutdown; /* SANDBOX_PERSIST_ON_SHUTDOWN, or whether a store was chosen */

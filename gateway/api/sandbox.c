@@ -204,6 +204,7 @@ api_status (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   Sandbox__V1__StatusResponse resp = SANDBOX__V1__STATUS_RESPONSE__INIT;
   resp.allow_egress = cfg->allow_egress;
   resp.sandboxes = (uint32_t) sbx_count (ctx->rt);
+  resp.pooled = (uint32_t) sbx_pool_count (ctx->rt);
   resp.max_sandboxes = (uint32_t) cfg->max_sandboxes;
   resp.store = (char *) (ctx->store != NULL ? ctx->store->kind : "");
   resp.user_namespaces = cfg->userns;

@@ -42,6 +42,8 @@
 /* Buffers a reader lends to sinks (sbx_exec_hold, sbx_exec_release): a few
  * per reader, each reused once no sink holds it. */
 #define SBX_OUTBUFS 4
+/* Most sandboxes the warm pool keeps (SANDBOX_WARM_POOL's cap; pool.c). */
+#define SBX_POOL_MAX 64
 /* Spare memory groups kept made ahead of launches (launch.c). */
 #define SBX_SPARES 16
 /* An output buffer, lent to a sink (sbx_exec_hold): its reader holds one
@@ -190,6 +192,17 @@ struct sbx_runtime_s
   unsigned spare_seq;
   pthread_t spare_maker;
   bool spare_maker_running;
+  /* The warm pool (pool.c), under mu: ready sandboxes in no list, those
+   * being made, places given up for launches that have not reserved
+   * theirs yet, the next placeholder number, launches that found it
+   * empty. All but the last two count against SANDBOX_MAX
+   * (sbx_pool_held_locked). */
+  sbx_t *pool[SBX_POOL_MAX];
+  size_t pool_n, pool_building, pool_yielded;
+  unsigned pool_seq;
+  unsigned long pool_fallbacks;
+  pthread_t pool_filler;
+  bool pool_filler_running;
   /* The uid pool (userns.c), under mu: the free ranges' slots in the order
    * they were freed (a ring of uid_slots, uid_nfree of them from
    * uid_head), so that a range rests as long as possible before it is
@@ -344,6 +357,28 @@ void *sbx_spare_maker_main (void *arg);
 /* Removes the cgroups of sandbox `id`, whose processes are gone; its memory
  * group becomes a spare when there is room for one. */
 int sbx_remove_groups (sbx_runtime_t *rt, const char *id, err_t *err);
+
+/* launch.c: runs sandbox-helper for record `s`, in no list (a pooled
+ * sandbox), until its pid 1 is ready; the caller tears down on failure. */
+int sbx_launch_build (sbx_runtime_t *rt, sbx_t *s, err_t *err);
+
+/* pool.c: the warm pool. The filler keeps cfg.warm_pool sandboxes made,
+ * niced, until the runtime stops. */
+void *sbx_pool_filler_main (void *arg);
+/* A pooled sandbox renamed to `id` and linked (not ready) into *out: 1;
+ * 0 when this launch is not served by the pool (an image, a restore,
+ * egress, an empty pool, an id taken: the caller launches as usual); -1
+ * with *err (EIO) when the claim failed. */
+int sbx_pool_claim (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_image_t *img, bool restore,
+                    sbx_t **out, err_t *err);
+/* Destroys one pooled sandbox when the pool's and the live ones fill
+ * SANDBOX_MAX, keeping its place for the launch that asked: true when it
+ * did (that launch's reserve then takes the place). */
+bool sbx_pool_yield (sbx_runtime_t *rt);
+/* The places the pool holds against SANDBOX_MAX (rt->mu held). */
+size_t sbx_pool_held_locked (const sbx_runtime_t *rt);
+/* Destroys every pooled sandbox (the filler has stopped). */
+void sbx_pool_drain (sbx_runtime_t *rt);
 
 /* reaper.c */
 /* Kills, unmounts and removes what a previous run left behind. */

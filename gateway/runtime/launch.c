@@ -27,9 +27,11 @@
 #define RESTORE_REASON_TIMEOUT_MS 10000
 
 /* Reserves `id` in the registry: EEXIST taken, EUSERS full, ESHUTDOWN
- * stopping. */
+ * stopping. `yielded`: the warm pool gave up a sandbox for this one
+ * (sbx_pool_yield), whose place it takes. */
 static int
-reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_image_t *img, sbx_t **out, err_t *err)
+reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_image_t *img, bool yielded, sbx_t **out,
+         err_t *err)
 {
   if (!sbx_id_valid (id))
     return err_make (err, EINVAL, "invalid sandbox id: ids match ^[A-Za-z0-9][A-Za-z0-9_-]*$, at most 64 characters");
@@ -55,12 +57,14 @@ reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_image_t
   s->created_mono_ms = s->last_used_ms = sbx_mono_ms ();
 
   pthread_mutex_lock (&rt->mu);
+  if (yielded)
+    rt->pool_yielded--;
   int rc = 0;
   if (rt->stopping)
     rc = err_make (err, ESHUTDOWN, "the gateway is shutting down");
   else if (sbx_find_locked (rt, id) != NULL)
     rc = err_make (err, EEXIST, "sandbox `%s` already exists", id);
-  else if ((long) rt->count >= rt->cfg.max_sandboxes)
+  else if ((long) (rt->count + sbx_pool_held_locked (rt)) >= rt->cfg.max_sandboxes)
     rc = err_make (err, EUSERS, "too many sandboxes: the limit is %ld (SANDBOX_MAX)", rt->cfg.max_sandboxes);
   else if (rt->cfg.userns && (s->uid_slot = sbx_uid_take_locked (rt)) < 0)
     rc = err_make (err, EUSERS, "no free uid range for another sandbox (SANDBOX_UID_BASE, SANDBOX_UID_RANGE)");
@@ -418,27 +422,48 @@ sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn
 }
 
 int
+sbx_launch_build (sbx_runtime_t *rt, sbx_t *s, err_t *err)
+{
+  launch_numbers_t nums;
+  argv_t argv = {0};
+  int rc = helper_argv (rt, s, false, &nums, &argv, err);
+  if (rc == 0)
+    rc = run_helper (rt, s, (char *const *) argv.v, NULL, NULL, err);
+  free (argv.v);
+  return rc;
+}
+
+int
 sbx_launch_on (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_image_t *img, sbx_source_fn src,
                void *src_ctx, sbx_info_t *out, err_t *err)
 {
   sbx_t *s = NULL;
-  if (reserve (rt, id, allow_egress, img, &s, err) < 0)
+  launch_numbers_t nums = {0};
+  /* Claim from the warm pool, else create. */
+  int claimed = sbx_pool_claim (rt, id, allow_egress, img, src != NULL, &s, err);
+  if (claimed < 0)
     return -1;
-  launch_numbers_t nums;
-  argv_t argv = {0};
-  int rc = helper_argv (rt, s, src != NULL, &nums, &argv, err);
-  if (rc == 0)
-    rc = run_helper (rt, s, (char *const *) argv.v, src, src_ctx, err);
-  free (argv.v);
-  if (rc < 0)
+  if (claimed == 0)
     {
-      abandon (rt, s, src != NULL, err);
-      return -1;
+      bool yielded = sbx_pool_yield (rt);
+      if (reserve (rt, id, allow_egress, img, yielded, &s, err) < 0)
+        return -1;
+      argv_t argv = {0};
+      int rc = helper_argv (rt, s, src != NULL, &nums, &argv, err);
+      if (rc == 0)
+        rc = run_helper (rt, s, (char *const *) argv.v, src, src_ctx, err);
+      free (argv.v);
+      if (rc < 0)
+        {
+          abandon (rt, s, src != NULL, err);
+          return -1;
+        }
     }
   /* A spare memory group may be a deleted sandbox's, whose out-of-memory
-   * kills it still counts: what the first exec compares with. */
+   * kills it still counts: what the first exec compares with (a pooled
+   * sandbox's may have such a group too). */
   sbx_cg_events_t seen = {0};
-  if (nums.spare[0] != '\0')
+  if (nums.spare[0] != '\0' || claimed)
     {
       sbx_cg_counters_t none = {.fds = {{-1, -1}, {-1, -1}}};
       sbx_cg_counters_read (&rt->cg, s->id, &none, false, &seen);
@@ -452,9 +477,9 @@ sbx_launch_on (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_i
   pthread_mutex_unlock (&rt->mu);
   if (out != NULL)
     sbx_info_measure (rt, s, out);
-  log_fields (
-      SEV_INFO,
-      json_pack ("{s:s, s:b, s:i}", "sandbox_id", id, "allow_egress", s->allow_egress, "holder_pid", (int) s->holder),
-      src != NULL ? "sandbox restored" : "sandbox launched");
+  log_fields (SEV_INFO,
+              json_pack ("{s:s, s:b, s:i, s:b}", "sandbox_id", id, "allow_egress", s->allow_egress, "holder_pid",
+                         (int) s->holder, "pooled", claimed == 1),
+              src != NULL ? "sandbox restored" : "sandbox launched");
   return 0;
 }

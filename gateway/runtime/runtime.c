@@ -160,6 +160,13 @@ runtime_init (sbx_runtime_t *rt, const sbx_config_t *cfg, err_t *err)
       /* Without it, launches make their own groups. */
       rt->spare_maker_running = pthread_create (&rt->spare_maker, NULL, sbx_spare_maker_main, rt) == 0;
     }
+  if (cfg->warm_pool > 0)
+    {
+      rc = pthread_create (&rt->pool_filler, NULL, sbx_pool_filler_main, rt);
+      if (rc != 0)
+        return err_make_sys (err, rc, "start the warm pool's filler");
+      rt->pool_filler_running = true;
+    }
   return 0;
 }
 
@@ -232,6 +239,10 @@ sbx_runtime_destroy (sbx_runtime_t *rt)
     pthread_join (rt->idler, NULL);
   if (rt->spare_maker_running)
     pthread_join (rt->spare_maker, NULL);
+  if (rt->pool_filler_running)
+    pthread_join (rt->pool_filler, NULL);
+  /* Pooled sandboxes go without being persisted: no tenant used them. */
+  sbx_pool_drain (rt);
   wait_launches (rt);
   for (;;)
     {

@@ -70,6 +70,7 @@ typedef struct sbx_config_s
   long image_uid;          /* SANDBOX_IMAGE_UID: first host id of the image layers' owner range */
   long max_contexts;       /* SANDBOX_MAX_CONTEXTS: code contexts per sandbox */
   long max_contexts_total; /* SANDBOX_MAX_CONTEXTS_TOTAL: code contexts of all sandboxes */
+  long warm_pool;          /* SANDBOX_WARM_POOL's `default`: pooled sandboxes of SANDBOX_ROOTFS kept ready */
 } sbx_config_t;
 
 typedef struct sbx_runtime_s sbx_runtime_t;
@@ -430,6 +431,12 @@ const char *sbx_volume_host (const char *spec, char *buf, size_t cap);
 
 /* Number of live sandboxes (launching ones included). */
 size_t sbx_count (sbx_runtime_t *rt);
+/* Number of ready sandboxes in the warm pool (pool.c). */
+size_t sbx_pool_count (sbx_runtime_t *rt);
+/* Parses SANDBOX_WARM_POOL ("default=N", N at most SBX_POOL_MAX; NULL or
+ * "" is 0) into *out; EINVAL naming the bad part (templates and image
+ * references are refused). */
+int sbx_pool_parse (const char *text, long *out, err_t *err);
 
 /* The runtime's configuration. */
 const sbx_config_t *sbx_runtime_config (const sbx_runtime_t *rt);

@@ -33,6 +33,9 @@ SPARE_MEMCGS = 16
 # The memory cgroup of the gateway's sandboxes' pid 1s (cgroup v1; made
 # with the gateway's group, removed at shutdown).
 HOLDERS_MEMCG = ".holders"
+# The placeholder names of warm-pool sandboxes (SANDBOX_WARM_POOL), made
+# ahead of launches: the gateway's own while it runs, gone when it stops.
+POOL_PREFIX = "_pool-"
 
 
 def _is_listening(rec: dict) -> bool:
@@ -130,8 +133,8 @@ class Gateway(ManagedProcess):
         """Mounts below the state directory and cgroups of this instance that
         still exist: after a clean delete or shutdown there are none. While
         it runs, its spare memory cgroups (made ahead of launches, at most
-        SPARE_MEMCGS, and holding no process) and its holders' memory
-        cgroup are its own, not leftovers."""
+        SPARE_MEMCGS, and holding no process), its holders' memory cgroup
+        and its warm pool's sandboxes are its own, not leftovers."""
         found = []
         spares = []
         if self.state_dir:
@@ -148,6 +151,8 @@ class Gateway(ManagedProcess):
                         if p.is_dir() and self.alive() and p.name.startswith(SPARE_PREFIX):
                             spares.append(p)
                         elif p.is_dir() and self.alive() and p.name == HOLDERS_MEMCG:
+                            continue
+                        elif p.is_dir() and self.alive() and p.name.startswith(POOL_PREFIX):
                             continue
                         elif p.is_dir():
                             found.append(f"cgroup {p}")

@@ -1,0 +1,248 @@
+"""The warm pool (SANDBOX_WARM_POOL): sandboxes of the default image made
+ahead of launches. A launch claims one (its pid 1 was started before the
+call), gets the requested id and the gateway's limits, and never anything
+of an earlier tenant; List and Get never show pooled ones, Status counts
+them; the pool refills after a burst, yields to real launches at
+SANDBOX_MAX, and SIGTERM leaves nothing of it behind."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.lib.client import SandboxClient, new_id, pb
+from tests.lib.gateway import (POOL_PREFIX, cgroup_pids, gateway_client, gateway_env, gateway_leftovers, holder_pids,
+                               processes_in_group, running_gateway, stop_checked)
+from tests.lib.procs import require_gateway_binary, run_to_completion
+
+POOL = 4
+MEMORY_MB = 192
+PIDS_MAX = 300
+
+
+def status(client):
+    return client.stub.Status(pb.StatusRequest(), metadata=client.md, timeout=10)
+
+
+def wait_pooled(client, n: int, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while (got := status(client).pooled) != n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return got
+
+
+def pooled_dirs(gw) -> list[str]:
+    d = Path(gw.state_dir) / "sandboxes"
+    return sorted(p.name for p in d.iterdir() if p.name.startswith(POOL_PREFIX))
+
+
+def start_ticks_s(pid: int) -> float:
+    """When process `pid` started, in seconds since boot."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def launched_records(gw, sid: str) -> list[dict]:
+    return list(gw.logs.find(lambda r: r.get("message") == "sandbox launched" and r.get("sandbox_id") == sid))
+
+
+def wait_record(gw, sid: str, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while not (recs := launched_records(gw, sid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert recs, f"no launch record of {sid}"
+    return recs[-1]
+
+
+@pytest.fixture(scope="module")
+def client(gateway_secret):
+    env = {"SANDBOX_WARM_POOL": f"default={POOL}", "SANDBOX_MEMORY_MB": str(MEMORY_MB),
+           "SANDBOX_PIDS_MAX": str(PIDS_MAX)}
+    with gateway_client(env, secret=gateway_secret, check_leftovers=True) as c:
+        yield c
+
+
+def test_the_pool_fills_and_status_counts_it(client):
+    assert wait_pooled(client, POOL) == POOL
+    assert len(pooled_dirs(client.gw)) == POOL
+    assert status(client).sandboxes == len(client.ids())
+
+
+def test_a_launch_claims_a_sandbox_whose_pid_1_started_before_the_call(client):
+    assert wait_pooled(client, POOL) == POOL
+    time.sleep(0.3)  # well past the clock's tick: a pid 1 made by the call starts after call_start
+    before = set(pooled_dirs(client.gw))
+    call_start = time.clock_gettime(time.CLOCK_BOOTTIME)
+    sid = new_id("pool-claim")
+    info = client.launch(sid)
+    assert info.sandbox_id == sid
+    rec = wait_record(client.gw, sid)
+    assert rec.get("pooled") is True, rec
+    holder = holder_pids(client.gw, sid)[sid]
+    assert start_ticks_s(holder) < call_start - 0.1, "the sandbox's pid 1 was started by the call"
+    # It was one of the pooled sandboxes, now under its own name.
+    assert len(before - set(pooled_dirs(client.gw))) >= 1
+    assert (Path(client.gw.state_dir) / "sandboxes" / sid).is_dir()
+    # Its pid 1, seen from inside, is that same process (started before the call too).
+    inside = client.sh_out(sid, "cut -d' ' -f22 /proc/1/stat")
+    assert int(inside) / os.sysconf("SC_CLK_TCK") < call_start - 0.1
+    assert client.sh_out(sid, "echo hello").strip() == "hello"
+    client.delete(sid)
+
+
+def test_a_claimed_sandbox_has_the_requested_id_limits_and_egress(client):
+    assert wait_pooled(client, POOL) == POOL
+    sid = new_id("pool-limits")
+    info = client.launch(sid, allow_egress=True)  # this gateway does not permit egress
+    assert wait_record(client.gw, sid).get("pooled") is True
+    assert info.sandbox_id == sid and not info.allow_egress
+    got = client.get(sid)
+    assert got.sandbox_id == sid and not got.allow_egress
+    group = client.gw.cgroup_group
+    mem = Path("/sys/fs/cgroup/memory") / group / sid / "memory.limit_in_bytes"
+    if mem.exists():
+        assert int(mem.read_text()) == MEMORY_MB * 1024 * 1024
+    pids = Path("/sys/fs/cgroup/pids") / group / sid / "pids.max"
+    assert pids.read_text().strip() == str(PIDS_MAX)
+    # No network but loopback, as any sandbox without egress.
+    out = client.sh_out(sid, "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '")
+    assert out.split() == ["lo"], out
+    # The placeholder name is nowhere in its groups any more.
+    for root in Path("/sys/fs/cgroup").iterdir():
+        g = root / group / sid
+        if (root / group).is_dir():
+            assert g.is_dir(), f"no {g}"
+    client.delete(sid)
+
+
+def test_list_and_get_never_show_pooled_sandboxes(client):
+    assert wait_pooled(client, POOL) == POOL
+    sid = new_id("pool-list")
+    client.launch(sid)
+    ids = client.ids()
+    assert sid in ids
+    assert not [i for i in ids if i.startswith(POOL_PREFIX) or "pool-" in i and i != sid and i not in client.created]
+    assert status(client).sandboxes == len(ids)
+    for name in pooled_dirs(client.gw):
+        with pytest.raises(grpc.RpcError) as e:
+            client.get(name)
+        assert e.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+        with pytest.raises(grpc.RpcError):
+            client.exec(name, ["true"])
+    client.delete(sid)
+
+
+def test_fifty_rapid_launches_drain_the_pool_and_it_refills(client):
+    assert wait_pooled(client, POOL) == POOL
+    ids = [new_id(f"pool-burst{i}") for i in range(50)]
+    try:
+        for sid in ids:
+            client.launch(sid)
+        pooled = sum(1 for sid in ids if wait_record(client.gw, sid).get("pooled") is True)
+        assert POOL <= pooled <= 50, pooled
+        for sid in ids[:5]:
+            assert client.sh_out(sid, "echo ok").strip() == "ok"
+    finally:
+        client.delete_many(ids, ignore_missing=True)
+    assert wait_pooled(client, POOL) == POOL, "the pool did not refill"
+
+
+def test_no_state_crosses_tenants(client):
+    assert wait_pooled(client, POOL) == POOL
+    first = new_id("pool-tenant-a")
+    client.launch(first)
+    client.ok(first, "echo secret > /tmp/left-behind; echo secret > /root/left-behind; "
+                     "setsid sleep 1000 >/dev/null 2>&1 & (sleep 1001 &); nohup sleep 1002 >/dev/null 2>&1 &")
+    client.delete(first)
+    # Every later sandbox, from the pool or not, is fresh.
+    later = [new_id(f"pool-tenant-b{i}") for i in range(POOL + 2)]
+    try:
+        for sid in later:
+            client.launch(sid)
+            out = client.sh_out(sid, "ls /tmp /root; ps -eo args 2>/dev/null || cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+            assert "left-behind" not in out, out
+            assert "sleep 100" not in out, out
+    finally:
+        client.delete_many(later, ignore_missing=True)
+
+
+def test_sigterm_with_a_pool_leaves_nothing_behind(gateway_secret):
+    env = {"SANDBOX_WARM_POOL": "default=3"}
+    with running_gateway(env, secret=gateway_secret) as gw:
+        c = SandboxClient(gw)
+        assert wait_pooled(c, 3) == 3
+        c.launch(new_id("pool-term"))
+        assert wait_pooled(c, 3) == 3
+        procs = processes_in_group(gw.cgroup_group)
+        pooled_procs = [pid for name in pooled_dirs(gw) for pid in cgroup_pids(gw, name)]
+        assert len(pooled_procs) >= 3, pooled_procs
+        stop_checked(gw, check_leftovers=True)
+        assert gateway_leftovers(gw) == []
+        sandboxes = Path(gw.state_dir) / "sandboxes"
+        assert not sandboxes.exists() or list(sandboxes.iterdir()) == []
+        for pid in procs:
+            assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        # Its uid block is free again: another gateway on it starts.
+        uid_base = gw.env["SANDBOX_UID_BASE"]
+    with running_gateway({"SANDBOX_UID_BASE": uid_base, "SANDBOX_UID_SLOTS": gw.env["SANDBOX_UID_SLOTS"]},
+                         secret=gateway_secret):
+        pass
+
+
+def empty_tar() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w"):
+        pass
+    return buf.getvalue()
+
+
+def test_at_sandbox_max_the_pool_yields_to_real_launches(gateway_secret):
+    env = {"SANDBOX_WARM_POOL": "default=2", "SANDBOX_MAX": "2"}
+    with gateway_client(env, secret=gateway_secret, check_leftovers=True) as c:
+        assert wait_pooled(c, 2) == 2
+        # Restores are never served by the pool: the gateway is full of
+        # pooled sandboxes, and each destroys one and proceeds.
+        c.restore(new_id("pool-real1"), [empty_tar()])
+        assert status(c).pooled <= 1
+        c.restore(new_id("pool-real2"), [empty_tar()])
+        assert status(c).pooled == 0
+        assert status(c).sandboxes == 2
+        with pytest.raises(grpc.RpcError) as e:
+            c.launch(new_id("pool-over"))
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # No room: the pool stays empty until a sandbox goes.
+        time.sleep(0.5)
+        assert status(c).pooled == 0
+        c.delete(c.ids()[0])
+        assert wait_pooled(c, 1) == 1
+        sid = new_id("pool-after")
+        c.launch(sid)
+        assert wait_record(c.gw, sid).get("pooled") is True
+
+
+@pytest.mark.parametrize("value", [
+    "8", "default", "default=-1", "default=65", "default=abc", "default=1,default=2",
+    "template:py-data=4", "python:3.12=2", "=3",
+])
+def test_bad_warm_pool_is_refused_at_start_naming_the_variable(value):
+    env = gateway_env({"SANDBOX_WARM_POOL": value}, secret="s")
+    try:
+        result = run_to_completion([require_gateway_binary()], env, timeout=10)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"SANDBOX_WARM_POOL={value!r} was accepted")
+    assert result.returncode != 0, result.stderr
+    assert "SANDBOX_WARM_POOL" in result.stderr, result.stderr
+
+
+def test_the_error_says_why(gateway_secret):
+    env = gateway_env({"SANDBOX_WARM_POOL": "template:py-data=4"}, secret="s")
+    assert "templates" in run_to_completion([require_gateway_binary()], env, timeout=10).stderr
+    env = gateway_env({"SANDBOX_WARM_POOL": "default=65"}, secret="s")
+    assert "[0, 64]" in run_to_completion([require_gateway_binary()], env, timeout=10).stderr
