@@ -335,24 +335,6 @@ credentials_for (const char *auth_file, const char *host)
   return out;
 }
 
-/* Whether `host` is in the comma-separated list. */
-static bool
-listed (const char *list, const char *host)
-{
-  size_t hl = strlen (host);
-  for (const char *p = list; p != NULL && *p;)
-    {
-      const char *end = strchr (p, ',');
-      size_t n = end != NULL ? (size_t) (end - p) : strlen (p);
-      while (n > 0 && *p == ' ')
-        p++, n--;
-      if (n == hl && strncmp (p, host, n) == 0)
-        return true;
-      p = end != NULL ? end + 1 : NULL;
-    }
-  return false;
-}
-
 int
 img_pull_locked (img_cache_t *c, const char *ref, const img_ref_t *p, const char *auth_file, const char *insecure,
                  const img_pull_opts_t *o, char *dg, err_t *err)
@@ -360,7 +342,8 @@ img_pull_locked (img_cache_t *c, const char *ref, const img_ref_t *p, const char
   cleanup_free char *basic = credentials_for (auth_file, p->host);
   img_reg_opts_t ro = {.host = p->host,
                        .repo = p->repo,
-                       .insecure = listed (insecure, p->host),
+                       .insecure = img_reg_host_listed (insecure, p->host),
+                       .plain_hosts = insecure,
                        .basic_b64 = basic,
                        .deadline_mono_ms = o->deadline_mono_ms,
                        .cancelled = o->cancelled,

@@ -15,7 +15,7 @@
 
 struct img_reg_s
 {
-  char *host, *repo, *basic_b64, *image;
+  char *host, *repo, *basic_b64, *image, *plain_hosts;
   bool insecure;
   int64_t deadline_mono_ms;
   img_cancelled_fn cancelled;
@@ -65,10 +65,12 @@ img_reg_new (const img_reg_opts_t *o, img_reg_t **out, err_t *err)
   r->basic_b64 = xstrdup (o->basic_b64);
   r->image = xstrdup (o->image);
   r->insecure = o->insecure;
+  r->plain_hosts = xstrdup (o->plain_hosts);
   r->deadline_mono_ms = o->deadline_mono_ms;
   r->cancelled = o->cancelled;
   r->cancel_ctx = o->cancel_ctx;
-  if (r->host == NULL || r->repo == NULL || r->image == NULL || (o->basic_b64 != NULL && r->basic_b64 == NULL))
+  if (r->host == NULL || r->repo == NULL || r->image == NULL || (o->basic_b64 != NULL && r->basic_b64 == NULL)
+      || (o->plain_hosts != NULL && r->plain_hosts == NULL))
     {
       img_reg_free (r);
       return err_make (err, ENOMEM, "out of memory");
@@ -86,6 +88,7 @@ img_reg_free (img_reg_t *r)
   free (r->repo);
   free (r->basic_b64);
   free (r->image);
+  free (r->plain_hosts);
   free (r->token);
   free (r);
 }
@@ -252,6 +255,44 @@ to_membuf (void *ctx, const uint8_t *data, size_t len)
   return 0;
 }
 
+bool
+img_reg_host_listed (const char *list, const char *host)
+{
+  size_t hl = strlen (host);
+  for (const char *p = list; p != NULL && *p;)
+    {
+      const char *end = strchr (p, ',');
+      size_t n = end != NULL ? (size_t) (end - p) : strlen (p);
+      while (n > 0 && *p == ' ')
+        p++, n--;
+      if (n == hl && strncmp (p, host, n) == 0)
+        return true;
+      p = end != NULL ? end + 1 : NULL;
+    }
+  return false;
+}
+
+/* Whether the gateway may GET `url` for this registry: https anywhere,
+ * plain http only from an insecure registry and only to a host of
+ * SANDBOX_INSECURE_REGISTRIES (a registry must not steer the gateway to
+ * its own loopback or network neighbours). */
+static bool
+url_allowed (const img_reg_t *r, const char *url)
+{
+  if (strncmp (url, "https://", 8) == 0)
+    return true;
+  if (!r->insecure || strncmp (url, "http://", 7) != 0)
+    return false;
+  const char *h = url + 7;
+  size_t n = strcspn (h, "/?#");
+  char host[256];
+  if (n == 0 || n >= sizeof host || memchr (h, '@', n) != NULL)
+    return false;
+  memcpy (host, h, n);
+  host[n] = '\0';
+  return img_reg_host_listed (r->plain_hosts, host);
+}
+
 /* The bearer-token flow: GET realm?service=…&scope=… (with the Basic
  * credentials when there are some), its "token" or "access_token". */
 static int
@@ -263,8 +304,10 @@ fetch_token (img_reg_t *r, const char *challenge, err_t *err)
   challenge_param (challenge, "service", service, sizeof service);
   if (!challenge_param (challenge, "scope", scope, sizeof scope))
     snprintf (scope, sizeof scope, "repository:%s:pull", r->repo);
-  if (strncmp (realm, "https://", 8) != 0 && !(r->insecure && strncmp (realm, "http://", 7) == 0))
-    return err_make (err, EREMOTEIO, "image `%s`: the token realm `%s` is not https", r->image, realm);
+  if (!url_allowed (r, realm))
+    return err_make (err, EREMOTEIO,
+                     "image `%s`: the token realm `%s` is neither https nor a host of SANDBOX_INSECURE_REGISTRIES",
+                     r->image, realm);
   CURL *esc = curl_easy_init ();
   if (esc == NULL)
     return err_make (err, ENOMEM, "out of memory");
@@ -386,6 +429,14 @@ img_reg_get (img_reg_t *r, const char *kind, const char *ref, const char *accept
             next = NULL;
           if (next == NULL)
             return err_make (err, EREMOTEIO, "image `%s`: a redirect to `%s`", r->image, resp->location);
+          if (!url_allowed (r, next))
+            {
+              err_make (err, EREMOTEIO,
+                        "image `%s`: a redirect to `%s`, neither https nor a host of SANDBOX_INSECURE_REGISTRIES",
+                        r->image, next);
+              free (next);
+              return -1;
+            }
           free (url);
           url = next;
           hops++;

@@ -40,15 +40,22 @@ typedef bool (*img_cancelled_fn) (void *ctx);
 
 typedef struct img_reg_opts_s
 {
-  const char *host;         /* registry host[:port] */
-  const char *repo;         /* repository path */
-  bool insecure;            /* plain HTTP */
+  const char *host; /* registry host[:port] */
+  const char *repo; /* repository path */
+  bool insecure;    /* plain HTTP */
+  /* SANDBOX_INSECURE_REGISTRIES (or NULL): the only hosts a plain-HTTP
+   * redirect or token realm may lead to (an https one goes anywhere, its
+   * certificate verified) */
+  const char *plain_hosts;
   const char *basic_b64;    /* base64 of user:password, or NULL */
   int64_t deadline_mono_ms; /* no request runs past it */
   img_cancelled_fn cancelled;
   void *cancel_ctx;
   const char *image; /* the reference, for messages */
 } img_reg_opts_t;
+
+/* Whether `host` (host[:port]) is in the comma-separated `list`. */
+bool img_reg_host_listed (const char *list, const char *host);
 
 /* Strings in `o` are copied. */
 int img_reg_new (const img_reg_opts_t *o, img_reg_t **out, err_t *err);

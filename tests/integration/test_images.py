@@ -211,6 +211,28 @@ def test_basic_auth_then_a_blob_redirect_to_another_host_carries_no_authorizatio
     assert all(a is None for _, a in cdn.authorizations), cdn.authorizations
 
 
+def test_a_plain_http_redirect_to_a_host_not_named_insecure_is_refused_unfollowed(locked, base):
+    """A registry must not steer the gateway to hosts of its loopback or
+    network (a port probe): plain-HTTP redirects go only to hosts of
+    SANDBOX_INSECURE_REGISTRIES."""
+    reg_, cdn, client = locked
+    probe = RawRegistry()
+    reg_.redirect_to = probe.host
+    try:
+        img = make_image([base, layer([("file", "etc/probe", b"p")])])
+        ref = reg_.add("priv/probe", "v1", img)
+        probe.blobs.update(img.blobs)
+        with pytest.raises(grpc.RpcError) as ei:
+            launch(client, new_id("iprobe"), ref)
+        assert ei.value.code() != grpc.StatusCode.OK
+        assert f"http://{probe.host}/" in ei.value.details(), ei.value.details()
+        assert "SANDBOX_INSECURE_REGISTRIES" in ei.value.details(), ei.value.details()
+        assert probe.requests == [], "the redirect was followed"
+    finally:
+        reg_.redirect_to = cdn.host
+        probe.close()
+
+
 def test_the_bearer_token_flow_with_basic_credentials_at_the_realm(locked, base):
     reg_, cdn, client = locked
     reg_.bearer = "tok-" + os.urandom(8).hex()
