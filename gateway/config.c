@@ -20,7 +20,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 57
+#define N_VARS 58
 
 /* The table of variables, with targets in *c. */
 static void
@@ -168,6 +168,10 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        "first of the 65536 host ids that own the unpacked image layers (an unprivileged range outside the "
        "sandboxes' pool; sandboxes see it as their own ids 0..65535)",
        1, 4294901759L, &c->image_uid, NULL, false},
+      {"SANDBOX_IMAGE_LAYER_MAX_MB", CFG_INT, "8192",
+       "most MiB of file data one image layer may unpack to (a pull past it fails naming it): layers have no disk "
+       "quota of their own",
+       1, 1048576, &c->image_layer_max_mb, NULL, false},
       {"SANDBOX_REGISTRY_AUTH_FILE", CFG_STRING, NULL,
        "a Docker config.json whose \"auths\" give registry credentials (user:password in base64) for pulls; "
        "unset: anonymous",
@@ -744,6 +748,7 @@ gw_config_runtime (const gw_config_t *c, sbx_config_t *out)
       .allow_egress = c->allow_egress,
       .volumes = (const char *const *) c->volumes,
       .snapshot_max_entries = c->snapshot_max_entries,
+      .image_layer_max_mb = c->image_layer_max_mb,
       .masks = c->masks,
       .userns = c->userns,
       .uid_base = c->uid_base,

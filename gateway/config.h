@@ -69,6 +69,7 @@ typedef struct gw_config_s
   long gcs_retry_seconds;
   char *snapshot_prefix;
   long snapshot_max_entries;
+  long image_layer_max_mb;
   long freeze_max_seconds;
   bool userns;
   long uid_base;

@@ -42,6 +42,7 @@ typedef struct helper_opts_s
   bool egress;          /* the sandbox gets user-mode networking */
   bool restore;         /* first unpack the tar on stdin into the layer */
   long max_entries;     /* restore: most tar entries accepted */
+  long max_mb;          /* unpack-layer: most MiB of file data (0: none) */
   const char *unpacker; /* restore: path of sandbox-unpack */
   /* Lists from the command line, each sized for every argument (no cap). */
   const char **volumes; /* "host:sandbox[:ro]" */

@@ -48,9 +48,10 @@ static void
 unpacker_child (const helper_opts_t *o, int exe, int dir, int sync_fd)
 {
   err_t err = ERR_INIT;
-  char max[24], go = 0;
+  char max[24], max_mb[40], go = 0;
   snprintf (max, sizeof max, "%ld", o->max_entries);
-  char *const argv[] = {(char *) "sandbox-unpack", (char *) ".", max, (char *) "userxattr", NULL};
+  snprintf (max_mb, sizeof max_mb, "max-mb=%ld", o->max_mb);
+  char *const argv[] = {(char *) "sandbox-unpack", (char *) ".", max, (char *) "userxattr", max_mb, NULL};
   /* Entered as the host's root: the layer's owner cannot walk the
    * cache's directories to it. */
   if (fchdir (dir) < 0)

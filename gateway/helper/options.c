@@ -39,18 +39,31 @@ helper_opts_parse (int argc, char **argv, helper_opts_t *o)
   o->lower = "/";
   o->disk_mb = HELPER_DEFAULT_DISK_MB;
   static const struct option longopts[] = {
-      {"id", required_argument, NULL, 'i'},           {"state", required_argument, NULL, 's'},
-      {"lower", required_argument, NULL, 'l'},        {"cgroup-mount", required_argument, NULL, 'c'},
-      {"disk-mb", required_argument, NULL, 'd'},      {"disk-inodes", required_argument, NULL, 'n'},
-      {"pids", required_argument, NULL, 'p'},         {"memory-mb", required_argument, NULL, 'm'},
-      {"cpu-millis", required_argument, NULL, 'u'},   {"volume", required_argument, NULL, 'v'},
-      {"hostname", required_argument, NULL, 'h'},     {"egress", no_argument, NULL, 'e'},
-      {"cgroup-group", required_argument, NULL, 'G'}, {"restore", no_argument, NULL, 'R'},
-      {"max-entries", required_argument, NULL, 'E'},  {"unpacker", required_argument, NULL, 'U'},
-      {"mask", required_argument, NULL, 'M'},         {"block", required_argument, NULL, 'B'},
-      {"uid-base", required_argument, NULL, 'b'},     {"uid-range", required_argument, NULL, 'r'},
-      {"memcg-spare", required_argument, NULL, 'S'},  {"layers", required_argument, NULL, 'L'},
-      {"layer-uid", required_argument, NULL, 'O'},    {NULL, 0, NULL, 0},
+      {"id", required_argument, NULL, 'i'},
+      {"state", required_argument, NULL, 's'},
+      {"lower", required_argument, NULL, 'l'},
+      {"cgroup-mount", required_argument, NULL, 'c'},
+      {"disk-mb", required_argument, NULL, 'd'},
+      {"disk-inodes", required_argument, NULL, 'n'},
+      {"pids", required_argument, NULL, 'p'},
+      {"memory-mb", required_argument, NULL, 'm'},
+      {"cpu-millis", required_argument, NULL, 'u'},
+      {"volume", required_argument, NULL, 'v'},
+      {"hostname", required_argument, NULL, 'h'},
+      {"egress", no_argument, NULL, 'e'},
+      {"cgroup-group", required_argument, NULL, 'G'},
+      {"restore", no_argument, NULL, 'R'},
+      {"max-entries", required_argument, NULL, 'E'},
+      {"unpacker", required_argument, NULL, 'U'},
+      {"mask", required_argument, NULL, 'M'},
+      {"block", required_argument, NULL, 'B'},
+      {"uid-base", required_argument, NULL, 'b'},
+      {"uid-range", required_argument, NULL, 'r'},
+      {"memcg-spare", required_argument, NULL, 'S'},
+      {"layers", required_argument, NULL, 'L'},
+      {"layer-uid", required_argument, NULL, 'O'},
+      {"max-mb", required_argument, NULL, 'X'},
+      {NULL, 0, NULL, 0},
   };
   /* Options start after the subcommand: argv[1] stands in for the
    * program's name, and optind 0 makes getopt start afresh each call. */
@@ -73,6 +86,7 @@ helper_opts_parse (int argc, char **argv, helper_opts_t *o)
       case 'G': o->cgroup_group = optarg; break;
       case 'R': o->restore = true; break;
       case 'E': o->max_entries = num (optarg); break;
+      case 'X': o->max_mb = num (optarg); break;
       case 'U': o->unpacker = optarg; break;
       case 'M': o->masks[o->n_masks++] = optarg; break;
       case 'B': o->blocked[o->n_blocked++] = optarg; break;

@@ -17,14 +17,15 @@ int
 sbx_unpack_layer (sbx_runtime_t *rt, int blob_fd, const char *dir, int timeout_ms, err_t *err)
 {
   const sbx_config_t *c = &rt->cfg;
-  char uid[24], max[24];
+  char uid[24], max[24], max_mb[24];
   snprintf (uid, sizeof uid, "%ld", c->image_uid);
   snprintf (max, sizeof max, "%ld", c->snapshot_max_entries);
+  snprintf (max_mb, sizeof max_mb, "%ld", c->image_layer_max_mb);
   if (chown (dir, (uid_t) c->image_uid, (gid_t) c->image_uid) < 0)
     return err_make_sys (err, errno, "chown the new layer `%s`", dir);
   const char *argv[]
-      = {"sandbox-helper", "unpack-layer", "--id",          "layer", "--state", dir, "--layer-uid", uid,
-         "--unpacker",     c->unpacker,    "--max-entries", max,     NULL};
+      = {"sandbox-helper", "unpack-layer", "--id",          "layer", "--state",  dir,    "--layer-uid", uid,
+         "--unpacker",     c->unpacker,    "--max-entries", max,     "--max-mb", max_mb, NULL};
   cleanup_close int null = open ("/dev/null", O_RDWR | O_CLOEXEC);
   cleanup_close int report_fd = -1;
   pid_t pid = -1;

@@ -51,6 +51,7 @@ typedef struct sbx_config_s
   long idle_ttl_seconds;      /* 0: never */
   long freeze_max_seconds;    /* longest a layer user may keep a sandbox frozen */
   long snapshot_max_entries;  /* most entries a restored tar may have */
+  long image_layer_max_mb;    /* most MiB of file data one image layer unpacks to */
   bool allow_egress;          /* ALLOW_EGRESS: the gateway permits egress */
   const char *const *volumes; /* "realhost:sandbox[:ro][:uid=N:gid=M]", NULL-terminated, checked */
   const char *const *masks;   /* host paths hidden inside sandboxes, NULL-terminated */

@@ -308,7 +308,8 @@ typedef struct unpack_s
    * two at least twice n_dirs. */
   size_t *index;
   size_t index_cap;
-  const char *opaque_xattr; /* overlay's opaque mark for this layer */
+  const char *opaque_xattr;   /* overlay's opaque mark for this layer */
+  long long bytes, max_bytes; /* file data written; its cap (0: none) */
 } unpack_t;
 
 static size_t
@@ -435,8 +436,14 @@ copy_data (unpack_t *u, const char *path, err_t *err)
   la_int64_t off;
   int r;
   while ((r = archive_read_data_block (u->a, &buf, &size, &off)) == ARCHIVE_OK)
-    if (archive_write_data_block (u->w, buf, size, off) != ARCHIVE_OK)
-      return extract_fail (u->w, path, err);
+    {
+      u->bytes += (long long) size;
+      if (u->max_bytes > 0 && u->bytes > u->max_bytes)
+        return err_make (err, EFBIG, "the layer unpacks to more than %lld MiB (SANDBOX_IMAGE_LAYER_MAX_MB)",
+                         u->max_bytes >> 20);
+      if (archive_write_data_block (u->w, buf, size, off) != ARCHIVE_OK)
+        return extract_fail (u->w, path, err);
+    }
   return r == ARCHIVE_EOF ? 0 : extract_fail (u->a, path, err);
 }
 
@@ -506,9 +513,10 @@ unpack_all (unpack_t *u, long max_entries, err_t *err)
 }
 
 int
-snap_unpack (int fd, long max_entries, bool userxattr, err_t *err)
+snap_unpack (int fd, long max_entries, long long max_bytes, bool userxattr, err_t *err)
 {
-  unpack_t u = {.a = archive_read_new (),
+  unpack_t u = {.max_bytes = max_bytes,
+                .a = archive_read_new (),
                 .w = archive_write_disk_new (),
                 .opaque_xattr = userxattr ? "user.overlay.opaque" : "trusted.overlay.opaque"};
   /* Only the compressions snapshots use: every other decoder is attack

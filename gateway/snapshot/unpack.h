@@ -26,7 +26,10 @@
 
 #include "common/err.h"
 
-int snap_unpack (int fd, long max_entries, bool userxattr, err_t *err);
+/* `max_bytes` > 0: at most that many bytes of file data in all (EFBIG
+ * beyond, naming SANDBOX_IMAGE_LAYER_MAX_MB): an image layer has no disk
+ * quota of its own, and 2 MiB of gzip can unpack to gigabytes. */
+int snap_unpack (int fd, long max_entries, long long max_bytes, bool userxattr, err_t *err);
 
 /* A tar path as the sandbox named it: every component stored escaped
  * (".wh..wh.u" before a name of the sandbox's own that begins with ".wh.",

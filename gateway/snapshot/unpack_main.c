@@ -1,7 +1,8 @@
 /* sandbox-unpack: unpacks a snapshot (tar on stdin) into a sandbox's new
  * upper layer before the sandbox starts.
  *
- * Run by sandbox-helper as `sandbox-unpack UPPER MAX_ENTRIES [userxattr]`
+ * Run by sandbox-helper as `sandbox-unpack UPPER MAX_ENTRIES [userxattr]
+ * [max-mb=N]` (an image layer: at most N MiB of file data)
  * with the tar on stdin and the report socket on fd 3. With `userxattr` the
  * helper has already moved it into the sandbox's user namespace as its root
  * (a host uid of the sandbox's range, no privilege on the host): it can make
@@ -47,10 +48,20 @@ int
 main (int argc, char **argv)
 {
   cleanup_err err_t err = ERR_INIT;
-  bool userxattr = argc == 4 && strcmp (argv[3], "userxattr") == 0;
-  if (argc != 3 && !userxattr)
+  /* After UPPER and MAX_ENTRIES, in any order: `userxattr`, `max-mb=N`. */
+  bool userxattr = false, bad = argc < 3;
+  long long max_bytes = 0;
+  for (int i = 3; i < argc; i++)
+    if (strcmp (argv[i], "userxattr") == 0)
+      userxattr = true;
+    else if (strncmp (argv[i], "max-mb=", 7) == 0)
+      max_bytes = strtoll (argv[i] + 7, NULL, 10) << 20;
+    else
+      bad = true;
+  if (bad || max_bytes < 0)
     {
-      err_make (&err, EINVAL, "usage: sandbox-unpack UPPER MAX_ENTRIES [userxattr] (run by sandbox-helper)");
+      err_make (&err, EINVAL,
+                "usage: sandbox-unpack UPPER MAX_ENTRIES [userxattr] [max-mb=N] (run by sandbox-helper)");
       report_err (&err);
       return 1;
     }
@@ -68,7 +79,7 @@ main (int argc, char **argv)
         confine.keep_caps &= ~((1ULL << CAP_SYS_ADMIN) | (1ULL << CAP_MKNOD));
       if (sbx_confine_apply (&confine, &err) < 0)
         err_wrap (&err, "confine the unpacker");
-      else if (snap_unpack (0, max_entries > 0 ? max_entries : 1000000, userxattr, &err) == 0)
+      else if (snap_unpack (0, max_entries > 0 ? max_entries : 1000000, max_bytes, userxattr, &err) == 0)
         return 0;
     }
   report_err (&err);

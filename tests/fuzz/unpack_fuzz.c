@@ -145,7 +145,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     die ("chdir run");
 
   err_t err = ERR_INIT;
-  int rc = snap_unpack (fd, 1000, false, &err);
+  int rc = snap_unpack (fd, 1000, 64LL << 20, false, &err);
   if (rc < 0 && (err.status == 0 || err.msg == NULL))
     {
       fprintf (stderr, "unpack_fuzz: snap_unpack failed without an error\n");

@@ -174,6 +174,27 @@ def test_bad_references_are_invalid_argument(c):
         assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ref
 
 
+def test_a_layer_unpacking_past_its_cap_fails_the_pull_naming_it_and_leaves_nothing(raw, base, gateway_secret):
+    """A decompression bomb: a few KiB of gzip holding many MiB of zeros in
+    several files. Layers have no disk quota of their own, so
+    SANDBOX_IMAGE_LAYER_MAX_MB bounds what one unpacks to; a layer within
+    it still pulls."""
+    env = {"SANDBOX_INSECURE_REGISTRIES": raw.host, "SANDBOX_IMAGE_LAYER_MAX_MB": "4"}
+    zeros = b"\0" * (3 << 20)
+    bomb = make_image([base, layer([("file", f"z{i}", zeros) for i in range(3)])])
+    fine = make_image([base, layer([("file", "z0", zeros)])])
+    with running_gateway(env, secret=gateway_secret, check=True) as gw, sandbox_client(gw) as client:
+        with pytest.raises(grpc.RpcError) as ei:
+            launch(client, new_id("ibomb"), raw.add("test/bomb", "v1", bomb))
+        assert "SANDBOX_IMAGE_LAYER_MAX_MB" in ei.value.details(), ei.value.details()
+        layers = os.path.join(state_dir(gw), "images", "layers")
+        held = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(layers) for f in fs
+                   if not os.path.islink(os.path.join(d, f)))
+        assert held < 8 << 20, f"{held} bytes left under the layer cache"
+        info = launch(client, new_id("ifine"), raw.add("test/fine", "v1", fine))
+        assert client.sh(info.sandbox_id, "wc -c < /z0").out.strip() == str(3 << 20)
+
+
 # --- auth ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
