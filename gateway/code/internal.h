@@ -1,5 +1,6 @@
-/* code/internal: what kernel.c shares with run.c — a context and the
- * kernel calls a cell needs. */
+/* code/internal: what the files of code/ share — a context (contexts.c),
+ * its kernel's calls (kernel.c), the kernelspec and the sandbox files
+ * (spec.c), all a cell (run.c) needs. Not for use outside code/. */
 #ifndef SBX_GATEWAY_CODE_INTERNAL_H
 #define SBX_GATEWAY_CODE_INTERNAL_H
 
@@ -47,5 +48,32 @@ int code_kernel_start (sbx_runtime_t *rt, code_ctx_t *c, err_t *err);
 void code_kernel_close (sbx_runtime_t *rt, code_ctx_t *c);
 bool code_kernel_exited (sbx_runtime_t *rt, code_ctx_t *c);
 int64_t code_mono_ms (void);
+
+/* ---- spec.c ---- */
+
+/* A kernelspec's kernel.json, parsed. */
+typedef struct code_spec_s
+{
+  char **argv; /* {connection_file} not yet replaced */
+  char **env;  /* "K=V" */
+  bool interrupt_message;
+} code_spec_t;
+
+/* Reads kernelspec `lang` of sandbox `sid` (ENOENT none, EINVAL a bad
+ * name or kernel.json); free with code_spec_free. */
+int code_spec_load (sbx_runtime_t *rt, const char *sid, const char *lang, code_spec_t *out, err_t *err);
+void code_spec_free (code_spec_t *s);
+/* The kernelspec names found in the sandbox's image (each and the array
+ * freed by the caller; at most CODE_MAX_LANGUAGES, E2BIG beyond). */
+int code_list_languages (sbx_runtime_t *rt, const char *sid, char ***out, size_t *n, err_t *err);
+/* Writes `data` to sandbox file `path` (mode 0600, parents made). */
+int code_sandbox_write (sbx_runtime_t *rt, const char *sid, const char *path, const char *data, err_t *err);
+/* Whether `s` is a language or file name: [A-Za-z0-9._-], not starting
+ * with '.', 1..max bytes. */
+bool code_name_valid (const char *s, size_t max);
+/* A NULL-terminated copy of `a` then `b` (either NULL), freed with
+ * code_strv_free. */
+int code_env_merge (char *const *a, char *const *b, char ***out, err_t *err);
+void code_strv_free (char **v);
 
 #endif
