@@ -57,6 +57,19 @@ unlink_locked (code_ctx_t *c)
       }
 }
 
+/* Unlinks *pp from the registry (reg_mu held), marks it removed and
+ * closing, and pushes it on *dead to be released after the lock. */
+static void
+take_locked (code_ctx_t **pp, code_ctx_t **dead)
+{
+  code_ctx_t *c = *pp;
+  *pp = c->next;
+  c->removed = true;
+  atomic_store (&c->closing, true);
+  c->next = *dead;
+  *dead = c;
+}
+
 /* Drops contexts of an earlier sandbox of the same id (reg_mu held);
  * returns them in a list to release. */
 static code_ctx_t *
@@ -67,13 +80,7 @@ stale_locked (const char *sid, int64_t created)
     {
       code_ctx_t *c = *pp;
       if (strcmp (c->sid, sid) == 0 && c->sbx_created_ms != created)
-        {
-          *pp = c->next;
-          c->removed = true;
-          atomic_store (&c->closing, true);
-          c->next = dead;
-          dead = c;
-        }
+        take_locked (pp, &dead);
       else
         pp = &c->next;
     }
@@ -114,13 +121,7 @@ sweep_gone (sbx_runtime_t *rt)
       for (size_t i = 0; i < n && !live; i++)
         live = strcmp (all[i].id, c->sid) == 0 && all[i].created_ms == c->sbx_created_ms;
       if (!live)
-        {
-          *pp = c->next;
-          c->removed = true;
-          atomic_store (&c->closing, true);
-          c->next = dead;
-          dead = c;
-        }
+        take_locked (pp, &dead);
       else
         pp = &c->next;
     }
