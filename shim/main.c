@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/config.h"
 #include "common/log.h"
@@ -63,13 +64,17 @@ static const cfg_var_t shim_vars[] = {
     {"SHIM_MAX_RESTORE_BYTES", CFG_INT, "4294967296", "largest restore body; above it: 413", 1024, 1099511627776L,
      &shim.cfg.max_restore_bytes, NULL, false},
     {"SHIM_MAX_CONNECTIONS", CFG_INT, "1024",
-     "most simultaneous HTTP connections (each has a thread); from 7/8 of it on, connections waiting for a request "
-     "(idle keep-alive first) are closed, and answers close theirs",
+     "most simultaneous HTTP connections (a descriptor and up to 256 KiB each, no thread); from 7/8 of it on, "
+     "connections waiting for a request (idle keep-alive first) are closed, and answers close theirs",
      4, 100000, &shim.cfg.max_connections, NULL, false},
     {"SHIM_MAX_CONNECTIONS_PER_CLIENT", CFG_INT, "256",
      "most simultaneous HTTP connections from one client address (behind a proxy every client has the proxy's: "
      "raise it, or 0 for no cap); beyond, new ones are closed at once",
      0, 100000, &shim.cfg.max_connections_per_client, NULL, false},
+    {"SHIM_MAX_WORKERS", CFG_INT, "256",
+     "most requests worked on at once (a thread each: a route's gateway calls, a streamed body or answer's next "
+     "piece); beyond, requests wait for one in order, at most 10 s, then 503",
+     1, 100000, &shim.cfg.max_workers, NULL, false},
     {"SHIM_MAX_TERMINALS", CFG_INT, "256",
      "most WebSocket terminals open at once (each also holds one of SHIM_MAX_CONNECTIONS); beyond: 429", 1, 100000,
      &shim.cfg.max_terminals, NULL, false},
@@ -125,6 +130,9 @@ static const cfg_var_t shim_vars[] = {
      "largest request body the port proxy and preview links forward into a sandbox; above it: 413", 1024,
      1099511627776L, &shim.cfg.max_proxy_body_bytes, NULL, false},
 };
+
+/* How long a stopping shim waits for the requests being answered. */
+#define SHIM_STOP_WAIT_MS 10000
 
 #define N_VARS (sizeof shim_vars / sizeof shim_vars[0])
 
@@ -305,6 +313,18 @@ main (int argc, char **argv)
   sigwait (&sigs, &sig);
   log_fields (SEV_INFO, json_pack ("{s:s}", "signal", strsignal (sig)), "shutting down");
   terminal_stop_all ();
+  /* No new connections; the requests being worked on get SHIM_STOP_WAIT_MS
+   * to end (those waiting for a worker are answered 503). A daemon with a
+   * request still on a worker (a long exec) cannot be stopped under it:
+   * the process then ends with it. */
+  MHD_socket lsock = MHD_quiesce_daemon (d);
+  if (lsock != MHD_INVALID_SOCKET)
+    close (lsock);
+  if (!workers_stop (SHIM_STOP_WAIT_MS) || !shim_none_suspended (1000))
+    {
+      log_msg (SEV_WARNING, "stopped with %zu requests still being answered", workers_running ());
+      return 0;
+    }
   MHD_stop_daemon (d);
   members_stop ();
   rpc_shutdown ();

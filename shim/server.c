@@ -6,26 +6,34 @@
  * Routes (routes/) only see a parsed request; answers are built by
  * response.c, slow clients cut by watchdog.c.
  *
- * MHD runs one thread per connection, so a route may block on the gateway.
- * Threads are bounded by bounding connections: SHIM_MAX_CONNECTIONS in
- * all, SHIM_MAX_CONNECTIONS_PER_CLIENT from one peer address (MHD refuses
- * the rest at accept), and near the cap the watchdog closes connections
- * that wait for a head (idle keep-alive ones first) while answers carry
- * `Connection: close` — so clients that only hold connections, however
- * cheap their requests, cannot keep others out. (A pool of MHD threads with
- * suspended connections would bound threads below connections, but every
- * route that waits on the gateway — exec, files, the proxy's streams —
- * would have to become resumable: the bound here is a cap instead.)
- * The access handler is called several times per request:
- * the access handler is called several times per request: first with the
- * headers, then with each piece of body, then once more to answer. A route
- * may answer 101 and take the socket over (MHD_ALLOW_UPGRADE: the terminal
- * route); MHD then reports the request completed and keeps counting the
- * connection against SHIM_MAX_CONNECTIONS until the route gives the socket
- * back.
+ * Threads: MHD runs SHIM_EVENT_THREADS event loops (epoll) over every
+ * connection; they never block. What may block — a route's handler (its
+ * gateway calls), a streamed body's next piece (route->upload), a streamed
+ * answer's next piece (stream.h) — runs on a worker (workers.h), at most
+ * SHIM_MAX_WORKERS at once, while its connection is suspended; the worker
+ * resumes it when done, and the event loop goes on with the result. So a
+ * connection holds a thread only while a worker does something for it: an
+ * idle keep-alive connection, a head that is slow to come, an answer its
+ * client does not read cost none. Connections are still capped
+ * (SHIM_MAX_CONNECTIONS in all, SHIM_MAX_CONNECTIONS_PER_CLIENT per peer
+ * address, refused at accept) for their descriptors and memory, and near
+ * the cap the watchdog closes connections that wait for a head (idle
+ * keep-alive ones first) while answers carry `Connection: close`. Refusals
+ * decided before the handler (auth, validation, caps) are answered on the
+ * event thread, without a worker.
+ *
+ * The access handler is called several times per request: first with the
+ * headers, then with each piece of body, then once more to answer (and,
+ * after a worker resumed the connection, once more with its answer). A
+ * route may answer 101 and take the socket over (MHD_ALLOW_UPGRADE: the
+ * terminal route, the proxy's WebSockets; their threads are their own,
+ * capped by SHIM_MAX_TERMINALS and SHIM_MAX_FORWARDS); MHD then reports the
+ * request completed and keeps counting the connection against
+ * SHIM_MAX_CONNECTIONS until the route gives the socket back.
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +46,9 @@
 #include "shim/router.h"
 #include "shim/routes/routes.h"
 #include "shim/shim.h"
+#include "shim/stream.h"
 #include "shim/watchdog.h"
+#include "shim/workers.h"
 #include "shim/ws.h"
 
 shim_t shim;
@@ -144,24 +154,26 @@ start_request (shim_req_t *r, const char *url, const char *method)
     }
 }
 
+/* A streamed body's piece, to the route (on a worker). */
 static void
-take_body (shim_req_t *r, const char *data, size_t size)
+take_streamed (shim_req_t *r, const char *data, size_t size)
 {
-  r->body_bytes += size;
   if (r->discard)
     return;
-  if (r->route->body == SHIM_BODY_STREAM)
+  if (r->body_bytes > stream_cap (r->route))
+    body_too_large (r);
+  else
     {
-      if (r->body_bytes > stream_cap (r->route))
-        body_too_large (r);
-      else
-        {
-          metrics_bytes (true, size);
-          r->route->upload (r, data, size);
-        }
-      return;
+      metrics_bytes (true, size);
+      r->route->upload (r, data, size);
     }
-  if (r->route->body != SHIM_BODY_JSON && r->route->body != SHIM_BODY_RAW)
+}
+
+/* A buffered body's piece (on the event thread: memory only). */
+static void
+take_buffered (shim_req_t *r, const char *data, size_t size)
+{
+  if (r->discard || (r->route->body != SHIM_BODY_JSON && r->route->body != SHIM_BODY_RAW))
     return;
   if (r->len + size > SHIM_MAX_JSON_BODY)
     {
@@ -208,59 +220,217 @@ handle (shim_req_t *r, unsigned *status)
   return rt->handle (r, status);
 }
 
+/* ---- work on workers ------------------------------------------------------------------ */
+
+/* Connections suspended and not yet called back by MHD since (MHD takes a
+ * resume in its own time, and must not be stopped with one suspended). */
+static atomic_long n_suspended;
+
+void
+shim_suspend (struct MHD_Connection *conn, shim_work_t *w)
+{
+  atomic_store (&w->working, true);
+  w->suspended = true;
+  atomic_fetch_add (&n_suspended, 1);
+  MHD_suspend_connection (conn);
+}
+
+void
+shim_work_done (struct MHD_Connection *conn, shim_work_t *w)
+{
+  atomic_store (&w->working, false);
+  MHD_resume_connection (conn);
+}
+
+bool
+shim_called_back (shim_work_t *w)
+{
+  /* MHD may call once more in the pass that suspended (its chunked-body
+   * loop does): not yet back, the worker still has the state. */
+  if (atomic_load (&w->working))
+    return false;
+  if (w->suspended)
+    atomic_fetch_sub (&n_suspended, 1);
+  w->suspended = false;
+  return true;
+}
+
+bool
+shim_none_suspended (int64_t wait_ms)
+{
+  for (int64_t waited = 0; atomic_load (&n_suspended) > 0; waited += 10)
+    {
+      if (waited >= wait_ms)
+        return false;
+      struct timespec ts = {0, 10 * 1000 * 1000};
+      nanosleep (&ts, NULL);
+    }
+  return true;
+}
+
+static const char busy_detail[] = "The shim is busy: no worker was free in time; retry";
+
+/* The handler's run (a worker): its answer, for the event thread to queue. */
+static void
+answer_job (void *arg)
+{
+  shim_req_t *r = arg;
+  unsigned status = 500;
+  struct MHD_Response *resp = handle (r, &status);
+  shim_stream_prefetch (r);
+  r->answer = resp;
+  r->answer_status = status;
+  r->answered = true;
+  shim_work_done (r->conn, &r->work);
+}
+
+static void
+answer_expired (void *arg)
+{
+  shim_req_t *r = arg;
+  log_msg (SEV_WARNING, "%s %s: no worker free within %d ms (SHIM_MAX_WORKERS): 503", r->route->method,
+           r->route->path, WORKERS_QUEUE_MS);
+  r->answer = shim_detail (503, busy_detail, &r->answer_status);
+  r->answered = true;
+  shim_work_done (r->conn, &r->work);
+}
+
+/* A streamed body's piece (a worker). */
+static void
+piece_job (void *arg)
+{
+  shim_req_t *r = arg;
+  take_streamed (r, r->piece, r->piece_len);
+  free (r->piece);
+  r->piece = NULL;
+  shim_work_done (r->conn, &r->work);
+}
+
+static void
+piece_expired (void *arg)
+{
+  shim_req_t *r = arg;
+  free (r->piece);
+  r->piece = NULL;
+  shim_req_fail (r, 503, busy_detail);
+  shim_work_done (r->conn, &r->work);
+}
+
+/* Suspends the connection and hands `run` to a worker; false when no
+ * worker will take it (the connection is then resumed). */
+static bool
+to_worker (shim_req_t *r, void (*run) (void *), void (*expire) (void *))
+{
+  r->job = (worker_job_t){.run = run, .expire = expire, .arg = r};
+  shim_suspend (r->conn, &r->work);
+  if (workers_submit (&r->job) == 0)
+    return true;
+  shim_work_done (r->conn, &r->work);
+  shim_called_back (&r->work);
+  return false;
+}
+
+/* ---- the access handler ----------------------------------------------------------------- */
+
+static enum MHD_Result
+first_call (struct MHD_Connection *conn, const char *url, const char *method, const char *version, void **con_cls)
+{
+  shim_req_t *r = *con_cls;
+  if (r == NULL)
+    r = calloc (1, sizeof *r);
+  if (r == NULL)
+    return MHD_NO;
+  r->conn = conn;
+  r->method = method;
+  r->version = version;
+  r->start_ns = shim_mono_ns ();
+  *con_cls = r;
+  start_request (r, url, method);
+  watchdog_stage (conn, STAGE_BODY, r->route != NULL && r->route->body == SHIM_BODY_STREAM);
+  /* Refusals that need no body go out now, before any upload. */
+  if (r->early != NULL && r->early_status != 0)
+    {
+      r->status = r->early_status;
+      enum MHD_Result q = MHD_queue_response (conn, r->early_status, r->early);
+      MHD_destroy_response (r->early);
+      r->early = NULL;
+      return q;
+    }
+  return MHD_YES;
+}
+
+/* A piece of body: buffered here, or handed to the route on a worker. */
+static enum MHD_Result
+body_piece (shim_req_t *r, const char *data, size_t size)
+{
+  watchdog_body (r->conn, size);
+  r->body_bytes += size;
+  if (r->route->body != SHIM_BODY_STREAM || r->discard)
+    {
+      take_buffered (r, data, size);
+      return MHD_YES;
+    }
+  r->piece = malloc (size);
+  if (r->piece == NULL)
+    {
+      shim_req_fail (r, 503, "Out of memory");
+      return MHD_YES;
+    }
+  memcpy (r->piece, data, size);
+  r->piece_len = size;
+  if (!to_worker (r, piece_job, piece_expired))
+    {
+      free (r->piece);
+      r->piece = NULL;
+      shim_req_fail (r, 503, busy_detail);
+    }
+  return MHD_YES;
+}
+
 static enum MHD_Result
 access_handler (void *cls, struct MHD_Connection *conn, const char *url, const char *method, const char *version,
                 const char *upload_data, size_t *upload_data_size, void **con_cls)
 {
+  (void) cls;
   shim_req_t *r = *con_cls;
+  if (r != NULL && !shim_called_back (&r->work))
+    return MHD_YES; /* its worker has it: the data waits (not consumed) */
   if (r == NULL || r->conn == NULL)
-    {
-      if (r == NULL)
-        r = calloc (1, sizeof *r);
-      if (r == NULL)
-        return MHD_NO;
-      r->conn = conn;
-      r->method = method;
-      r->version = version;
-      r->start_ns = shim_mono_ns ();
-      *con_cls = r;
-      start_request (r, url, method);
-      watchdog_stage (conn, STAGE_BODY, r->route != NULL && r->route->body == SHIM_BODY_STREAM);
-      /* Refusals that need no body go out now, before any upload. */
-      if (r->early != NULL && r->early_status != 0)
-        {
-          r->status = r->early_status;
-          enum MHD_Result q = MHD_queue_response (conn, r->early_status, r->early);
-          MHD_destroy_response (r->early);
-          r->early = NULL;
-          return q;
-        }
-      return MHD_YES;
-    }
+    return first_call (conn, url, method, version, con_cls);
   if (*upload_data_size > 0)
     {
-      watchdog_body (conn, *upload_data_size);
-      take_body (r, upload_data, *upload_data_size);
+      size_t n = *upload_data_size;
       *upload_data_size = 0;
-      return MHD_YES;
+      return body_piece (r, upload_data, n);
     }
   watchdog_stage (conn, STAGE_ANSWER, false);
   struct MHD_Response *resp;
   unsigned status = 500;
-  if (r->early != NULL)
+  if (r->answered)
+    {
+      resp = r->answer;
+      status = r->answer_status;
+      r->answer = NULL;
+    }
+  else if (r->early != NULL)
     {
       resp = r->early;
       status = r->early_status;
       r->early = NULL;
     }
   else
-    resp = handle (r, &status);
+    {
+      if (to_worker (r, answer_job, answer_expired))
+        return MHD_YES;
+      resp = shim_detail (503, busy_detail, &status);
+    }
   r->status = status;
   /* Near the connection cap, a connection does not stay open after its
    * answer (not an upgrade's: that socket leaves HTTP). */
   if (status != 101 && watchdog_pressed ())
     MHD_add_response_header (resp, MHD_HTTP_HEADER_CONNECTION, "close");
   enum MHD_Result q = MHD_queue_response (conn, status, resp);
+  shim_stream_detach (r);
   MHD_destroy_response (resp);
   return q;
 }
@@ -272,6 +442,7 @@ completed (void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_Requ
   shim_req_t *r = *con_cls;
   if (r == NULL)
     return;
+  shim_called_back (&r->work);
   if (r->conn == NULL)
     {
       /* Its head never completed: nothing to log. */
@@ -293,6 +464,10 @@ completed (void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_Requ
     r->route->cleanup (r);
   if (r->early != NULL)
     MHD_destroy_response (r->early);
+  if (r->answer != NULL)
+    MHD_destroy_response (r->answer);
+  shim_stream_detach (r);
+  free (r->piece);
   free (r->body);
   free (r->uri);
   free (r);
@@ -329,19 +504,22 @@ mhd_log (void *cls, const char *fmt, va_list ap)
  * head that does not fit is refused by MHD with an HTTP error, logged through
  * mhd_log. */
 #define SHIM_CONNECTION_MEMORY (256 * 1024)
-/* The stack of each connection's thread. */
+/* The stack of each event thread. */
 #define SHIM_THREAD_STACK (512 * 1024)
+/* MHD's event loops: each serves a share of the connections, never blocks. */
+#define SHIM_EVENT_THREADS 2
 
 struct MHD_Daemon *
 shim_server_start (const struct sockaddr *addr, err_t *err)
 {
+  workers_init ((size_t) shim.cfg.max_workers);
   struct MHD_Daemon *d = MHD_start_daemon (
-      MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC
-          | MHD_USE_TURBO | MHD_ALLOW_UPGRADE,
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_TURBO
+          | MHD_ALLOW_UPGRADE,
       0, NULL, NULL, access_handler, NULL, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, addr,
-      MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_URI_LOG_CALLBACK, uri_seen, NULL,
-      MHD_OPTION_NOTIFY_CONNECTION, watchdog_notify_connection, NULL, MHD_OPTION_CONNECTION_LIMIT,
-      (unsigned) shim.cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+      MHD_OPTION_THREAD_POOL_SIZE, (unsigned) SHIM_EVENT_THREADS, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+      MHD_OPTION_URI_LOG_CALLBACK, uri_seen, NULL, MHD_OPTION_NOTIFY_CONNECTION, watchdog_notify_connection, NULL,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned) shim.cfg.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
       (unsigned) shim.cfg.max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned) shim.cfg.connection_timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) SHIM_CONNECTION_MEMORY,
       MHD_OPTION_THREAD_STACK_SIZE, (size_t) SHIM_THREAD_STACK, MHD_OPTION_END);

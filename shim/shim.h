@@ -2,20 +2,23 @@
  * share: the configuration, the gateway channel, the request state and the
  * response helpers.
  *
- * Threading: `shim` is filled at start-up and read-only after; each request
- * state belongs to its connection's thread.
+ * Threading: `shim` is filled at start-up and read-only after; a request's
+ * state is used by one thread at a time: its connection's event thread, or
+ * the worker its suspended connection waits for (server.c).
  */
 #ifndef SBX_SHIM_SHIM_H
 #define SBX_SHIM_SHIM_H
 
 #include <jansson.h>
 #include <microhttpd.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "common/rpc/rpc.h"
 #include "shim/validate.h"
 #include "shim/hangup.h"
+#include "shim/workers.h"
 
 typedef struct shim_config_s
 {
@@ -34,6 +37,7 @@ typedef struct shim_config_s
   long max_connections;
   long max_connections_per_client; /* SHIM_MAX_CONNECTIONS_PER_CLIENT, 0: no cap */
   long max_terminals;
+  long max_workers; /* SHIM_MAX_WORKERS */
   long connection_timeout;
   long header_timeout;
   long body_timeout;
@@ -64,6 +68,13 @@ typedef struct shim_s
 extern shim_t shim;
 
 typedef struct shim_req_s shim_req_t;
+
+/* A connection's work on a worker (shim_suspend). */
+typedef struct shim_work_s
+{
+  atomic_bool working; /* the job runs: its state is the worker's */
+  bool suspended;      /* suspended, and MHD has not called back since */
+} shim_work_t;
 
 /* How a route takes its request body. */
 typedef enum shim_body_e
@@ -124,6 +135,15 @@ struct shim_req_s
   /* The status is not the shim's but a sandbox server's (the port proxy):
    * counted by its class (2xx…) in the metrics, never by its value. */
   bool status_foreign;
+  /* the worker side (server.c, stream.c) */
+  worker_job_t job;
+  struct MHD_Response *answer; /* the handler's, once `answered` */
+  unsigned answer_status;
+  bool answered;
+  shim_work_t work;
+  char *piece; /* a streamed body's piece, for the worker */
+  size_t piece_len;
+  struct shim_stream_s *stream; /* the streamed answer the handler made (stream.h) */
 };
 
 /* Responses. All return a new response (never NULL) and set *status. */
@@ -154,6 +174,18 @@ unsigned shim_http_status (grpc_status_code code, bool from_handler);
 
 /* The client connection's socket (for hangup_add), or -1. */
 int shim_req_fd (shim_req_t *r);
+
+/* Suspends `conn` for a worker's job, which ends with shim_work_done
+ * (resuming it). Until then the job owns the state; MHD may still call once
+ * in the pass that suspended, and shim_called_back says false then (the
+ * callback must do nothing). It says true once MHD is back: MHD takes a
+ * resume in its own time and must not be stopped with a connection
+ * suspended, so what is suspended is counted until then. */
+void shim_suspend (struct MHD_Connection *conn, shim_work_t *w);
+void shim_work_done (struct MHD_Connection *conn, shim_work_t *w);
+bool shim_called_back (shim_work_t *w);
+/* Waits, at most `wait_ms`, until no connection is suspended. */
+bool shim_none_suspended (int64_t wait_ms);
 
 /* Monotonic nanoseconds. */
 int64_t shim_mono_ns (void);

@@ -31,6 +31,7 @@
 #include <time.h>
 
 #include "shim/shim.h"
+#include "shim/workers.h"
 
 typedef struct conn_track_s
 {
@@ -248,6 +249,7 @@ watchdog_main (void *arg)
         }
       relieve (now);
       pthread_mutex_unlock (&track_mu);
+      workers_expire (now);
     }
   return NULL;
 }

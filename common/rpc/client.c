@@ -414,6 +414,8 @@ rpc_client_unary (rpc_channel_t *ch, const char *method, int64_t timeout_ms, con
   if (in != NULL)
     grpc_byte_buffer_destroy (in);
   rpc_status_release (&local);
+  if (rc == 0 && st != NULL)
+    rpc_status_release (st); /* an OK status holds nothing the caller frees (it used to leak its details) */
   rpc_client_destroy (c);
   return rc;
 }

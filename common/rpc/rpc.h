@@ -423,7 +423,8 @@ void rpc_client_cancel (rpc_client_call_t *c);
 void rpc_client_destroy (rpc_client_call_t *c);
 
 /* A whole unary call: sends `req`, receives one `resp_desc` message into
- * *resp (NULL on error), fills *st. Returns 0 when the status is OK; -1 with
+ * *resp (NULL on error), fills *st (on success, released: OK, nothing to
+ * free). Returns 0 when the status is OK; -1 with
  * *err otherwise (err->status from rpc_errno_from_status, the message naming
  * the method, the status and its details). */
 int rpc_client_unary (rpc_channel_t *ch, const char *method, int64_t timeout_ms, const rpc_metadata_t *md,

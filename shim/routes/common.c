@@ -9,6 +9,7 @@
 #include "common/cleanup.h"
 #include "common/rpc/rpc.h"
 #include "shim/members.h"
+#include "shim/stream.h"
 #include "shim/metrics.h"
 #include "shim/routes/routes.h"
 
@@ -180,8 +181,7 @@ route_ndjson (shim_req_t *r, rpc_client_call_t *c, const ProtobufCMessageDescrip
     }
   /* A command may print nothing for longer than the idle timeout. */
   MHD_set_connection_option (r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0);
-  struct MHD_Response *resp
-      = MHD_create_response_from_callback (MHD_SIZE_UNKNOWN, 64 * 1024, ndjson_read, n, ndjson_free);
+  struct MHD_Response *resp = shim_stream_response (r, MHD_SIZE_UNKNOWN, 64 * 1024, ndjson_read, n, ndjson_free);
   MHD_add_response_header (resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-ndjson");
   *status = 200;
   return resp;

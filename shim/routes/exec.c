@@ -266,6 +266,8 @@ typedef struct exec_answer_s
 #define ANSWER_TAIL "\"}"
 #define ANSWER_TAIL_TRUNCATED "\",\"truncated\":true}"
 
+/* MHD's reader (an event thread): copies the answer made in memory, never
+ * blocks, so it needs no worker (stream.h). */
 static ssize_t
 answer_read (void *cls, uint64_t pos, char *buf, size_t max)
 {

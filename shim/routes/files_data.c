@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "shim/members.h"
+#include "shim/stream.h"
 #include "shim/metrics.h"
 #include "shim/routes/files.h"
 
@@ -145,8 +146,7 @@ route_file_get (shim_req_t *r, unsigned *status)
   d->left = ranged ? last - first + 1 : size;
   d->hangup = hangup_add (shim_req_fd (r), d->call);
   MHD_set_connection_option (r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0);
-  struct MHD_Response *resp
-      = MHD_create_response_from_callback (d->left, 256 * 1024, download_read, d, download_free);
+  struct MHD_Response *resp = shim_stream_response (r, d->left, 256 * 1024, download_read, d, download_free);
   MHD_add_response_header (resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/octet-stream");
   MHD_add_response_header (resp, "Accept-Ranges", "bytes");
   if (ranged)

@@ -35,8 +35,8 @@
  * connection's relay) are proxy_relay.c's, the answer's head and chunked
  * body are parsed by shim/http1.c (malformed: 502 saying what is wrong).
  *
- * Threading: until an upgrade, everything runs on the connection's thread
- * (it sends and receives on the call); after it, the up thread is the
+ * Threading: until an upgrade, everything runs on the request's workers,
+ * one at a time (they send and receive on the call); after it, the up thread is the
  * call's only sender and the down thread its only receiver.
  */
 #include <arpa/inet.h>
@@ -58,6 +58,7 @@
 #include "common/log.h"
 #include "sandbox/v1/sandbox.pb-c.h"
 #include "shim/frames.h"
+#include "shim/stream.h"
 #include "shim/http1.h"
 #include "shim/metrics.h"
 #include "shim/routes/proxy.h"
@@ -495,7 +496,7 @@ px_answer (shim_req_t *r, px_t *px, unsigned *status)
   /* MHD's block comes with the response (a fresh mapping at this size):
    * no larger than the body. */
   size_t block = size < PROXY_BLOCK ? (size_t) size + 1 : PROXY_BLOCK;
-  struct MHD_Response *resp = MHD_create_response_from_callback (size, block, body_read, px, body_done);
+  struct MHD_Response *resp = shim_stream_response (r, size, block, body_read, px, body_done);
   if (resp == NULL)
     return out_of_memory (resp, status);
   take_headers (h, resp, false);

@@ -4,9 +4,12 @@
  * The contract (status codes, JSON fields, content types, error shapes)
  * is the one agent backends already speak; the extensions (NDJSON exec,
  * snapshot, connect, list, metrics, detached processes, the WebSocket
- * terminal) are additive. Every route runs on its
- * connection's thread and may block on the gateway; while it does, the
- * hang-up watcher (hangup.h) cancels the call if the client leaves.
+ * terminal) are additive. Every handler runs on a worker (workers.h),
+ * its connection suspended, and may block on the gateway; while it does,
+ * the hang-up watcher (hangup.h) cancels the call if the client leaves. A
+ * streamed answer whose reader blocks is made with shim_stream_response
+ * (stream.h), so that its reads run on workers too; a reader that only
+ * copies memory (the exec answer) may use MHD's own callback response.
  */
 #ifndef SBX_SHIM_ROUTES_H
 #define SBX_SHIM_ROUTES_H

@@ -1,6 +1,8 @@
 /* routes/sandboxes: GET /health, POST /sandboxes, GET /sandboxes,
- * GET /sandboxes/{id}, DELETE /sandboxes/{id} and GET /metrics. No state. */
+ * GET /sandboxes/{id}, DELETE /sandboxes/{id} and GET /metrics. State:
+ * the last /health answer, under its lock. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,17 +57,63 @@ serving (rpc_channel_t *ch, bool *egress)
   return ok;
 }
 
+/* How long an answer of /health is reused: /health needs no token, and
+ * asking the gateways for each request would let anyone turn a flood of
+ * them into calls. One request at a time asks; the others meanwhile take
+ * the last answer (or, before the first, wait for it). */
+#define HEALTH_REUSE_MS 1000
+
+static pthread_mutex_t health_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t health_cv = PTHREAD_COND_INITIALIZER;
+static int64_t health_at_ns = -1; /* under health_mu: when the last answer was made, -1 never */
+static bool health_ok, health_egress, health_asking;
+
+static void
+health_ask (bool *ok, bool *egress)
+{
+  rpc_channel_t *chs[MEMBERS_MAX];
+  const char *names[MEMBERS_MAX];
+  size_t n = members_serving (chs, names, MEMBERS_MAX);
+  *ok = *egress = false;
+  for (size_t i = 0; i < n && !*ok; i++)
+    *ok = serving (chs[i], egress);
+}
+
+/* The gateways' health, asked at most once per HEALTH_REUSE_MS. */
+static void
+health_now (bool *ok, bool *egress)
+{
+  pthread_mutex_lock (&health_mu);
+  while (health_asking && health_at_ns < 0)
+    pthread_cond_wait (&health_cv, &health_mu);
+  bool fresh = health_at_ns >= 0 && shim_mono_ns () - health_at_ns < (int64_t) HEALTH_REUSE_MS * 1000000;
+  if (fresh || health_asking)
+    {
+      *ok = health_ok;
+      *egress = health_egress;
+      pthread_mutex_unlock (&health_mu);
+      return;
+    }
+  health_asking = true;
+  pthread_mutex_unlock (&health_mu);
+  health_ask (ok, egress);
+  pthread_mutex_lock (&health_mu);
+  health_ok = *ok;
+  health_egress = *egress;
+  health_at_ns = shim_mono_ns ();
+  health_asking = false;
+  pthread_cond_broadcast (&health_cv);
+  pthread_mutex_unlock (&health_mu);
+}
+
 /* {"cli_mounted": a gateway answers and serves, "allow_egress": it allows
  * egress}; with SHIM_GATEWAYS, the first gateway of the set that serves. */
 struct MHD_Response *
 route_health (shim_req_t *r, unsigned *status)
 {
-  rpc_channel_t *chs[MEMBERS_MAX];
-  const char *names[MEMBERS_MAX];
-  size_t n = members_serving (chs, names, MEMBERS_MAX);
+  (void) r;
   bool ok = false, egress = false;
-  for (size_t i = 0; i < n && !ok; i++)
-    ok = serving (chs[i], &egress);
+  health_now (&ok, &egress);
   return shim_json (json_pack ("{s:b, s:b}", "cli_mounted", ok, "allow_egress", egress), 200, status);
 }
 

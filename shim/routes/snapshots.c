@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "sandbox/v1/sandbox.pb-c.h"
 #include "shim/metrics.h"
+#include "shim/stream.h"
 #include "shim/members.h"
 #include "shim/routes/routes.h"
 
@@ -222,7 +223,7 @@ route_tar (shim_req_t *r, unsigned *status)
     }
   t->hangup = hangup_add (shim_req_fd (r), t->call);
   MHD_set_connection_option (r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0);
-  struct MHD_Response *resp = MHD_create_response_from_callback (MHD_SIZE_UNKNOWN, 256 * 1024, tar_read, t, tar_free);
+  struct MHD_Response *resp = shim_stream_response (r, MHD_SIZE_UNKNOWN, 256 * 1024, tar_read, t, tar_free);
   MHD_add_response_header (resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-tar");
   *status = 200;
   return resp;

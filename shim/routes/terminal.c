@@ -4,7 +4,7 @@
  * close_stdin in; exit out). Behind it, one gateway Run call that attaches
  * to the process.
  *
- * Before the upgrade, on the connection's thread: the handshake checks
+ * Before the upgrade, on the request's worker: the handshake checks
  * (400), a terminal slot (429), the attach call and its `started` event
  * (404 and other gateway errors as plain HTTP), then 101. After it, two
  * threads of the terminal's own:
@@ -344,7 +344,8 @@ term_main (void *arg)
   return NULL;
 }
 
-/* MHD_UpgradeHandler: runs on the connection's thread once the 101 is out. */
+/* MHD_UpgradeHandler: runs on an MHD event thread once the 101 is out (it
+ * must not block: the terminal's own threads take over). */
 static void
 term_upgraded (void *cls, struct MHD_Connection *conn, void *con_cls, const char *extra_in, size_t extra_in_size,
                MHD_socket sock, struct MHD_UpgradeResponseHandle *urh)

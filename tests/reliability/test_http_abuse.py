@@ -507,3 +507,86 @@ def test_half_sent_heads_from_one_address_are_capped(procs):
     assert h.opened >= 1100, h.opened
     assert max(times) < 5.0, times
     assert threads <= base + 256 + 8, (base, threads)
+
+
+# --- connections cost no thread; work is bounded by SHIM_MAX_WORKERS --------------------
+
+def test_a_thousand_held_connections_hold_no_threads(procs):
+    """1024 keep-alive connections from 4 addresses that were answered once
+    (GET /health, no token) and then only stay open, and 256 more that sent
+    half a head, all open at once: the shim's thread count does not grow
+    with them (MHD's event loops serve every connection; a thread is taken
+    only while a request is worked on), and an authenticated exec from
+    another address is answered within 1 s each time."""
+    _raise_nofile(8192)
+    gw = procs.gateway()
+    shim = procs.shim(gw, env={"SHIM_MAX_CONNECTIONS": "2048", "SHIM_MAX_CONNECTIONS_PER_CLIENT": "300"})
+    sid = _launch(shim)
+    base = _threads(shim.pid)
+    sources = [f"127.0.0.{i}" for i in range(2, 6)]
+    with Holders(shim, sources, 256, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", every=5.0) as kept, \
+            Holders(shim, ["127.0.0.7"], 256, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: a", every=5.0) as half:
+        time.sleep(1.0)
+        open_now = len(os.listdir(f"/proc/{shim.pid}/fd"))
+        threads = _threads(shim.pid)
+        times = _timed_execs(shim, sid, 4)
+    assert kept.opened >= 1024 and kept.answered >= 1024 and half.opened >= 256, (kept.opened, kept.answered,
+                                                                                   half.opened)
+    assert open_now >= 1024 + 256, open_now  # they were all open at once
+    assert threads <= base + 24, (base, threads)
+    assert max(times) < 1.0, times
+
+
+def test_work_beyond_the_workers_waits_in_order_and_is_answered(procs):
+    """SHIM_MAX_WORKERS=2: two execs that sleep 3 s hold both workers; 6
+    more requests meanwhile wait for one (not refused, not lost) and are all
+    answered once the first two end; the threads stay at the cap."""
+    gw = procs.gateway()
+    shim = procs.shim(gw, env={"SHIM_MAX_WORKERS": "2"})
+    sid = _launch(shim)
+    base = _threads(shim.pid)
+    results: list = []
+
+    def run(argv):
+        r = shim.request("POST", f"/sandboxes/{sid}/exec", {"argv": argv}, timeout=60)
+        results.append((argv[0], r.status, time.monotonic()))
+
+    t0 = time.monotonic()
+    slow = [threading.Thread(target=run, args=(["sleep", "3"],)) for _ in range(2)]
+    for t in slow:
+        t.start()
+    time.sleep(0.5)
+    threads_busy = _threads(shim.pid)
+    quick = [threading.Thread(target=run, args=(["true"],)) for _ in range(6)]
+    for t in quick:
+        t.start()
+    for t in slow + quick:
+        t.join(60)
+    assert sorted(s for _, s, _ in results) == [200] * 8, results
+    # The quick ones waited for a worker: none ended before the sleeps did.
+    first_quick = min(at for name, _, at in results if name == "true")
+    assert first_quick - t0 >= 2.5, results
+    assert threads_busy <= base + 2 + 2, (base, threads_busy)
+
+
+def test_a_request_that_waits_too_long_for_a_worker_is_answered_503(procs):
+    """SHIM_MAX_WORKERS=1 and an exec that sleeps 14 s: a request that
+    waits for the worker longer than 10 s gets 503 (retry), not an answer
+    that never comes; the long exec still ends with 200."""
+    gw = procs.gateway()
+    shim = procs.shim(gw, env={"SHIM_MAX_WORKERS": "1"})
+    sid = _launch(shim)
+    out: dict = {}
+
+    def long_exec():
+        out["long"] = shim.request("POST", f"/sandboxes/{sid}/exec", {"argv": ["sleep", "14"]}, timeout=60).status
+
+    t = threading.Thread(target=long_exec)
+    t.start()
+    time.sleep(0.5)
+    r = shim.request("GET", f"/sandboxes/{sid}", timeout=60)
+    t.join(60)
+    assert r.status == 503, r
+    assert "busy" in r.json()["detail"], r.json()
+    assert out["long"] == 200, out
+    assert shim.request("GET", f"/sandboxes/{sid}").status == 200
