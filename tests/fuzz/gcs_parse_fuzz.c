@@ -24,16 +24,8 @@
 
 #include "gateway/store/gcs/parse.h"
 
-#define CHECK(cond)                                                                                                  \
-  do                                                                                                                 \
-    {                                                                                                                \
-      if (!(cond))                                                                                                   \
-        {                                                                                                            \
-          fprintf (stderr, "gcs_parse_fuzz: check failed: %s (line %d)\n", #cond, __LINE__);                         \
-          abort ();                                                                                                  \
-        }                                                                                                            \
-    }                                                                                                                \
-  while (0)
+#define FUZZ_TARGET "gcs_parse_fuzz"
+#include "tests/fuzz/check.h"
 
 static const char *const names[] = {"Location", "Range", "x-goog-hash", "Content-Length", ""};
 

@@ -26,16 +26,8 @@
 
 #include "shim/http1.h"
 
-#define CHECK(cond)                                                                                                  \
-  do                                                                                                                 \
-    {                                                                                                                \
-      if (!(cond))                                                                                                   \
-        {                                                                                                            \
-          fprintf (stderr, "http1_fuzz: check failed: %s (line %d)\n", #cond, __LINE__);                             \
-          abort ();                                                                                                  \
-        }                                                                                                            \
-    }                                                                                                                \
-  while (0)
+#define FUZZ_TARGET "http1_fuzz"
+#include "tests/fuzz/check.h"
 
 /* Scans in pieces of `step`: the result, the head's length in *head_len. */
 static int

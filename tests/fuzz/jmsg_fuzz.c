@@ -26,16 +26,8 @@
 
 #include "gateway/code/jmsg.h"
 
-#define CHECK(cond)                                                                                                  \
-  do                                                                                                                 \
-    {                                                                                                                \
-      if (!(cond))                                                                                                   \
-        {                                                                                                            \
-          fprintf (stderr, "jmsg_fuzz: check failed: %s (line %d)\n", #cond, __LINE__);                              \
-          abort ();                                                                                                  \
-        }                                                                                                            \
-    }                                                                                                                \
-  while (0)
+#define FUZZ_TARGET "jmsg_fuzz"
+#include "tests/fuzz/check.h"
 
 static const char KEY[] = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
 static const char DELIM[] = "<IDS|MSG>";

@@ -31,16 +31,8 @@
 #include "grpc/reflection/v1alpha/reflection.pb-c.h"
 #include "sandbox/v1/sandbox.pb-c.h"
 
-#define CHECK(cond)                                                                                                  \
-  do                                                                                                                 \
-    {                                                                                                                \
-      if (!(cond))                                                                                                   \
-        {                                                                                                            \
-          fprintf (stderr, "proto_fuzz: %s: check failed: %s (line %d)\n", desc->name, #cond, __LINE__);             \
-          abort ();                                                                                                  \
-        }                                                                                                            \
-    }                                                                                                                \
-  while (0)
+#define FUZZ_TARGET "proto_fuzz"
+#include "tests/fuzz/check.h"
 
 static const ProtobufCMessageDescriptor *const types[] = {
     &sandbox__v1__launch_request__descriptor,
@@ -98,7 +90,7 @@ pack (const ProtobufCMessage *m, size_t *len)
   size_t want = protobuf_c_message_get_packed_size (m);
   uint8_t *out = malloc (want ? want : 1);
   size_t got = protobuf_c_message_pack (m, out);
-  CHECK (got == want);
+  CHECK_IN (desc->name, got == want);
   *len = got;
   return out;
 }
@@ -116,7 +108,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   free (wire);
   if (m == NULL)
     return 0;
-  CHECK (protobuf_c_message_check (m));
+  CHECK_IN (desc->name, protobuf_c_message_check (m));
   if (has_tag0 (m))
     {
       protobuf_c_message_free_unpacked (m, NULL);
@@ -125,10 +117,10 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   size_t len1, len2;
   uint8_t *p1 = pack (m, &len1);
   ProtobufCMessage *m2 = protobuf_c_message_unpack (desc, NULL, len1, p1);
-  CHECK (m2 != NULL);
+  CHECK_IN (desc->name, m2 != NULL);
   uint8_t *p2 = pack (m2, &len2);
-  CHECK (len1 == len2);
-  CHECK (memcmp (p1, p2, len1) == 0);
+  CHECK_IN (desc->name, len1 == len2);
+  CHECK_IN (desc->name, memcmp (p1, p2, len1) == 0);
   protobuf_c_message_free_unpacked (m2, NULL);
   protobuf_c_message_free_unpacked (m, NULL);
   free (p1);

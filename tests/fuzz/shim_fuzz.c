@@ -30,16 +30,8 @@
 #include "shim/router.h"
 #include "shim/validate.h"
 
-#define CHECK(cond)                                                                                                  \
-  do                                                                                                                 \
-    {                                                                                                                \
-      if (!(cond))                                                                                                   \
-        {                                                                                                            \
-          fprintf (stderr, "shim_fuzz: check failed: %s (line %d)\n", #cond, __LINE__);                              \
-          abort ();                                                                                                  \
-        }                                                                                                            \
-    }                                                                                                                \
-  while (0)
+#define FUZZ_TARGET "shim_fuzz"
+#include "tests/fuzz/check.h"
 
 static const char *const routes[] = {
     "/health",
