@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "gateway/api/internal.h"
 #include "gateway/image/image.h"
+#include "gateway/image/ref.h"
 
 /* A pull ends this long before its call's deadline, so that the caller
  * learns which image timed out and why (at most a quarter of the call's
@@ -62,6 +63,38 @@ api_restore_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bo
     return -1;
   sbx_image_t si = {.ref = img.ref, .digest = img.digest, .layers = img.layers};
   int rc = sbx_launch_on (ctx->rt, id, egress, &si, src, src_ctx, info, err);
+  img_release (&img);
+  return rc;
+}
+
+int
+api_restore_recorded (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
+                      const char *digest, sbx_source_fn src, void *src_ctx, sbx_info_t *info, err_t *err)
+{
+  if (no_images (ctx, err) < 0)
+    return err_wrap (err, "restore `%s` on its image `%s`", id, ref);
+  img_t img;
+  if (img_get (ctx->images, digest, &img, err) < 0)
+    {
+      if (err->status != ENOENT)
+        return -1;
+      err_release (err);
+      /* Not cached here (another gateway took the snapshot, or the image
+       * was removed): pulled again, pinned to the digest recorded. */
+      img_ref_t r;
+      if (img_ref_parse (ref, &r, err) < 0)
+        return err_wrap (err, "restore `%s`: its recorded image", id);
+      char pinned[IMG_HOST_MAX + IMG_REPO_MAX + 80];
+      snprintf (pinned, sizeof pinned, "%s/%s@%s", r.host, r.repo, digest);
+      img_pull_opts_t po = {.deadline_mono_ms = deadline_of (call), .cancelled = call_cancelled, .cancel_ctx = call};
+      if (img_pull (ctx->images, pinned, &po, &img, err) < 0)
+        return err_wrap (err, "restore `%s` on its image `%s`", id, ref);
+    }
+  sbx_image_t si = {.ref = ref, .digest = img.digest, .layers = img.layers};
+  int rc = strcmp (img.digest, digest) != 0
+               ? err_make (err, EIO, "restore `%s`: image `%s` is %s, not the %s its snapshot was taken on", id, ref,
+                           img.digest, digest)
+               : sbx_launch_on (ctx->rt, id, egress, &si, src, src_ctx, info, err);
   img_release (&img);
   return rc;
 }

@@ -43,6 +43,10 @@ int api_launch_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id,
 /* The same with the writable layer unpacked from `src` (a Restore). */
 int api_restore_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
                           sbx_source_fn src, void *src_ctx, sbx_info_t *info, err_t *err);
+/* Restores `id` from `src` on the image a stored snapshot was taken on
+ * (`ref`, pinned to `digest`: the cached image, else pulled by digest). */
+int api_restore_recorded (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
+                          const char *digest, sbx_source_fn src, void *src_ctx, sbx_info_t *info, err_t *err);
 /* For a command in sandbox `id`: its image's Env merged under `env`
  * (*env_out, NULL when the sandbox has no image: use env as it is) and
  * its WorkingDir (*cwd_out, NULL: none). Both freed by the caller

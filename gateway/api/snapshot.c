@@ -239,14 +239,22 @@ api_persist (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
 typedef struct connect_job_s
 {
   rpc_call_t *call;
-  sbx_runtime_t *rt;
+  const api_ctx_t *ctx;
 } connect_job_t;
+
+static int
+connect_on_image (void *ctx, const char *id, bool egress, const char *ref, const char *digest, sbx_source_fn src,
+                  void *src_ctx, sbx_info_t *info, err_t *err)
+{
+  connect_job_t *j = ctx;
+  return api_restore_recorded (j->call, j->ctx, id, egress, ref, digest, src, src_ctx, info, err);
+}
 
 static int
 connect_made (void *ctx, const char *id, err_t *err)
 {
   connect_job_t *j = ctx;
-  return api_undo_if_gone (j->call, j->rt, id, err);
+  return api_undo_if_gone (j->call, j->ctx->rt, id, err);
 }
 
 static Sandbox__V1__ConnectResponse__Outcome
@@ -268,11 +276,12 @@ api_connect (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   if (api_recv_request (call, &sandbox__v1__connect_request__descriptor, &m, err) < 0)
     return -1;
   Sandbox__V1__ConnectRequest *req = (Sandbox__V1__ConnectRequest *) m;
-  connect_job_t job = {.call = call, .rt = ctx->rt};
+  connect_job_t job = {.call = call, .ctx = ctx};
+  snap_images_t images = {.restore = connect_on_image, .ctx = &job};
   sbx_info_t info;
   snap_outcome_t outcome;
-  if (snap_connect (ctx->rt, ctx->store, req->sandbox_id, req->allow_egress, !req->restore_only, connect_made, &job,
-                    &info, &outcome, err)
+  if (snap_connect (ctx->rt, ctx->store, &images, req->sandbox_id, req->allow_egress, !req->restore_only,
+                    connect_made, &job, &info, &outcome, err)
       < 0)
     return -1;
   Sandbox__V1__SandboxInfo pb;

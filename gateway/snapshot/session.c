@@ -10,6 +10,7 @@
 
 #include "common/cleanup.h"
 #include "common/log.h"
+#include "gateway/snapshot/record.h"
 
 /* Tries a connect makes while the sandbox changes under it. */
 #define CONNECT_ATTEMPTS 3
@@ -126,6 +127,14 @@ snap_persist (sbx_runtime_t *rt, snap_store_t *store, const char *id, snap_progr
       store->ops->writer_abort (p.w);
       return -1;
     }
+  /* What it runs on, beside it: a restore from the store puts it back on
+   * that image. */
+  sbx_info_t info;
+  if (sbx_get (rt, id, &info, err) < 0 || snap_record_put (store, object, &info, err) < 0)
+    {
+      store->ops->writer_abort (p.w);
+      return -1;
+    }
   /* The object appears only while the sandbox is still there: a Delete
    * that began meanwhile waits for this commit (and then removes the
    * object), or this finds the sandbox gone and drops what it wrote. */
@@ -167,20 +176,30 @@ store_next (void *ctx, struct iovec *iov, int *n, err_t *err)
   return 1;
 }
 
-/* Restores `id` from the store. ENOENT when there is no snapshot. */
+/* Restores `id` from the store, on the image its record names (or the
+ * default image when it has none). ENOENT when there is no snapshot. */
 static int
-restore_from_store (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egress, const snap_gen_t *gen,
-                    sbx_info_t *info, err_t *err)
+restore_from_store (sbx_runtime_t *rt, snap_store_t *store, const snap_images_t *images, const char *id, bool egress,
+                    const snap_gen_t *gen, sbx_info_t *info, err_t *err)
 {
   cleanup_free char *object = snap_object_name (store, id);
   if (object == NULL)
     return err_make (err, ENOMEM, "out of memory");
+  snap_record_t rec;
+  int has_image = snap_record_get (store, object, &rec, err);
+  if (has_image < 0)
+    return err_wrap (err, "restore `%s`", id);
+  if (has_image && (images == NULL || images->restore == NULL))
+    return err_make (err, ENOTSUP,
+                     "restore `%s`: its snapshot was taken on image `%s` (%s), and this gateway has no images", id,
+                     rec.ref, rec.digest);
   store_src_t src = {.store = store};
   if (store->ops->reader_open (store, object, &src.r, err) < 0)
     return -1;
   src.buf = malloc (SNAP_CHUNK);
   int rc = src.buf == NULL ? err_make (err, ENOMEM, "out of memory")
-                           : sbx_restore (rt, id, egress, store_next, &src, info, err);
+           : has_image ? images->restore (images->ctx, id, egress, rec.ref, rec.digest, store_next, &src, info, err)
+                       : sbx_restore (rt, id, egress, store_next, &src, info, err);
   free (src.buf);
   store->ops->reader_close (src.r);
   if (rc < 0 && err->status == ENOENT)
@@ -213,7 +232,8 @@ snap_copy_stale (snap_store_t *store, const sbx_info_t *info, snap_gen_t *now, e
  * way to the newer snapshot: deleted, then restored from it. 1 done, 0 the
  * copy is current (or the store cannot tell: it stays), -1 failed. */
 static int
-replace_stale (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egress, sbx_info_t *info, err_t *err)
+replace_stale (sbx_runtime_t *rt, snap_store_t *store, const snap_images_t *images, const char *id, bool egress,
+               sbx_info_t *info, err_t *err)
 {
   snap_gen_t now;
   cleanup_err err_t serr = ERR_INIT;
@@ -231,14 +251,14 @@ replace_stale (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egre
   if (sbx_delete (rt, id, err) < 0 && err->status != ENOENT)
     return -1;
   err_release (err);
-  return restore_from_store (rt, store, id, egress, &now, info, err) < 0 ? -1 : 1;
+  return restore_from_store (rt, store, images, id, egress, &now, info, err) < 0 ? -1 : 1;
 }
 
 /* One try: 1 connected (*outcome set), 0 changed meanwhile (try again),
  * -1 failed. */
 static int
-connect_once (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egress, bool create, snap_made_fn made,
-              void *ctx, sbx_info_t *info, snap_outcome_t *outcome, err_t *err)
+connect_once (sbx_runtime_t *rt, snap_store_t *store, const snap_images_t *images, const char *id, bool egress,
+              bool create, snap_made_fn made, void *ctx, sbx_info_t *info, snap_outcome_t *outcome, err_t *err)
 {
   int got = sbx_get (rt, id, info, err);
   if (got == 0 && info->dead)
@@ -251,7 +271,7 @@ connect_once (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egres
     }
   if (got == 0)
     {
-      int r = replace_stale (rt, store, id, egress, info, err);
+      int r = replace_stale (rt, store, images, id, egress, info, err);
       if (r < 0)
         return err->status == EEXIST || err->status == ENOENT ? (err_release (err), 0) : -1;
       if (r > 0 && made (ctx, id, err) < 0)
@@ -269,8 +289,8 @@ connect_once (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egres
     return -1;
   if (!exists && !create)
     return sbx_err_not_found (err, id, ", and no stored snapshot");
-  int r
-      = exists ? restore_from_store (rt, store, id, egress, &gen, info, err) : sbx_launch (rt, id, egress, info, err);
+  int r = exists ? restore_from_store (rt, store, images, id, egress, &gen, info, err)
+                 : sbx_launch (rt, id, egress, info, err);
   if (r == 0)
     {
       if (made (ctx, id, err) < 0)
@@ -288,14 +308,14 @@ connect_once (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool egres
 }
 
 int
-snap_connect (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool allow_egress, bool create,
-              snap_made_fn made, void *ctx, sbx_info_t *info, snap_outcome_t *outcome, err_t *err)
+snap_connect (sbx_runtime_t *rt, snap_store_t *store, const snap_images_t *images, const char *id, bool allow_egress,
+              bool create, snap_made_fn made, void *ctx, sbx_info_t *info, snap_outcome_t *outcome, err_t *err)
 {
   if (!sbx_id_valid (id))
     return err_make (err, EINVAL, "invalid sandbox id");
   for (int attempt = 0; attempt < CONNECT_ATTEMPTS; attempt++)
     {
-      int r = connect_once (rt, store, id, allow_egress, create, made, ctx, info, outcome, err);
+      int r = connect_once (rt, store, images, id, allow_egress, create, made, ctx, info, outcome, err);
       if (r != 0)
         return r > 0 ? 0 : -1;
     }
@@ -318,5 +338,8 @@ snap_delete_stored (snap_store_t *store, const char *id, bool *deleted, err_t *e
     }
   *deleted = true;
   log_fields (SEV_INFO, json_pack ("{s:s, s:s}", "sandbox_id", id, "object", object), "snapshot deleted");
+  cleanup_err err_t rerr = ERR_INIT;
+  if (snap_record_remove (store, object, &rerr) < 0)
+    err_warn_release (&rerr, "delete `%s`: its image record stays", id);
   return 0;
 }

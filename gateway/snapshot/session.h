@@ -81,12 +81,25 @@ typedef int (*snap_made_fn) (void *ctx, const char *id, err_t *err);
  * store could not tell; *now is the stored version. */
 int snap_copy_stale (snap_store_t *store, const sbx_info_t *info, snap_gen_t *now, err_t *err);
 
+/* Restores `id` from `src` on the image a stored snapshot's record names
+ * (snapshot/record.h): the gateway's image side, which this layer does
+ * not hold. */
+typedef int (*snap_restore_on_image_fn) (void *ctx, const char *id, bool egress, const char *ref, const char *digest,
+                                         sbx_source_fn src, void *src_ctx, sbx_info_t *info, err_t *err);
+typedef struct snap_images_s
+{
+  snap_restore_on_image_fn restore; /* NULL: a snapshot on an image cannot be restored (ENOTSUP) */
+  void *ctx;
+} snap_images_t;
+
 /* Connects to sandbox `id`: live → renewed, or, when it is a stale copy
  * (snap_copy_stale), replaced by the stored snapshot; else restored from its stored
  * snapshot; else created, with `create` (without: ENOENT). EAGAIN when it
- * kept changing under three tries. */
-int snap_connect (sbx_runtime_t *rt, snap_store_t *store, const char *id, bool allow_egress, bool create,
-                  snap_made_fn made, void *ctx, sbx_info_t *info, snap_outcome_t *outcome, err_t *err);
+ * kept changing under three tries. A snapshot restored from the store goes
+ * back on the image its record names, through `images`. */
+int snap_connect (sbx_runtime_t *rt, snap_store_t *store, const snap_images_t *images, const char *id,
+                  bool allow_egress, bool create, snap_made_fn made, void *ctx, sbx_info_t *info,
+                  snap_outcome_t *outcome, err_t *err);
 
 /* Deletes the stored snapshot of `id` (a valid id); *deleted says whether
  * there was one. */

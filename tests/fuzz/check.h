@@ -19,7 +19,7 @@
       if (!(cond))                                                                                                   \
         {                                                                                                            \
           const char *what_ = (what);                                                                                \
-          fprintf (stderr, "%s: %s%scheck failed: %s (line %d)\n", FUZZ_TARGET, what_, what_[0] ? ": " : "", #cond, \
+          fprintf (stderr, "%s: %s%scheck failed: %s (line %d)\n", FUZZ_TARGET, what_, what_[0] ? ": " : "", #cond,  \
                    __LINE__);                                                                                        \
           abort ();                                                                                                  \
         }                                                                                                            \

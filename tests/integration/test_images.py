@@ -5,6 +5,7 @@ ListImages, RemoveImage, and one pull for many concurrent launches."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -338,3 +339,67 @@ def test_a_snapshot_taken_on_an_image_restores_onto_that_image(c, reg, base):
     info = c.stub.Restore(reqs, metadata=c.md, timeout=120)
     assert info.image_digest == img.digest
     assert c.sh(sid, "cat /root/own /etc/from-image; echo $ON").out == "mine\nimga\n"
+
+
+def test_a_persisted_sandbox_on_an_image_connects_back_onto_that_image(c, igw, reg, base):
+    """A snapshot persisted to the store records the image it was taken on
+    (`<object>.image`: reference and manifest digest); Connect restores it
+    onto that image — from the cache, and, once the image was removed, by
+    pulling it again pinned to the recorded digest — never onto the
+    default image."""
+    img = make_image([base, layer([("file", "etc/from-image", b"img")])], env=["PATH=/bin", "ON=b"])
+    ref = reg.push(img, "test/persisted", "v1")
+    sid = new_id("ipers")
+    launch(c, sid, ref)
+    try:
+        c.ok(sid, "echo mine > /root/own")
+        c.persist(sid)
+        record = os.path.join(igw.state_dir, "snapshots", f"sandbox-snapshots/{sid}.tar.image")
+        if not os.path.exists(record):
+            record = os.path.join(igw.state_dir, "snapshots", f"{sid}.tar.image")
+        with open(record) as f:
+            assert json.load(f) == {"ref": ref, "digest": img.digest}
+        c.delete(sid)
+        got = c.connect(sid, restore_only=True)
+        assert got.outcome == pb.ConnectResponse.OUTCOME_RESTORED, got
+        assert got.sandbox.image_digest == img.digest
+        assert c.sh(sid, "cat /root/own /etc/from-image; echo $ON").out == "mine\nimgb\n"
+        # Not cached any more: pulled again by its digest.
+        c.delete(sid)
+        c.stub.RemoveImage(pb.RemoveImageRequest(image=ref), metadata=c.md, timeout=60)
+        got = c.connect(sid, restore_only=True)
+        assert got.sandbox.image_digest == img.digest
+        assert c.sh(sid, "cat /root/own /etc/from-image").out == "mine\nimg"
+    finally:
+        with contextlib.suppress(grpc.RpcError):
+            c.delete(sid, delete_snapshot=True)
+    assert not os.path.exists(record), "deleting the snapshot left its image record"
+
+
+def test_a_hostile_image_record_fails_the_connect_and_makes_nothing(c, igw, reg, base):
+    """An image record in the store that is not {"ref", "digest"} (or is
+    over its cap) fails the restore with a clear error; no sandbox is
+    made, and nothing else is read."""
+    img = make_image([base, layer([("file", "etc/x", b"x")])])
+    ref = reg.push(img, "test/hostile-record", "v1")
+    sid = new_id("irec")
+    launch(c, sid, ref)
+    try:
+        c.persist(sid)
+        c.delete(sid)
+        found = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(igw.state_dir, "snapshots"))
+                 for f in fs if f == f"{sid}.tar.image"]
+        assert len(found) == 1, found
+        for bad in [b"{", json.dumps({"ref": ref, "digest": "sha256:zz"}).encode(), b" " * 5000,
+                    json.dumps({"ref": "x" * 300, "digest": img.digest}).encode()]:
+            with open(found[0], "wb") as f:
+                f.write(bad)
+            with pytest.raises(grpc.RpcError) as e:
+                c.connect(sid, restore_only=True)
+            assert "image record" in e.value.details(), e.value.details()
+            with pytest.raises(grpc.RpcError) as e:
+                c.stub.Get(pb.GetRequest(sandbox_id=sid), metadata=c.md, timeout=30)
+            assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        with contextlib.suppress(grpc.RpcError):
+            c.delete(sid, delete_snapshot=True)
