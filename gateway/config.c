@@ -20,7 +20,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 58
+#define N_VARS 59
 
 /* The table of variables, with targets in *c. */
 static void
@@ -172,6 +172,10 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        "most MiB of file data one image layer may unpack to (a pull past it fails naming it): layers have no disk "
        "quota of their own",
        1, 1048576, &c->image_layer_max_mb, NULL, false},
+      {"SANDBOX_IMAGE_CACHE_MB", CFG_INT, "16384",
+       "MiB the unpacked image layers may take on disk; past it, after a pull, the least recently used images no "
+       "live sandbox runs on are evicted (0: no budget)",
+       0, 16777216, &c->image_cache_mb, NULL, false},
       {"SANDBOX_REGISTRY_AUTH_FILE", CFG_STRING, NULL,
        "a Docker config.json whose \"auths\" give registry credentials (user:password in base64) for pulls; "
        "unset: anonymous",

@@ -70,6 +70,7 @@ typedef struct gw_config_s
   char *snapshot_prefix;
   long snapshot_max_entries;
   long image_layer_max_mb;
+  long image_cache_mb; /* SANDBOX_IMAGE_CACHE_MB */
   long freeze_max_seconds;
   bool userns;
   long uid_base;

@@ -27,6 +27,7 @@ struct img_cache_s
   char root[PATH_MAX / 2]; /* <state>/images */
   char *auth_file, *insecure;
   sbx_runtime_t *rt;
+  uint64_t budget; /* SANDBOX_IMAGE_CACHE_MB in bytes; 0: none */
   pthread_mutex_t pull_mu;
 };
 
@@ -53,6 +54,7 @@ img_cache_new (const img_cache_opts_t *o, img_cache_t **out, err_t *err)
   c->auth_file = o->auth_file != NULL ? strdup (o->auth_file) : NULL;
   c->insecure = o->insecure_registries != NULL ? strdup (o->insecure_registries) : NULL;
   c->rt = o->rt;
+  c->budget = (uint64_t) o->cache_mb << 20;
   /* Before any thread pulls (curl's own lazy set-up is not thread-safe). */
   if (curl_global_init (CURL_GLOBAL_DEFAULT) != CURLE_OK)
     return err_make (err, EIO, "curl_global_init");
@@ -168,10 +170,22 @@ read_record (img_cache_t *c, const char *digest, img_t *out, err_t *err)
   return rc;
 }
 
+/* Marks the image of `digest` used now (the eviction's order). */
+static void
+touch_record (img_cache_t *c, const char *digest)
+{
+  char path[PATH_MAX];
+  snprintf (path, sizeof path, "%s/manifests/%s", c->root, digest + 7);
+  utimensat (AT_FDCWD, path, NULL, 0);
+}
+
 int
 img_get (img_cache_t *c, const char *digest, img_t *out, err_t *err)
 {
-  return read_record (c, digest, out, err);
+  int rc = read_record (c, digest, out, err);
+  if (rc == 0)
+    touch_record (c, digest);
+  return rc;
 }
 
 /* The manifest digest reference `ref` was last pulled as, into dg. */
@@ -205,7 +219,10 @@ cached (img_cache_t *c, const char *ref, const img_ref_t *p, img_t *out)
   int rc = read_record (c, dg, out, &ignored);
   err_release (&ignored);
   if (rc == 0)
-    snprintf (out->ref, sizeof out->ref, "%s", ref);
+    {
+      snprintf (out->ref, sizeof out->ref, "%s", ref);
+      touch_record (c, dg);
+    }
   return rc;
 }
 
@@ -261,6 +278,8 @@ img_pull (img_cache_t *c, const char *ref, const img_pull_opts_t *o, img_t *out,
           rc = read_record (c, dg, out, err);
           if (rc == 0)
             snprintf (out->ref, sizeof out->ref, "%s", ref);
+          if (rc == 0)
+            img_evict_locked (c, c->budget, dg);
         }
     }
   pthread_mutex_unlock (&c->pull_mu);
@@ -268,8 +287,8 @@ img_pull (img_cache_t *c, const char *ref, const img_pull_opts_t *o, img_t *out,
 }
 
 /* The manifest digests of `dir`'s record files, for a caller's walk. */
-static int
-for_each_record (img_cache_t *c, int (*fn) (img_cache_t *c, const char *digest, void *ctx), void *ctx, err_t *err)
+int
+img_for_each_record (img_cache_t *c, int (*fn) (img_cache_t *c, const char *digest, void *ctx), void *ctx, err_t *err)
 {
   char path[PATH_MAX];
   snprintf (path, sizeof path, "%s/manifests", c->root);
@@ -320,7 +339,7 @@ int
 img_list (img_cache_t *c, img_t **out, size_t *n, err_t *err)
 {
   list_ctx_t l = {0};
-  if (for_each_record (c, add_listed, &l, err) < 0)
+  if (img_for_each_record (c, add_listed, &l, err) < 0)
     return -1;
   *out = l.v;
   *n = l.n;
@@ -363,13 +382,12 @@ mark_layers (img_cache_t *c, const char *digest, void *ctx)
   return 0;
 }
 
-/* Removes every layer no image record names. */
-static void
-sweep_layers (img_cache_t *c)
+void
+img_sweep_layers (img_cache_t *c)
 {
   json_t *keep = json_object ();
   err_t ignored = ERR_INIT;
-  if (keep == NULL || for_each_record (c, mark_layers, keep, &ignored) < 0)
+  if (keep == NULL || img_for_each_record (c, mark_layers, keep, &ignored) < 0)
     {
       err_release (&ignored);
       json_decref (keep);
@@ -380,12 +398,20 @@ sweep_layers (img_cache_t *c)
   DIR *d = opendir (path);
   struct dirent *e;
   while (d != NULL && (e = readdir (d)) != NULL)
-    if (strlen (e->d_name) == 64 && json_object_get (keep, e->d_name) == NULL)
-      {
-        char victim[PATH_MAX];
-        snprintf (victim, sizeof victim, "%s/layers/%s", c->root, e->d_name);
+    {
+      size_t len = strlen (e->d_name);
+      char hex[65];
+      snprintf (hex, sizeof hex, "%.64s", e->d_name);
+      bool layer = len == 64, size = len == 64 + 6 && strcmp (e->d_name + 64, ".bytes") == 0;
+      if ((!layer && !size) || json_object_get (keep, hex) != NULL)
+        continue;
+      char victim[PATH_MAX];
+      snprintf (victim, sizeof victim, "%s/layers/%s", c->root, e->d_name);
+      if (layer)
         sbx_layer_remove (victim);
-      }
+      else
+        unlink (victim);
+    }
   if (d != NULL)
     closedir (d);
   json_decref (keep);
@@ -420,7 +446,7 @@ img_remove (img_cache_t *c, const char *ref, err_t *err)
   else if (unlink (path) < 0)
     rc = err_make_sys (err, errno, "remove `%s`", path);
   if (rc == 0)
-    sweep_layers (c);
+    img_sweep_layers (c);
   pthread_mutex_unlock (&c->pull_mu);
   return rc;
 }

@@ -20,4 +20,16 @@ int img_record (img_cache_t *c, const char *ref, const char *digest, json_t *rec
 int img_pull_locked (img_cache_t *c, const char *ref, const img_ref_t *p, const char *auth_file, const char *insecure,
                      const img_pull_opts_t *o, char *dg, err_t *err);
 
+/* Calls fn for the manifest digest of every image record. */
+int img_for_each_record (img_cache_t *c, int (*fn) (img_cache_t *c, const char *digest, void *ctx), void *ctx,
+                         err_t *err);
+
+/* Removes every layer (and its .bytes) no image record names. */
+void img_sweep_layers (img_cache_t *c);
+
+/* With the pull lock held: evicts least recently used images no live
+ * sandbox runs on (never `keep`) while the layers pass `budget` bytes
+ * (0: none). See evict.c. */
+void img_evict_locked (img_cache_t *c, uint64_t budget, const char *keep);
+
 #endif

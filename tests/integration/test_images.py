@@ -403,3 +403,55 @@ def test_a_hostile_image_record_fails_the_connect_and_makes_nothing(c, igw, reg,
     finally:
         with contextlib.suppress(grpc.RpcError):
             c.delete(sid, delete_snapshot=True)
+
+
+def _backdate_records(gw, seconds: float) -> None:
+    """Every cached image as if last used `seconds` ago (images used in the
+    last two minutes are never evicted)."""
+    d = os.path.join(gw.state_dir, "images", "manifests")
+    for name in os.listdir(d):
+        t = os.path.getmtime(os.path.join(d, name)) - seconds
+        os.utime(os.path.join(d, name), (t, t))
+
+
+def _listed(c) -> set:
+    return {i.image_digest for i in c.stub.ListImages(pb.ListImagesRequest(), metadata=c.md, timeout=30).images}
+
+
+def _layers_on_disk(gw) -> set:
+    return {n for n in os.listdir(os.path.join(gw.state_dir, "images", "layers")) if len(n) == 64}
+
+
+def test_the_cache_budget_evicts_the_least_recently_used_image_not_in_use(reg, base, gateway_secret):
+    """SANDBOX_IMAGE_CACHE_MB=4 and images of 2 MiB of their own each (over
+    a shared base): after each pull the least recently used images that no
+    live sandbox runs on are evicted, record and own layers, until the
+    layers fit; the base layer, still named, stays; an image in use is kept
+    even when it is the oldest; an evicted image launches again (pulled
+    again)."""
+    imgs = [make_image([base, layer([("file", f"big{i}", os.urandom(2 << 20))])]) for i in range(3)]
+    refs = [reg.push(img, f"test/budget{i}", "v1") for i, img in enumerate(imgs)]
+    env = {"SANDBOX_INSECURE_REGISTRIES": reg.host, "SANDBOX_IMAGE_CACHE_MB": "4"}
+    with running_gateway(env, secret=gateway_secret, check=True) as gw, sandbox_client(gw) as c:
+        pull = lambda ref: list(c.stub.PullImage(pb.PullImageRequest(image=ref), metadata=c.md, timeout=120))
+        pull(refs[0])
+        _backdate_records(gw, 3600)
+        pull(refs[1])
+        # Over 4 MiB with both: the older one went, the one just pulled stays.
+        assert _listed(c) == {imgs[1].digest}
+        own = [json.loads(img.manifest)["layers"][-1]["digest"][7:] for img in imgs]
+        shared = json.loads(imgs[0].manifest)["layers"][0]["digest"][7:]
+        assert own[0] not in _layers_on_disk(gw) and {own[1], shared} <= _layers_on_disk(gw)
+        # One in use is kept, however old: a sandbox on image 1, then image 2.
+        sid = new_id("budget")
+        launch(c, sid, refs[1])
+        _backdate_records(gw, 3600)
+        pull(refs[2])
+        assert _listed(c) == {imgs[1].digest, imgs[2].digest}
+        assert c.sh(sid, "wc -c < /big1").out.strip() == str(2 << 20)
+        c.delete(sid)
+        # Evicted, then asked for again: pulled again.
+        sid2 = new_id("budget")
+        launch(c, sid2, refs[0])
+        assert c.sh(sid2, "wc -c < /big0").out.strip() == str(2 << 20)
+        c.delete(sid2)
