@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/cleanup.h"
+#include "gateway/image/gate.h"
 #include "gateway/image/image.h"
 #include "gateway/image/internal.h"
 #include "gateway/image/ref.h"
@@ -28,7 +29,7 @@ struct img_cache_s
   char *auth_file, *insecure;
   sbx_runtime_t *rt;
   uint64_t budget; /* SANDBOX_IMAGE_CACHE_MB in bytes; 0: none */
-  pthread_mutex_t pull_mu;
+  img_gate_t gate; /* pulls side by side, removals alone (gate.h) */
 };
 
 static const char *const subdirs[] = {"", "/layers", "/manifests", "/refs", "/tmp"};
@@ -58,7 +59,7 @@ img_cache_new (const img_cache_opts_t *o, img_cache_t **out, err_t *err)
   /* Before any thread pulls (curl's own lazy set-up is not thread-safe). */
   if (curl_global_init (CURL_GLOBAL_DEFAULT) != CURLE_OK)
     return err_make (err, EIO, "curl_global_init");
-  pthread_mutex_init (&c->pull_mu, NULL);
+  img_gate_init (&c->gate);
   *out = take_ptr (&c);
   return 0;
 }
@@ -68,7 +69,7 @@ img_cache_free (img_cache_t *c)
 {
   if (c == NULL)
     return;
-  pthread_mutex_destroy (&c->pull_mu);
+  img_gate_destroy (&c->gate);
   free (c->auth_file);
   free (c->insecure);
   free (c);
@@ -253,6 +254,12 @@ img_cache_runtime (const img_cache_t *c)
   return c->rt;
 }
 
+img_gate_t *
+img_cache_gate (img_cache_t *c)
+{
+  return &c->gate;
+}
+
 int
 img_pull (img_cache_t *c, const char *ref, const img_pull_opts_t *o, img_t *out, err_t *err)
 {
@@ -262,27 +269,38 @@ img_pull (img_cache_t *c, const char *ref, const img_pull_opts_t *o, img_t *out,
   bool reuse = !o->refresh || p.digest[0] != '\0';
   if (reuse && cached (c, ref, &p, out) == 0)
     return 0;
-  /* Waited for until this pull's own deadline: another pull holds it at
-   * most until its own. */
-  struct timespec until = {.tv_sec = o->deadline_mono_ms / 1000, .tv_nsec = (o->deadline_mono_ms % 1000) * 1000000};
-  if (pthread_mutex_clocklock (&c->pull_mu, CLOCK_MONOTONIC, &until) != 0)
-    return err_make (err, ETIMEDOUT, "image `%s`: another pull kept the cache busy past this call's deadline", ref);
+  /* Pulls of other images go on side by side; one of the same reference
+   * is waited for, until this pull's own deadline. */
+  if (img_gate_enter (&c->gate, o->deadline_mono_ms) != 0)
+    return err_make (err, ETIMEDOUT, "image `%s`: a removal kept the cache busy past this call's deadline", ref);
+  char key[SBX_IMAGE_REF_MAX + 8];
+  snprintf (key, sizeof key, "ref:%s", ref);
+  int rc = img_gate_claim (&c->gate, key, o->deadline_mono_ms);
+  if (rc != 0)
+    rc = err_make (err, rc, "image `%s`: another pull of it ran past this call's deadline", ref);
   /* Another launch may have pulled it while this one waited. */
-  int rc = reuse && cached (c, ref, &p, out) == 0 ? 1 : 0;
-  if (rc == 0)
+  else
     {
-      char dg[SBX_IMAGE_DIGEST_MAX + 1];
-      rc = img_pull_locked (c, ref, &p, c->auth_file, c->insecure, o, dg, err);
+      rc = reuse && cached (c, ref, &p, out) == 0 ? 1 : 0;
       if (rc == 0)
         {
-          rc = read_record (c, dg, out, err);
+          char dg[SBX_IMAGE_DIGEST_MAX + 1];
+          rc = img_pull_locked (c, ref, &p, c->auth_file, c->insecure, o, dg, err);
           if (rc == 0)
-            snprintf (out->ref, sizeof out->ref, "%s", ref);
-          if (rc == 0)
-            img_evict_locked (c, c->budget, dg);
+            {
+              rc = read_record (c, dg, out, err);
+              if (rc == 0)
+                snprintf (out->ref, sizeof out->ref, "%s", ref);
+            }
         }
+      img_gate_release (&c->gate, key);
     }
-  pthread_mutex_unlock (&c->pull_mu);
+  /* The last pull out keeps the cache within its budget. */
+  if (img_gate_leave_last (&c->gate))
+    {
+      img_evict_locked (c, c->budget, rc >= 0 ? out->digest : "");
+      img_gate_end (&c->gate);
+    }
   return rc < 0 ? -1 : 0;
 }
 
@@ -430,12 +448,9 @@ img_remove (img_cache_t *c, const char *ref, err_t *err)
     snprintf (dg, sizeof dg, "%s", p.digest);
   else if (lookup_ref (c, ref, dg) < 0)
     return err_make (err, ENOENT, "image `%s` is not cached", ref);
-  /* A pull in progress holds the cache: a removal waits for it a while. */
-  struct timespec until;
-  clock_gettime (CLOCK_MONOTONIC, &until);
-  until.tv_sec += IMG_REMOVE_WAIT_S;
-  if (pthread_mutex_clocklock (&c->pull_mu, CLOCK_MONOTONIC, &until) != 0)
-    return err_make (err, ETIMEDOUT, "image `%s`: a pull kept the cache busy for %d s", ref, IMG_REMOVE_WAIT_S);
+  /* Pulls in progress hold the cache: a removal waits for them a while. */
+  if (img_gate_exclusive (&c->gate, img_gate_now_ms () + IMG_REMOVE_WAIT_S * 1000) != 0)
+    return err_make (err, ETIMEDOUT, "image `%s`: pulls kept the cache busy for %d s", ref, IMG_REMOVE_WAIT_S);
   char path[PATH_MAX];
   snprintf (path, sizeof path, "%s/manifests/%s", c->root, dg + 7);
   int rc = 0;
@@ -447,7 +462,7 @@ img_remove (img_cache_t *c, const char *ref, err_t *err)
     rc = err_make_sys (err, errno, "remove `%s`", path);
   if (rc == 0)
     img_sweep_layers (c);
-  pthread_mutex_unlock (&c->pull_mu);
+  img_gate_end (&c->gate);
   return rc;
 }
 

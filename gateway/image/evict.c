@@ -12,8 +12,8 @@
  * use is never evicted: while every image over the budget is in use the
  * cache stays over it, and says so in the log.
  *
- * Threading: called with the cache's pull lock held (one eviction, or
- * pull, at a time). */
+ * Threading: called with the cache's gate held exclusively (no pull under
+ * way, one eviction at a time). */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>

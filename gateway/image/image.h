@@ -13,9 +13,11 @@
  *   tmp/              blobs being fetched, layers being unpacked; emptied
  *                     at start: nothing half-made is ever used
  *
- * Threading: any thread. Pulls run one at a time (one mutex, waited for
- * until the waiting pull's own deadline): concurrent launches of one
- * uncached image pull it once, the later ones find it cached. */
+ * Threading: any thread. Pulls of different images run side by side; one
+ * reference, and one layer, is pulled by one pull at a time (the others
+ * wait, until their own deadlines, and then find it cached); removals and
+ * evictions run alone (image/gate.h). Concurrent launches of one uncached
+ * image pull it once. */
 #ifndef SBX_GATEWAY_IMAGE_H
 #define SBX_GATEWAY_IMAGE_H
 

@@ -217,7 +217,7 @@ layer_type_ok (const char *t)
 /* One layer into layers/<hex>: fetched to tmp, verified, unpacked into a
  * temporary directory, renamed in place once whole. */
 static int
-pull_layer (img_cache_t *c, img_reg_t *r, const char *ref, const char *digest, uint64_t size, err_t *err)
+make_layer (img_cache_t *c, img_reg_t *r, const char *ref, const char *digest, uint64_t size, err_t *err)
 {
   const char *root = img_cache_root (c), *hex = digest + 7;
   char final[PATH_MAX], blob[PATH_MAX], dir[PATH_MAX];
@@ -248,6 +248,23 @@ pull_layer (img_cache_t *c, img_reg_t *r, const char *ref, const char *digest, u
   unlink (blob);
   if (rc < 0)
     sbx_layer_remove (dir);
+  return rc;
+}
+
+/* make_layer with the layer claimed: another pull making it meanwhile is
+ * waited for (until this pull's deadline), and then found in place. */
+static int
+pull_layer (img_cache_t *c, img_reg_t *r, const char *ref, const char *digest, uint64_t size,
+            const img_pull_opts_t *o, err_t *err)
+{
+  char key[80];
+  snprintf (key, sizeof key, "layer:%s", digest + 7);
+  int rc = img_gate_claim (img_cache_gate (c), key, o->deadline_mono_ms);
+  if (rc != 0)
+    return err_make (err, rc, "image `%s`: layer %s: another pull making it ran past this call's deadline", ref,
+                     digest);
+  rc = make_layer (c, r, ref, digest, size, err);
+  img_gate_release (img_cache_gate (c), key);
   return rc;
 }
 
@@ -296,7 +313,7 @@ pull_layers (img_cache_t *c, img_reg_t *r, const char *ref, json_t *manifest, js
       const char *digest;
       uint64_t size;
       descriptor (json_array_get (layers, i), ref, "layer", &digest, &size, IMG_LAYER_MAX, err);
-      if (pull_layer (c, r, ref, digest, size, err) < 0)
+      if (pull_layer (c, r, ref, digest, size, o, err) < 0)
         return -1;
       p.layers_done++;
       p.bytes_done += size;

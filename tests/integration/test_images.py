@@ -9,6 +9,7 @@ import contextlib
 import gzip
 import json
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -455,3 +456,50 @@ def test_the_cache_budget_evicts_the_least_recently_used_image_not_in_use(reg, b
         launch(c, sid2, refs[0])
         assert c.sh(sid2, "wc -c < /big0").out.strip() == str(2 << 20)
         c.delete(sid2)
+
+
+def test_a_stalled_pull_does_not_hold_up_the_pull_of_another_image(c, raw, reg, base):
+    """A registry that never sends one layer keeps only its own image's
+    pull waiting (until that call's deadline): another image, pulled
+    meanwhile, is pulled and launched at once; two images that share an
+    uncached layer, pulled side by side, fetch it once."""
+    from tests.lib.images import sha256
+    slow_top = layer([("file", "etc/slow", os.urandom(64))])
+    slow = make_image([base, slow_top])
+    slow_ref = raw.add("test/stalled", "v1", slow)
+    raw.stall.add(f"/v2/test/stalled/blobs/{sha256(slow_top)}")
+    outcome: dict = {}
+
+    def stalled_pull():
+        try:
+            list(c.stub.PullImage(pb.PullImageRequest(image=slow_ref), metadata=c.md, timeout=20))
+            outcome["code"] = grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            outcome["code"] = e.code()
+
+    import threading
+    t = threading.Thread(target=stalled_pull)
+    t.start()
+    try:
+        time.sleep(1.0)  # the stalled pull is in
+        img = make_image([base, layer([("file", "etc/quick", b"q")])])
+        ref = reg.push(img, "test/quick", "v1")
+        sid = new_id("iquick")
+        launch(c, sid, ref, timeout=15)
+        assert t.is_alive(), "the stalled pull ended before the other image was pulled"
+        assert c.sh(sid, "cat /etc/quick").out == "q"
+        c.delete(sid)
+        # Two images over one new shared layer, side by side.
+        shared = layer([("file", "etc/shared", os.urandom(256))])
+        a = make_image([base, shared, layer([("file", "etc/a", b"a")])])
+        b = make_image([base, shared, layer([("file", "etc/b", b"b")])])
+        refs = [raw.add("test/sharea", "v1", a), raw.add("test/shareb", "v1", b)]
+        with ThreadPoolExecutor(2) as pool:
+            infos = list(pool.map(lambda r: list(c.stub.PullImage(pb.PullImageRequest(image=r), metadata=c.md,
+                                                                  timeout=60)), refs))
+        assert all(infos)
+        fetched = [p for p in raw.requests if p.endswith(f"/blobs/{sha256(shared)}")]
+        assert len(fetched) == 1, fetched
+    finally:
+        t.join(60)
+    assert outcome["code"] == grpc.StatusCode.DEADLINE_EXCEEDED, outcome
