@@ -101,7 +101,7 @@ api_restore_recorded (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bo
 
 int
 api_image_defaults (const api_ctx_t *ctx, const char *id, char *const *env, char ***env_out, char **cwd_out,
-                    err_t *err)
+                    sbx_exec_req_t *user_out, err_t *err)
 {
   *env_out = NULL;
   *cwd_out = NULL;
@@ -118,6 +118,8 @@ api_image_defaults (const api_ctx_t *ctx, const char *id, char *const *env, char
   int rc = img_env_merge (&img, env, env_out, err);
   if (rc == 0 && img.workdir != NULL)
     *cwd_out = take_ptr (&img.workdir);
+  if (rc == 0)
+    rc = img_user_ids (&img, &user_out->as_user, &user_out->uid, &user_out->gid, err);
   img_release (&img);
   return rc;
 }

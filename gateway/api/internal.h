@@ -48,11 +48,12 @@ int api_restore_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id
 int api_restore_recorded (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
                           const char *digest, sbx_source_fn src, void *src_ctx, sbx_info_t *info, err_t *err);
 /* For a command in sandbox `id`: its image's Env merged under `env`
- * (*env_out, NULL when the sandbox has no image: use env as it is) and
- * its WorkingDir (*cwd_out, NULL: none). Both freed by the caller
- * (img_env_free, free). */
+ * (*env_out, NULL when the sandbox has no image: use env as it is), its
+ * WorkingDir (*cwd_out, NULL: none), both freed by the caller
+ * (img_env_free, free), and its User (user_out's as_user, uid, gid; only
+ * those fields are written). */
 int api_image_defaults (const api_ctx_t *ctx, const char *id, char *const *env, char ***env_out, char **cwd_out,
-                        err_t *err);
+                        sbx_exec_req_t *user_out, err_t *err);
 
 /* process.c */
 int api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);

@@ -441,7 +441,7 @@ api_run (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   /* On an image: its Env and WorkingDir under the request's own. */
   __attribute__ ((cleanup (cleanup_env_fn))) char **img_env = NULL;
   cleanup_free char *img_cwd = NULL;
-  if (!attach && api_image_defaults (ctx, xr.id, env, &img_env, &img_cwd, err) < 0)
+  if (!attach && api_image_defaults (ctx, xr.id, env, &img_env, &img_cwd, &xr, err) < 0)
     return -1;
   if (img_env != NULL)
     xr.env = img_env;

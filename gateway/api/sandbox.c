@@ -171,9 +171,13 @@ api_exec (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     return -1;
   __attribute__ ((cleanup (cleanup_env_fn))) char **img_env = NULL;
   cleanup_free char *img_cwd = NULL;
-  if (api_image_defaults (ctx, req->sandbox_id, env, &img_env, &img_cwd, err) < 0)
+  sbx_exec_req_t user = {0};
+  if (api_image_defaults (ctx, req->sandbox_id, env, &img_env, &img_cwd, &user, err) < 0)
     return -1;
   sbx_exec_req_t xr = {
+      .as_user = user.as_user,
+      .uid = user.uid,
+      .gid = user.gid,
       .id = req->sandbox_id,
       .argv = argv,
       .env = img_env != NULL ? img_env : env,

@@ -30,6 +30,7 @@
 #include <sys/wait.h>
 #include <termios.h>
 #include <time.h>
+#include <grp.h>
 #include <unistd.h>
 
 #include "common/cleanup.h"
@@ -95,6 +96,9 @@ typedef struct command_s
   const int *fds; /* by sbx_exec_slot_t */
   int tty, master;
   bool started;
+  bool as_user; /* runs as uid:gid (SBX_EXEC_F_USER) */
+  uid_t uid;
+  gid_t gid;
   const char *cwd;
   char **argv, **env;
 } command_t;
@@ -198,6 +202,16 @@ command_child (void *arg)
   const char *what = NULL;
   if (sbx_confine_apply_raw (c->confine, &what) < 0)
     child_fail (report, errno, what, NULL);
+  /* An image's User: its ids, no supplementary groups (where the sandbox's
+   * user namespace lets groups be set at all; else it has none), and with
+   * a non-zero uid no capability survives the change. */
+  if (c->as_user)
+    {
+      if (setgroups (0, NULL) < 0 && (errno != EPERM || getgroups (0, NULL) != 0))
+        child_fail (report, errno, "drop the supplementary groups", NULL);
+      if (setresgid (c->gid, c->gid, c->gid) < 0 || setresuid (c->uid, c->uid, c->uid) < 0)
+        child_fail (report, errno, "switch to the image's User", NULL);
+    }
   /* Only stdio and the report socket (close-on-exec) cross over. */
   for (int i = 0; i < SBX_EXEC_FDS; i++)
     if (fds[i] > 2 && fds[i] != report)
@@ -432,8 +446,9 @@ serve_exec_request (const sbx_confine_t *confine, char *buf, size_t n, int *fds)
       return;
     }
   uint16_t rows, cols;
-  uint32_t flags;
+  uint32_t flags, uid = 0, gid = 0;
   sbx_exec_get_options (buf, &rows, &cols, &flags);
+  sbx_exec_get_user (buf, &uid, &gid);
   int master = -1, slave = -1;
   cleanup_err err_t perr = ERR_INIT;
   if (rows > 0 && cols > 0 && open_pty (rows, cols, &master, &slave, &perr) < 0)
@@ -456,6 +471,9 @@ serve_exec_request (const sbx_confine_t *confine, char *buf, size_t n, int *fds)
                      .tty = slave,
                      .master = master,
                      .started = (flags & SBX_EXEC_F_STARTED) != 0,
+                     .as_user = (flags & SBX_EXEC_F_USER) != 0,
+                     .uid = (uid_t) uid,
+                     .gid = (gid_t) gid,
                      .cwd = cwd,
                      .argv = argv,
                      .env = env};

@@ -107,6 +107,13 @@ int img_list (img_cache_t *c, img_t **out, size_t *n, err_t *err);
  * runs on it. */
 int img_remove (img_cache_t *c, const char *ref, err_t *err);
 
+/* The ids a command on `img` runs as, from its config User (`uid`,
+ * `uid:gid`, `name`, `name:group`, names looked up in the image's own
+ * /etc/passwd and /etc/group; a name without a group takes its primary
+ * group): *set false when it has none or it is root. EINVAL naming a name
+ * the image does not have. */
+int img_user_ids (const img_t *img, bool *set, uint32_t *uid, uint32_t *gid, err_t *err);
+
 /* A command's environment on image `img`: the image's Env, then `req`
  * ("K=V", NULL-terminated, may be NULL) — a request's own value of a
  * variable wins. Caller frees (img_env_free). */

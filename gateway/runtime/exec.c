@@ -120,7 +120,9 @@ send_exec_request (exec_run_t *x, const char *state, err_t *err)
   /* Only a caller that streams stdin uses the STARTED report: a plain
    * exec spares the command a pidfd and the gateway a wake-up. */
   sbx_exec_set_options (msg, pty ? req->pty_rows : 0, pty ? req->pty_cols : 0,
-                        req->stdin_stream ? SBX_EXEC_F_STARTED : 0);
+                        (req->stdin_stream ? SBX_EXEC_F_STARTED : 0) | (req->as_user ? SBX_EXEC_F_USER : 0));
+  if (req->as_user)
+    sbx_exec_set_user (msg, req->uid, req->gid);
   cleanup_close int procs_fd = -1;
   if (sbx_cg_open_track (&x->rt->cg, req->id, x->group, &procs_fd, err) < 0)
     return -1;

@@ -224,6 +224,10 @@ typedef struct sbx_exec_req_s
   /* A detached process: it does not keep the sandbox from idling (unless
    * idle_counts_processes). */
   bool background;
+  /* Runs as uid:gid (the sandbox's own ids; an image's User) instead of
+   * the sandbox's root. */
+  bool as_user;
+  uint32_t uid, gid;
 } sbx_exec_req_t;
 
 /* What a started command hands its caller; the descriptors are the

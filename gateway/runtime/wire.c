@@ -252,6 +252,25 @@ sbx_exec_get_options (const char *buf, uint16_t *rows, uint16_t *cols, uint32_t 
   *flags = h.flags;
 }
 
+void
+sbx_exec_set_user (char *buf, uint32_t uid, uint32_t gid)
+{
+  sbx_exec_hdr_t h;
+  memcpy (&h, buf, sizeof h);
+  h.uid = uid;
+  h.gid = gid;
+  memcpy (buf, &h, sizeof h);
+}
+
+void
+sbx_exec_get_user (const char *buf, uint32_t *uid, uint32_t *gid)
+{
+  sbx_exec_hdr_t h;
+  memcpy (&h, buf, sizeof h);
+  *uid = h.uid;
+  *gid = h.gid;
+}
+
 int
 sbx_exec_decode (char *buf, size_t len, const char **cwd, char **argv, size_t argv_cap, char **env, size_t env_cap)
 {

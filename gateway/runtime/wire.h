@@ -140,10 +140,15 @@ typedef struct sbx_exec_hdr_s
    * the sandbox's devpts (its master comes back with STARTED). */
   uint16_t pty_rows, pty_cols;
   uint32_t flags; /* SBX_EXEC_F_* */
+  /* With SBX_EXEC_F_USER: the ids (the sandbox's own) the command runs as
+   * (an image's User); else root of the sandbox. */
+  uint32_t uid, gid;
 } sbx_exec_hdr_t;
 
 /* The caller wants the STARTED report (a pidfd, a terminal's master). */
 #define SBX_EXEC_F_STARTED 1u
+/* The command runs as uid:gid of the header, without supplementary groups. */
+#define SBX_EXEC_F_USER 2u
 
 /* The length of a request's encoding. */
 size_t sbx_exec_size (const char *cwd, char *const *argv, char *const *env);
@@ -156,6 +161,9 @@ ssize_t sbx_exec_encode (char *buf, size_t cap, const char *cwd, char *const *ar
  * request. */
 void sbx_exec_set_options (char *buf, uint16_t rows, uint16_t cols, uint32_t flags);
 void sbx_exec_get_options (const char *buf, uint16_t *rows, uint16_t *cols, uint32_t *flags);
+/* Sets / reads the ids of SBX_EXEC_F_USER. */
+void sbx_exec_set_user (char *buf, uint32_t uid, uint32_t gid);
+void sbx_exec_get_user (const char *buf, uint32_t *uid, uint32_t *gid);
 
 /* Decodes a request in place: *cwd, argv[] and env[] point into buf, each
  * array NULL-terminated (argv and env must have argc+1 / envc+1 slots, from

@@ -503,3 +503,46 @@ def test_a_stalled_pull_does_not_hold_up_the_pull_of_another_image(c, raw, reg, 
     finally:
         t.join(60)
     assert outcome["code"] == grpc.StatusCode.DEADLINE_EXCEEDED, outcome
+
+
+@pytest.mark.parametrize("user,ids", [("app", "1000 1001"), ("app:grp", "1000 1002"), ("1234:5678", "1234 5678"),
+                                      ("1234", "1234 1234"), ("root", "0 0")])
+def test_the_image_user_runs_exec_and_run_with_its_ids_and_no_capabilities(c, reg, base, user, ids):
+    """An image's config User (`name`, `name:group`, `uid:gid`, `uid`;
+    names from the image's own /etc/passwd and /etc/group) is who Exec and
+    Run commands run as: those ids, no supplementary groups, no capability
+    left (root stays root)."""
+    etc = layer([("file", "etc/passwd", b"root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/tmp:/bin/sh\n"),
+                 ("file", "etc/group", b"root:x:0:\ngrp:x:1002:\n")])
+    img = make_image([base, etc], user=user)
+    ref = reg.push(img, "test/user", user.replace(":", "-"))
+    sid = new_id("iuser")
+    launch(c, sid, ref)
+    try:
+        out = c.sh(sid, "echo $(busybox id -u) $(busybox id -g); busybox id -G; grep CapEff /proc/self/status").out
+        lines = out.splitlines()
+        assert lines[0] == ids, out
+        assert lines[1] == ids.split()[1], out  # no supplementary groups
+        if ids != "0 0":
+            assert lines[2].split()[1] == "0000000000000000", out
+        # Run (a process) too.
+        start = pb.ProcessInput(start=pb.ProcessStart(sandbox_id=sid, argv=["busybox", "id", "-u"]))
+        got = b"".join(ev.stdout for ev in c.stub.Run(iter([start]), metadata=c.md, timeout=60)
+                       if ev.WhichOneof("event") == "stdout")
+        assert got.decode().strip() == ids.split()[0], got
+    finally:
+        c.delete(sid)
+
+
+def test_an_image_user_the_image_does_not_have_fails_its_commands_naming_it(c, reg, base):
+    img = make_image([base, layer([("file", "etc/passwd", b"root:x:0:0::/root:/bin/sh\n")])], user="ghost")
+    ref = reg.push(img, "test/ghost", "v1")
+    sid = new_id("ighost")
+    launch(c, sid, ref)
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            c.sh(sid, "true")
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "ghost" in e.value.details() and "/etc/passwd" in e.value.details()
+    finally:
+        c.delete(sid)

@@ -95,11 +95,11 @@ def _diff_id(blob: bytes) -> str:
 
 
 def make_image(layers: list[bytes], env: Optional[list[str]] = None, workdir: str = "",
-               layer_type: str = LAYER_GZIP) -> Image:
-    """An OCI image of compressed `layers` (base first) with config Env and
-    WorkingDir."""
+               layer_type: str = LAYER_GZIP, user: str = "") -> Image:
+    """An OCI image of compressed `layers` (base first) with config Env,
+    WorkingDir and User."""
     cfg = {"architecture": "amd64", "os": "linux",
-           "config": {"Env": env or ["PATH=/bin"], "WorkingDir": workdir},
+           "config": {"Env": env or ["PATH=/bin"], "WorkingDir": workdir, "User": user},
            "rootfs": {"type": "layers", "diff_ids": [_diff_id(l) for l in layers]}}
     cfg_b = json.dumps(cfg).encode()
     blobs = {sha256(cfg_b): cfg_b}
