@@ -20,7 +20,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 59
+#define N_VARS 60
 
 /* The table of variables, with targets in *c. */
 static void
@@ -180,6 +180,10 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        "a Docker config.json whose \"auths\" give registry credentials (user:password in base64) for pulls; "
        "unset: anonymous",
        0, 0, &c->registry_auth_file, NULL, false},
+      {"SANDBOX_REGISTRY_CA", CFG_STRING, NULL,
+       "PEM roots that registries' TLS certificates are verified against (a private registry's CA); unset: the "
+       "system's",
+       0, 0, &c->registry_ca, NULL, false},
       {"SANDBOX_INSECURE_REGISTRIES", CFG_STRING, NULL,
        "registries (host:port, comma-separated) pulled from over plain HTTP; every other one over verified TLS", 0, 0,
        &c->insecure_registries, NULL, false},

@@ -71,6 +71,7 @@ typedef struct gw_config_s
   long snapshot_max_entries;
   long image_layer_max_mb;
   long image_cache_mb; /* SANDBOX_IMAGE_CACHE_MB */
+  char *registry_ca;   /* SANDBOX_REGISTRY_CA, or NULL */
   long freeze_max_seconds;
   bool userns;
   long uid_base;

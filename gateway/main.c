@@ -159,6 +159,7 @@ start (gateway_t *g, err_t *err)
   img_cache_opts_t io = {.state_dir = c->state_dir,
                          .auth_file = c->registry_auth_file,
                          .insecure_registries = c->insecure_registries,
+                         .ca_file = c->registry_ca,
                          .rt = g->rt,
                          .cache_mb = c->image_cache_mb};
   if (img_cache_new (&io, &g->images, err) < 0)

@@ -26,7 +26,7 @@
 struct img_cache_s
 {
   char root[PATH_MAX / 2]; /* <state>/images */
-  char *auth_file, *insecure;
+  char *auth_file, *insecure, *ca_file;
   sbx_runtime_t *rt;
   uint64_t budget; /* SANDBOX_IMAGE_CACHE_MB in bytes; 0: none */
   img_gate_t gate; /* pulls side by side, removals alone (gate.h) */
@@ -54,6 +54,7 @@ img_cache_new (const img_cache_opts_t *o, img_cache_t **out, err_t *err)
     }
   c->auth_file = o->auth_file != NULL ? strdup (o->auth_file) : NULL;
   c->insecure = o->insecure_registries != NULL ? strdup (o->insecure_registries) : NULL;
+  c->ca_file = o->ca_file != NULL ? strdup (o->ca_file) : NULL;
   c->rt = o->rt;
   c->budget = (uint64_t) o->cache_mb << 20;
   /* Before any thread pulls (curl's own lazy set-up is not thread-safe). */
@@ -72,6 +73,7 @@ img_cache_free (img_cache_t *c)
   img_gate_destroy (&c->gate);
   free (c->auth_file);
   free (c->insecure);
+  free (c->ca_file);
   free (c);
 }
 
@@ -252,6 +254,12 @@ sbx_runtime_t *
 img_cache_runtime (const img_cache_t *c)
 {
   return c->rt;
+}
+
+const char *
+img_cache_ca_file (const img_cache_t *c)
+{
+  return c->ca_file;
 }
 
 img_gate_t *

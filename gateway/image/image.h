@@ -46,6 +46,7 @@ typedef struct img_cache_opts_s
   const char *state_dir;           /* SANDBOX_STATE_DIR */
   const char *auth_file;           /* SANDBOX_REGISTRY_AUTH_FILE, or NULL */
   const char *insecure_registries; /* SANDBOX_INSECURE_REGISTRIES, or NULL */
+  const char *ca_file;             /* SANDBOX_REGISTRY_CA, or NULL: the system's roots */
   sbx_runtime_t *rt;               /* unpacks layers; lists users */
   long cache_mb;                   /* SANDBOX_IMAGE_CACHE_MB: the layers' budget on disk (evict.c); 0: none */
 } img_cache_opts_t;

@@ -11,6 +11,8 @@
 /* <state>/images, and the runtime that unpacks. */
 const char *img_cache_root (const img_cache_t *c);
 sbx_runtime_t *img_cache_runtime (const img_cache_t *c);
+/* SANDBOX_REGISTRY_CA, or NULL. */
+const char *img_cache_ca_file (const img_cache_t *c);
 /* Who may touch the cache at once (gate.h). */
 img_gate_t *img_cache_gate (img_cache_t *c);
 

@@ -362,6 +362,7 @@ img_pull_locked (img_cache_t *c, const char *ref, const img_ref_t *p, const char
                        .insecure = img_reg_host_listed (insecure, p->host),
                        .plain_hosts = insecure,
                        .basic_b64 = basic,
+                       .ca_file = img_cache_ca_file (c),
                        .deadline_mono_ms = o->deadline_mono_ms,
                        .cancelled = o->cancelled,
                        .cancel_ctx = o->cancel_ctx,

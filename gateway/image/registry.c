@@ -15,7 +15,7 @@
 
 struct img_reg_s
 {
-  char *host, *repo, *basic_b64, *image, *plain_hosts;
+  char *host, *repo, *basic_b64, *image, *plain_hosts, *ca_file;
   bool insecure;
   int64_t deadline_mono_ms;
   img_cancelled_fn cancelled;
@@ -66,11 +66,12 @@ img_reg_new (const img_reg_opts_t *o, img_reg_t **out, err_t *err)
   r->image = xstrdup (o->image);
   r->insecure = o->insecure;
   r->plain_hosts = xstrdup (o->plain_hosts);
+  r->ca_file = xstrdup (o->ca_file);
   r->deadline_mono_ms = o->deadline_mono_ms;
   r->cancelled = o->cancelled;
   r->cancel_ctx = o->cancel_ctx;
   if (r->host == NULL || r->repo == NULL || r->image == NULL || (o->basic_b64 != NULL && r->basic_b64 == NULL)
-      || (o->plain_hosts != NULL && r->plain_hosts == NULL))
+      || (o->plain_hosts != NULL && r->plain_hosts == NULL) || (o->ca_file != NULL && r->ca_file == NULL))
     {
       img_reg_free (r);
       return err_make (err, ENOMEM, "out of memory");
@@ -89,6 +90,7 @@ img_reg_free (img_reg_t *r)
   free (r->basic_b64);
   free (r->image);
   free (r->plain_hosts);
+  free (r->ca_file);
   free (r->token);
   free (r);
 }
@@ -191,6 +193,8 @@ request (const img_reg_t *r, const char *url, const char *accept, const char *au
   curl_easy_setopt (h, CURLOPT_LOW_SPEED_TIME, (long) IMG_LOW_SPEED_SECONDS);
   curl_easy_setopt (h, CURLOPT_TIMEOUT_MS, (long) left);
   curl_easy_setopt (h, CURLOPT_USERAGENT, "sandbox-gateway-image/1");
+  if (r->ca_file != NULL)
+    curl_easy_setopt (h, CURLOPT_CAINFO, r->ca_file); /* SANDBOX_REGISTRY_CA instead of the system's */
   curl_easy_setopt (h, CURLOPT_ERRORBUFFER, resp->errbuf);
   curl_easy_setopt (h, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt (h, CURLOPT_HEADERDATA, resp);

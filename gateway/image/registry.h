@@ -48,6 +48,7 @@ typedef struct img_reg_opts_s
    * certificate verified) */
   const char *plain_hosts;
   const char *basic_b64;    /* base64 of user:password, or NULL */
+  const char *ca_file;      /* SANDBOX_REGISTRY_CA: PEM roots TLS is verified against, or NULL: the system's */
   int64_t deadline_mono_ms; /* no request runs past it */
   img_cancelled_fn cancelled;
   void *cancel_ctx;

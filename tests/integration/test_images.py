@@ -546,3 +546,36 @@ def test_an_image_user_the_image_does_not_have_fails_its_commands_naming_it(c, r
         assert "ghost" in e.value.details() and "/etc/passwd" in e.value.details()
     finally:
         c.delete(sid)
+
+
+def test_a_tls_registry_with_htpasswd_accounts(base, gateway_secret, tmp_path):
+    """Debian's docker-registry over TLS (its own CA, given as
+    SANDBOX_REGISTRY_CA; not an insecure registry) asking htpasswd Basic
+    credentials: with the account in SANDBOX_REGISTRY_AUTH_FILE the image
+    launches; without it the pull is refused as unauthenticated; without
+    the CA the certificate is not trusted. Nothing is ever asked in plain
+    HTTP."""
+    import base64
+    with registry(tls=True, users={"agent": "s3cret-pw"}) as tr:
+        img = make_image([base, layer([("file", "etc/tls", b"over tls\n")])])
+        ref = tr.push(img, "test/tls", "v1")
+        auth = tmp_path / "config.json"
+        auth.write_text(json.dumps({"auths": {tr.host: {"auth": base64.b64encode(b"agent:s3cret-pw").decode()}}}))
+        env = {"SANDBOX_REGISTRY_CA": tr.ca, "SANDBOX_REGISTRY_AUTH_FILE": str(auth)}
+        with running_gateway(env, secret=gateway_secret, check=True) as gw, sandbox_client(gw) as c:
+            sid = new_id("itls")
+            info = launch(c, sid, ref)
+            assert info.image_digest == img.digest
+            assert c.sh(sid, "cat /etc/tls").out == "over tls\n"
+            c.delete(sid)
+        with running_gateway({"SANDBOX_REGISTRY_CA": tr.ca}, secret=gateway_secret, check=True) as gw, \
+                sandbox_client(gw) as c:
+            with pytest.raises(grpc.RpcError) as e:
+                launch(c, new_id("itls"), ref)
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
+        with running_gateway({"SANDBOX_REGISTRY_AUTH_FILE": str(auth)}, secret=gateway_secret, check=True) as gw, \
+                sandbox_client(gw) as c:
+            with pytest.raises(grpc.RpcError) as e:
+                launch(c, new_id("itls"), ref)
+            assert "certificate" in e.value.details().lower() or "ssl" in e.value.details().lower(), \
+                e.value.details()

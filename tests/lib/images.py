@@ -140,18 +140,38 @@ def _wait_port(port: int, proc: Optional[subprocess.Popen] = None, timeout: floa
 
 
 class Registry:
-    """Debian's docker-registry on loopback (plain HTTP), in a temporary
-    directory removed at close()."""
+    """Debian's docker-registry on loopback, in a temporary directory
+    removed at close(): plain HTTP, or with `tls` a certificate of its own
+    for 127.0.0.1 (`ca`: the PEM that verifies it) and with `users`
+    (name -> password) an htpasswd file (bcrypt) it asks Basic credentials
+    against."""
 
-    def __init__(self):
+    def __init__(self, tls: bool = False, users: Optional[dict] = None):
         self.dir = tempfile.mkdtemp(prefix="sgw-registry-")
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
+        self.ca: Optional[str] = None
+        self.users = users or {}
         conf = os.path.join(self.dir, "config.yml")
+        text = ("version: 0.1\nlog:\n  level: error\n"
+                f"storage:\n  filesystem:\n    rootdirectory: {self.dir}/data\n  delete:\n    enabled: true\n"
+                f"http:\n  addr: 127.0.0.1:{self.port}\n")
+        if tls:
+            self.ca = os.path.join(self.dir, "cert.pem")
+            key = os.path.join(self.dir, "key.pem")
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                            "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out",
+                            self.ca], check=True, capture_output=True, timeout=60)
+            text += f"  tls:\n    certificate: {self.ca}\n    key: {key}\n"
+        if self.users:
+            import crypt  # bcrypt through the system's libcrypt (htpasswd's format)
+            htpasswd = os.path.join(self.dir, "htpasswd")
+            with open(htpasswd, "w") as f:
+                for name, pw in self.users.items():
+                    f.write(f"{name}:{crypt.crypt(pw, crypt.mksalt(crypt.METHOD_BLOWFISH))}\n")
+            text += f"auth:\n  htpasswd:\n    realm: test\n    path: {htpasswd}\n"
         with open(conf, "w") as f:
-            f.write("version: 0.1\nlog:\n  level: error\n"
-                    f"storage:\n  filesystem:\n    rootdirectory: {self.dir}/data\n  delete:\n    enabled: true\n"
-                    f"http:\n  addr: 127.0.0.1:{self.port}\n")
+            f.write(text)
         self.proc = subprocess.Popen(["docker-registry", "serve", conf], stdout=subprocess.DEVNULL,
                                      stderr=open(os.path.join(self.dir, "log"), "wb"))
         try:
@@ -163,9 +183,13 @@ class Registry:
     def push(self, img: Image, repo: str, tag: str) -> str:
         """Pushes `img` as repo:tag with skopeo; its reference by tag."""
         layout = tempfile.mkdtemp(prefix="sgw-layout-")
+        creds = []
+        if self.users:
+            name, pw = next(iter(self.users.items()))
+            creds = [f"--dest-creds={name}:{pw}"]
         try:
             write_layout(img, layout, tag)
-            subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}:{tag}",
+            subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", *creds, f"oci:{layout}:{tag}",
                             f"docker://{self.host}/{repo}:{tag}"], check=True, timeout=120,
                            capture_output=True)
         finally:
@@ -289,8 +313,8 @@ class RawRegistry:
 
 
 @contextlib.contextmanager
-def registry() -> Iterator[Registry]:
-    r = Registry()
+def registry(tls: bool = False, users: Optional[dict] = None) -> Iterator[Registry]:
+    r = Registry(tls=tls, users=users)
     try:
         yield r
     finally:
