@@ -579,3 +579,39 @@ def test_a_tls_registry_with_htpasswd_accounts(base, gateway_secret, tmp_path):
                 launch(c, new_id("itls"), ref)
             assert "certificate" in e.value.details().lower() or "ssl" in e.value.details().lower(), \
                 e.value.details()
+
+
+def test_a_layer_is_unpacked_in_a_cgroup_of_its_own_with_limits_and_it_goes_after(c, reg, base):
+    """Each layer's unpacker runs in a cgroup of its own (".unpack-<n>",
+    512 MiB of memory, 16 pids), removed when it ends: watched while a
+    layer of 300 MiB of zeros unpacks."""
+    import glob
+    import threading
+    big = layer([("file", "zeros", b"\0" * (300 << 20))])
+    ref = reg.push(make_image([base, big]), "test/unpackcg", "v1")
+    seen: dict = {}
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            for d in glob.glob("/sys/fs/cgroup/memory/*/.unpack-*"):
+                with contextlib.suppress(OSError):
+                    with open(os.path.join(d, "memory.limit_in_bytes")) as f:
+                        seen["memory"] = int(f.read())
+                    pids = glob.glob(f"/sys/fs/cgroup/pids/*/{os.path.basename(d)}/pids.max")
+                    if pids:
+                        with open(pids[0]) as f:
+                            seen["pids"] = f.read().strip()
+            time.sleep(0.005)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        list(c.stub.PullImage(pb.PullImageRequest(image=ref), metadata=c.md, timeout=300))
+    finally:
+        done.set()
+        t.join(10)
+    assert seen.get("memory") == 512 << 20, seen
+    assert seen.get("pids") == "16", seen
+    assert not glob.glob("/sys/fs/cgroup/*/*/.unpack-*"), glob.glob("/sys/fs/cgroup/*/*/.unpack-*")
+    c.stub.RemoveImage(pb.RemoveImageRequest(image=ref), metadata=c.md, timeout=60)
