@@ -55,6 +55,10 @@ typedef struct gw_config_s
   long pids_max;
   long memory_mb;
   char *cpus;
+  long max_memory_mb; /* SANDBOX_MAX_MEMORY_MB, resolved: never below memory_mb */
+  char *max_cpus;     /* SANDBOX_MAX_CPUS as given, or NULL */
+  long max_disk_mb;   /* SANDBOX_MAX_DISK_MB, resolved */
+  long max_pids;      /* SANDBOX_MAX_PIDS, resolved */
   long idle_ttl;
   bool allow_egress;
   char *volume_mounts;
@@ -93,6 +97,7 @@ typedef struct gw_config_s
   /* Derived by gw_config_load. */
   bool persist_on_shutdown; /* SANDBOX_PERSIST_ON_SHUTDOWN, or whether a store was chosen */
   long cpu_millis;          /* 0: unlimited */
+  long max_cpu_millis;      /* SANDBOX_MAX_CPUS (else SANDBOX_CPUS), 0: any */
   /* "realhost:sandbox[:ro][:uid=N:gid=M]", NULL-terminated; no two nest,
    * none overlaps a mask */
   char *volumes[GW_MAX_VOLUMES + 1];

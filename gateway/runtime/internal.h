@@ -145,6 +145,12 @@ typedef struct sbx_s
   int64_t usage_ms;
   long usage_processes;
   uint64_t usage_disk_used, usage_disk_limit;
+  /* Set by its launch before it is ready, then never changed: its limits
+   * (effective), its launch environment and labels (sbx_strv_dup copies,
+   * NULL: none). */
+  sbx_resources_t res;
+  char **env;
+  char **labels;
   struct sbx_s *next;
   struct sbx_s **pprev; /* what points at this one in the list */
   struct sbx_s *hnext;  /* next in its bucket of the id index */
@@ -234,6 +240,19 @@ void sbx_proc_wait_threads (sbx_runtime_t *rt);
 /* exec_control.c: a connection to the control socket of the pid 1 of the sandbox
  * whose state directory is `state` (ESRCH when it does not answer). */
 int sbx_connect_holder (const char *state, const char *id, err_t *err);
+
+/* spec.c: a copy of `v` (NULL-terminated strings) in one allocation, or
+ * NULL when out of memory (or `v` is NULL or empty). */
+char **sbx_strv_dup (char *const *v);
+/* `base` ("NAME=value", NULL-terminated) less the names `env` has, then
+ * `env`'s entries: a copy in one allocation, NULL when `base` is NULL (or
+ * out of memory: *oom). */
+char **sbx_env_under (char *const *base, char *const *env, bool *oom);
+/* The smallest limits a sandbox starts under (its set-up runs in them; the
+ * configuration's own minimums). */
+#define SBX_MIN_MEMORY_MB 16
+#define SBX_MIN_DISK_MB 16
+#define SBX_MIN_PIDS 8
 
 /* Clocks: wall time for what clients see, monotonic for every duration. */
 int64_t sbx_wall_ms (void);

@@ -72,9 +72,54 @@ typedef struct sbx_config_s
   long max_contexts;       /* SANDBOX_MAX_CONTEXTS: code contexts per sandbox */
   long max_contexts_total; /* SANDBOX_MAX_CONTEXTS_TOTAL: code contexts of all sandboxes */
   long warm_pool;          /* SANDBOX_WARM_POOL's `default`: pooled sandboxes of SANDBOX_ROOTFS kept ready */
+  /* The most a launch may ask for (LaunchRequest.resources), each at
+   * least the per-sandbox default above; max_cpu_millis 0: any. */
+  long max_memory_mb;
+  long max_cpu_millis;
+  long max_disk_mb;
+  long max_pids;
 } sbx_config_t;
 
 typedef struct sbx_runtime_s sbx_runtime_t;
+
+/* A sandbox's limits. In a launch's spec 0 is the gateway's default
+ * (sbx_config_t); in sbx_info_t they are the effective ones, cpu_millis 0
+ * meaning unlimited. */
+typedef struct sbx_resources_s
+{
+  long memory_mb;
+  long cpu_millis; /* 1000: one CPU */
+  long disk_mb;
+  long pids_max;
+} sbx_resources_t;
+
+/* The launch environment's caps (LaunchRequest.env): entries, a name's and
+ * a value's bytes, and all entries' bytes together ("NAME=value"), which
+ * leaves room for a command's own within SBX_EXEC_MAX. */
+#define SBX_LAUNCH_ENV_MAX 128
+#define SBX_LAUNCH_ENV_NAME_MAX 256
+#define SBX_LAUNCH_ENV_VALUE_MAX (32 * 1024)
+#define SBX_LAUNCH_ENV_TOTAL_MAX (64 * 1024)
+
+/* What a launch asks for beyond its id and image. Strings are borrowed for
+ * the call; the sandbox keeps copies. */
+typedef struct sbx_spec_s
+{
+  bool allow_egress;
+  sbx_resources_t resources; /* 0 fields: the defaults */
+  /* "NAME=value", NULL-terminated, may be NULL: beneath every command's
+   * own environment (sbx_exec_req_t.env wins). */
+  char *const *env;
+  /* "key=value" (common/labels.h syntax, checked by the caller),
+   * NULL-terminated, may be NULL. */
+  char *const *labels;
+} sbx_spec_t;
+
+/* Checks a launch's spec against the gateway's maxima and caps and fills
+ * *effective (defaults for 0 fields). EINVAL naming the field and the
+ * maximum (`resources.memory_mb 4096 is above the maximum of 2048
+ * (SANDBOX_MAX_MEMORY_MB)`), or the env entry. */
+int sbx_spec_check (const sbx_runtime_t *rt, const sbx_spec_t *spec, sbx_resources_t *effective, err_t *err);
 
 typedef struct sbx_info_s
 {
@@ -97,6 +142,10 @@ typedef struct sbx_info_s
    * used; both "" on SANDBOX_ROOTFS. */
   char image[SBX_IMAGE_REF_MAX + 1];
   char image_digest[SBX_IMAGE_DIGEST_MAX + 1];
+  sbx_resources_t resources; /* the effective limits */
+  /* Only from sbx_list_matching: a copy of its labels ("key=value",
+   * NULL-terminated, one allocation the caller frees), NULL: none. */
+  char **labels;
 } sbx_info_t;
 
 /* True when egress sandboxes are held to the egress policy by a filter
@@ -156,6 +205,21 @@ int sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_sourc
 int sbx_launch_on (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_image_t *img, sbx_source_fn src,
                    void *ctx, sbx_info_t *out, err_t *err);
 
+/* sbx_launch_on with a spec (NULL: as sbx_launch_on with no egress):
+ * resources, launch environment and labels. EINVAL as sbx_spec_check. */
+int sbx_launch_spec (sbx_runtime_t *rt, const char *id, const sbx_spec_t *spec, const sbx_image_t *img,
+                     sbx_source_fn src, void *ctx, sbx_info_t *out, err_t *err);
+
+/* A copy of sandbox `id`'s labels ("key=value", NULL-terminated, one
+ * allocation: free it; NULL when it has none). ENOENT unknown. */
+int sbx_labels_get (sbx_runtime_t *rt, const char *id, char ***out, err_t *err);
+
+/* Its launch environment overlaid by `env` ("NAME=value", may be NULL):
+ * the launch's entries `env` does not name, then `env`'s. *out is one
+ * allocation (free it), NULL-terminated; *out NULL when the sandbox has no
+ * launch environment (use `env` as it is). ENOENT unknown. */
+int sbx_env_overlay (sbx_runtime_t *rt, const char *id, char *const *env, char ***out, err_t *err);
+
 /* Unpacks the image layer blob on `blob_fd` (a tar, plain, gzip or zstd,
  * already verified against its digest) into the empty directory `dir`,
  * unprivileged (layer.c): files owned by the SANDBOX_IMAGE_UID range, OCI
@@ -202,6 +266,12 @@ void sbx_set_store_gen (sbx_runtime_t *rt, const char *id, const char *gen);
 
 /* Describes every sandbox, ordered by id. *out is freed by the caller. */
 int sbx_list (sbx_runtime_t *rt, sbx_info_t **out, size_t *n, err_t *err);
+
+/* As sbx_list, only the sandboxes whose labels `match` says yes to (NULL:
+ * all; called under the registry lock: it must not block), each with a
+ * copy of its labels in .labels (NULL: none): free each, then *out. */
+typedef bool (*sbx_match_fn) (void *ctx, const char *const *labels);
+int sbx_list_matching (sbx_runtime_t *rt, sbx_match_fn match, void *ctx, sbx_info_t **out, size_t *n, err_t *err);
 
 typedef struct sbx_exec_req_s
 {
