@@ -20,7 +20,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 62
+#define N_VARS 64
 
 /* The table of variables, with targets in *c. */
 static void
@@ -105,6 +105,13 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        NULL, false},
       {"SANDBOX_IDLE_TTL", CFG_INT, "0", "delete a sandbox unused for this many seconds; 0: never", 0, 31536000,
        &c->idle_ttl, NULL, false},
+      {"SANDBOX_MAX_IDLE_TTL", CFG_INT, NULL,
+       "longest idle TTL a launch or an Extend may ask for (idle_ttl_seconds), in seconds; unset: 86400, or "
+       "SANDBOX_IDLE_TTL when longer",
+       1, 31536000, &c->max_idle_ttl, NULL, false},
+      {"SANDBOX_MAX_LIFETIME", CFG_INT, "604800",
+       "longest lifetime a launch or an Extend may ask for (max_lifetime_seconds), in seconds", 1, 31536000,
+       &c->max_lifetime, NULL, false},
       {"ALLOW_EGRESS", CFG_BOOL, "false",
        "let sandboxes launched with allow_egress reach the network (never the host's loopback or link-local)", 0, 0,
        &c->allow_egress, NULL, false},
@@ -682,6 +689,11 @@ gw_config_load (gw_config_t *c, err_t *err)
     return -1;
   if (resolve_maxima (c, err) < 0)
     return -1;
+  if (c->max_idle_ttl == 0)
+    c->max_idle_ttl = c->idle_ttl > GW_DEFAULT_MAX_IDLE_TTL ? c->idle_ttl : GW_DEFAULT_MAX_IDLE_TTL;
+  if (c->max_idle_ttl < c->idle_ttl)
+    return err_make (err, EINVAL, "SANDBOX_MAX_IDLE_TTL %ld is below SANDBOX_IDLE_TTL %ld", c->max_idle_ttl,
+                     c->idle_ttl);
   if (c->state_dir[0] != '/' || c->rootfs[0] != '/')
     return err_make (err, EINVAL, "SANDBOX_STATE_DIR and SANDBOX_ROOTFS must be absolute paths");
   if (size_uid_pool (c, err) < 0 || sbx_pool_parse (c->warm_pool_text, &c->warm_pool, err) < 0)
@@ -822,5 +834,8 @@ gw_config_runtime (const gw_config_t *c, sbx_config_t *out)
       .max_cpu_millis = c->max_cpu_millis,
       .max_disk_mb = c->max_disk_mb,
       .max_pids = c->max_pids,
+      .max_idle_ttl_seconds = c->max_idle_ttl,
+      .max_lifetime_seconds = c->max_lifetime,
+      .persist_on_expiry = c->persist_on_shutdown,
   };
 }

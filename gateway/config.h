@@ -60,6 +60,8 @@ typedef struct gw_config_s
   long max_disk_mb;   /* SANDBOX_MAX_DISK_MB, resolved */
   long max_pids;      /* SANDBOX_MAX_PIDS, resolved */
   long idle_ttl;
+  long max_idle_ttl; /* SANDBOX_MAX_IDLE_TTL, resolved */
+  long max_lifetime; /* SANDBOX_MAX_LIFETIME */
   bool allow_egress;
   char *volume_mounts;
   char *slirp4netns;
@@ -110,6 +112,9 @@ typedef struct gw_config_s
  * of a failure names the variable. Release with gw_config_release, also
  * after a failure. */
 int gw_config_load (gw_config_t *cfg, err_t *err);
+
+/* SANDBOX_MAX_IDLE_TTL when unset (and SANDBOX_IDLE_TTL is shorter): a day. */
+#define GW_DEFAULT_MAX_IDLE_TTL 86400
 
 /* Descriptors the gateway holds per live sandbox, and those it keeps for
  * everything else (calls, pipes, streams). */

@@ -15,6 +15,7 @@ typedef int (*api_handler_fn) (rpc_call_t *call, const api_ctx_t *ctx, err_t *er
 /* sandbox.c */
 int api_launch (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_get (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_extend (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_delete (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_list (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 

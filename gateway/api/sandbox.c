@@ -1,5 +1,5 @@
 /* api/sandbox: the handlers of the sandbox methods — Launch, Get, Delete,
- * List, Exec, Status (see internal.h). No state: everything comes from the
+ * List, Extend, Exec, Status (see internal.h). No state: everything comes from the
  * service's context. */
 #include <errno.h>
 #include <stdlib.h>
@@ -48,6 +48,21 @@ api_get (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   return api_reply_info_labeled (call, &info, labels, err);
 }
 
+int
+api_extend (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (api_recv_request (call, &sandbox__v1__extend_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__ExtendRequest *req = (Sandbox__V1__ExtendRequest *) m;
+  sbx_info_t info;
+  cleanup_free char **labels = NULL;
+  if (sbx_extend (ctx->rt, req->sandbox_id, req->idle_ttl_seconds, req->max_lifetime_seconds, &info, err) < 0
+      || sbx_labels_get (ctx->rt, req->sandbox_id, &labels, err) < 0)
+    return -1;
+  return api_reply_info_labeled (call, &info, labels, err);
+}
+
 /* Answers a List with `infos` (their resources and labels). */
 static int
 list_reply (rpc_call_t *call, const sbx_info_t *infos, size_t n, err_t *err)
@@ -65,6 +80,9 @@ list_reply (rpc_call_t *call, const sbx_info_t *infos, size_t n, err_t *err)
       api_info_to_proto (&infos[made], &pbs[made]);
       api_resources_to_proto (&infos[made].resources, &res[made]);
       pbs[made].resources = &res[made];
+      pbs[made].expires_at_unix_ms = infos[made].expires_at_ms;
+      pbs[made].idle_ttl_seconds = (uint32_t) infos[made].lifetime.idle_ttl_seconds;
+      pbs[made].max_lifetime_seconds = (uint32_t) infos[made].lifetime.max_lifetime_seconds;
       rc = api_labels_to_proto (infos[made].labels, &lps[made], &pbs[made], err);
       ptrs[made] = &pbs[made];
     }

@@ -84,6 +84,16 @@ api_spec_from_launch (const Sandbox__V1__LaunchRequest *req, api_spec_t *out, er
 {
   memset (out, 0, sizeof *out);
   out->spec.allow_egress = req->allow_egress;
+  out->spec.idle_ttl_seconds = req->idle_ttl_seconds;
+  out->spec.max_lifetime_seconds = req->max_lifetime_seconds;
+  switch (req->persist_on_expiry)
+    {
+    case SANDBOX__V1__PERSIST_ON_EXPIRY__PERSIST_ON_EXPIRY_UNSPECIFIED: out->spec.persist_on_expiry = -1; break;
+    case SANDBOX__V1__PERSIST_ON_EXPIRY__PERSIST_ON_EXPIRY_YES: out->spec.persist_on_expiry = 1; break;
+    case SANDBOX__V1__PERSIST_ON_EXPIRY__PERSIST_ON_EXPIRY_NO: out->spec.persist_on_expiry = 0; break;
+    default:
+      return err_make (err, EINVAL, "persist_on_expiry %d is not a PersistOnExpiry", (int) req->persist_on_expiry);
+    }
   if (resources_from_proto (req->resources, &out->spec.resources, err) < 0)
     return -1;
   if (req->n_env > SBX_LAUNCH_ENV_MAX)
@@ -164,6 +174,9 @@ api_reply_info_labeled (rpc_call_t *call, const sbx_info_t *info, char *const *l
   Sandbox__V1__Resources res;
   api_resources_to_proto (&info->resources, &res);
   pb.resources = &res;
+  pb.expires_at_unix_ms = info->expires_at_ms;
+  pb.idle_ttl_seconds = (uint32_t) info->lifetime.idle_ttl_seconds;
+  pb.max_lifetime_seconds = (uint32_t) info->lifetime.max_lifetime_seconds;
   api_labels_pb_t lp;
   if (api_labels_to_proto (labels, &lp, &pb, err) < 0)
     return -1;

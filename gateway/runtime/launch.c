@@ -463,7 +463,7 @@ int
 sbx_launch_on (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_image_t *img, sbx_source_fn src,
                void *src_ctx, sbx_info_t *out, err_t *err)
 {
-  sbx_spec_t spec = {.allow_egress = allow_egress};
+  sbx_spec_t spec = {.allow_egress = allow_egress, .persist_on_expiry = -1};
   return sbx_launch_spec (rt, id, &spec, img, src, src_ctx, out, err);
 }
 
@@ -497,10 +497,11 @@ sbx_launch_spec (sbx_runtime_t *rt, const char *id, const sbx_spec_t *spec_in, c
 {
   sbx_t *s = NULL;
   launch_numbers_t nums = {0};
-  const sbx_spec_t no_spec = {0};
+  const sbx_spec_t no_spec = {.persist_on_expiry = -1};
   const sbx_spec_t *spec = spec_in != NULL ? spec_in : &no_spec;
   sbx_resources_t res;
-  if (sbx_spec_check (rt, spec, &res, err) < 0)
+  sbx_lifetime_t life;
+  if (sbx_spec_check (rt, spec, &res, &life, err) < 0)
     return -1;
   bool allow_egress = spec->allow_egress;
   /* Claim from the warm pool when its sandboxes have the limits asked
@@ -536,6 +537,7 @@ sbx_launch_spec (sbx_runtime_t *rt, const char *id, const sbx_spec_t *spec_in, c
   pthread_mutex_lock (&rt->mu);
   s->layers = NULL;
   s->cg_seen = seen;
+  sbx_lifetime_set_locked (s, &life); /* its life counts from here */
   s->ready = true;
   if (out != NULL)
     sbx_info_copy_locked (s, out);

@@ -232,6 +232,8 @@ sbx_info_copy_locked (sbx_t *s, sbx_info_t *out)
   memcpy (out->image_digest, s->image_digest, sizeof out->image_digest);
   memcpy (out->dead_reason, s->dead_reason, sizeof out->dead_reason);
   out->resources = s->res;
+  out->lifetime = s->life;
+  out->expires_at_ms = sbx_expires_at_locked (s);
   s->refs++; /* keeps the record, its id and its disk descriptor */
 }
 

@@ -78,6 +78,13 @@ typedef struct sbx_config_s
   long max_cpu_millis;
   long max_disk_mb;
   long max_pids;
+  /* The longest idle TTL and lifetime a launch or an Extend may ask for
+   * (SANDBOX_MAX_IDLE_TTL, SANDBOX_MAX_LIFETIME), in seconds. */
+  long max_idle_ttl_seconds;
+  long max_lifetime_seconds;
+  /* Whether an expiring sandbox is persisted first when its launch does not
+   * say (the SIGTERM drain's choice: a store was configured). */
+  bool persist_on_expiry;
 } sbx_config_t;
 
 typedef struct sbx_runtime_s sbx_runtime_t;
@@ -113,13 +120,36 @@ typedef struct sbx_spec_s
   /* "key=value" (common/labels.h syntax, checked by the caller),
    * NULL-terminated, may be NULL. */
   char *const *labels;
+  /* Seconds; 0: the gateway's SANDBOX_IDLE_TTL, and no lifetime limit. */
+  long idle_ttl_seconds;
+  long max_lifetime_seconds;
+  int persist_on_expiry; /* -1: the gateway's default (sbx_config_t) */
 } sbx_spec_t;
+
+/* A sandbox's lifetime: its idle TTL (0: never idles out) and most
+ * lifetime (0: none) in seconds, and whether it is persisted to the store
+ * before an expiry deletes it. */
+typedef struct sbx_lifetime_s
+{
+  long idle_ttl_seconds;
+  long max_lifetime_seconds;
+  bool persist_on_expiry;
+} sbx_lifetime_t;
 
 /* Checks a launch's spec against the gateway's maxima and caps and fills
  * *effective (defaults for 0 fields). EINVAL naming the field and the
  * maximum (`resources.memory_mb 4096 is above the maximum of 2048
  * (SANDBOX_MAX_MEMORY_MB)`), or the env entry. */
-int sbx_spec_check (const sbx_runtime_t *rt, const sbx_spec_t *spec, sbx_resources_t *effective, err_t *err);
+int sbx_spec_check (const sbx_runtime_t *rt, const sbx_spec_t *spec, sbx_resources_t *effective, sbx_lifetime_t *life,
+                    err_t *err);
+
+/* Told to end sandbox `id`, which has expired (`why`: "idle" or
+ * "max_lifetime") and is to be persisted first: it persists and then
+ * deletes it (sbx_delete), on the idler's thread (expiries wait for it). */
+typedef void (*sbx_expire_fn) (void *ctx, sbx_runtime_t *rt, const char *id, const char *why);
+/* Sets the hook (before any sandbox exists); without one an expired
+ * sandbox is deleted without persisting. */
+void sbx_set_expire_hook (sbx_runtime_t *rt, sbx_expire_fn fn, void *ctx);
 
 typedef struct sbx_info_s
 {
@@ -143,6 +173,10 @@ typedef struct sbx_info_s
   char image[SBX_IMAGE_REF_MAX + 1];
   char image_digest[SBX_IMAGE_DIGEST_MAX + 1];
   sbx_resources_t resources; /* the effective limits */
+  sbx_lifetime_t lifetime;   /* the effective lifetime */
+  /* When it expires as things stand (wall clock, ms): the earlier of its
+   * idle deadline and its end of life; 0: never. */
+  int64_t expires_at_ms;
   /* Only from sbx_list_matching: a copy of its labels ("key=value",
    * NULL-terminated, one allocation the caller frees), NULL: none. */
   char **labels;
@@ -259,6 +293,13 @@ int sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err);
 
 /* Describes a sandbox (and renews its idle timer). ENOENT unknown. */
 int sbx_get (sbx_runtime_t *rt, const char *id, sbx_info_t *out, err_t *err);
+
+/* Extend: sets sandbox `id`'s idle TTL (0: unchanged) and renews its idle
+ * timer, and with max_lifetime_seconds > 0 ends its life that many seconds
+ * from now instead. EINVAL above SANDBOX_MAX_IDLE_TTL /
+ * SANDBOX_MAX_LIFETIME (nothing changed), ENOENT unknown. *out as sbx_get. */
+int sbx_extend (sbx_runtime_t *rt, const char *id, long idle_ttl_seconds, long max_lifetime_seconds, sbx_info_t *out,
+                err_t *err);
 
 /* Records the stored snapshot version `gen` of sandbox `id` (see
  * sbx_info_t.store_gen); nothing when it is gone. */

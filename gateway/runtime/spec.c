@@ -75,8 +75,26 @@ check_env (char *const *env, err_t *err)
   return 0;
 }
 
+/* The spec's lifetime against SANDBOX_MAX_IDLE_TTL and SANDBOX_MAX_LIFETIME. */
+static int
+check_lifetime (const sbx_config_t *c, const sbx_spec_t *spec, sbx_lifetime_t *life, err_t *err)
+{
+  long ttl = spec->idle_ttl_seconds, max_life = spec->max_lifetime_seconds;
+  if (ttl < 0 || ttl > c->max_idle_ttl_seconds)
+    return err_make (err, EINVAL, "idle_ttl_seconds %ld is above the maximum of %ld (SANDBOX_MAX_IDLE_TTL)", ttl,
+                     c->max_idle_ttl_seconds);
+  if (max_life < 0 || max_life > c->max_lifetime_seconds)
+    return err_make (err, EINVAL, "max_lifetime_seconds %ld is above the maximum of %ld (SANDBOX_MAX_LIFETIME)",
+                     max_life, c->max_lifetime_seconds);
+  life->idle_ttl_seconds = ttl > 0 ? ttl : c->idle_ttl_seconds;
+  life->max_lifetime_seconds = max_life;
+  life->persist_on_expiry = spec->persist_on_expiry < 0 ? c->persist_on_expiry : spec->persist_on_expiry > 0;
+  return 0;
+}
+
 int
-sbx_spec_check (const sbx_runtime_t *rt, const sbx_spec_t *spec, sbx_resources_t *effective, err_t *err)
+sbx_spec_check (const sbx_runtime_t *rt, const sbx_spec_t *spec, sbx_resources_t *effective, sbx_lifetime_t *life,
+                err_t *err)
 {
   const sbx_config_t *c = &rt->cfg;
   const sbx_resources_t *r = &spec->resources;
@@ -99,6 +117,8 @@ sbx_spec_check (const sbx_runtime_t *rt, const sbx_spec_t *spec, sbx_resources_t
       || effective->pids_max < SBX_MIN_PIDS)
     return err_make (err, EINVAL, "resources: memory_mb is at least %d, disk_mb at least %d, pids_max at least %d",
                      SBX_MIN_MEMORY_MB, SBX_MIN_DISK_MB, SBX_MIN_PIDS);
+  if (check_lifetime (c, spec, life, err) < 0)
+    return -1;
   return check_env (spec->env, err);
 }
 
