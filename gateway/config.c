@@ -20,7 +20,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 60
+#define N_VARS 66
 
 /* The table of variables, with targets in *c. */
 static void
@@ -90,8 +90,28 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        false},
       {"SANDBOX_CPUS", CFG_STRING, NULL, "CPU limit per sandbox, in CPUs (e.g. 1.5); unset: unlimited", 0, 0,
        &c->cpus, NULL, false},
+      {"SANDBOX_MAX_MEMORY_MB", CFG_INT, NULL,
+       "most memory a launch may ask for (LaunchRequest.resources.memory_mb), in MiB; unset: SANDBOX_MEMORY_MB", 16,
+       16777216, &c->max_memory_mb, NULL, false},
+      {"SANDBOX_MAX_CPUS", CFG_STRING, NULL,
+       "most CPUs a launch may ask for (resources.cpus, e.g. 2.5); unset: SANDBOX_CPUS, and with that unset too "
+       "any",
+       0, 0, &c->max_cpus, NULL, false},
+      {"SANDBOX_MAX_DISK_MB", CFG_INT, NULL,
+       "largest writable overlay a launch may ask for (resources.disk_mb), in MiB; unset: SANDBOX_DISK_MB", 16,
+       1048576, &c->max_disk_mb, NULL, false},
+      {"SANDBOX_MAX_PIDS", CFG_INT, NULL,
+       "most processes a launch may ask for (resources.pids_max); unset: SANDBOX_PIDS_MAX", 8, 4194304, &c->max_pids,
+       NULL, false},
       {"SANDBOX_IDLE_TTL", CFG_INT, "0", "delete a sandbox unused for this many seconds; 0: never", 0, 31536000,
        &c->idle_ttl, NULL, false},
+      {"SANDBOX_MAX_IDLE_TTL", CFG_INT, NULL,
+       "longest idle TTL a launch or an Extend may ask for (idle_ttl_seconds), in seconds; unset: 86400, or "
+       "SANDBOX_IDLE_TTL when longer",
+       1, 31536000, &c->max_idle_ttl, NULL, false},
+      {"SANDBOX_MAX_LIFETIME", CFG_INT, "604800",
+       "longest lifetime a launch or an Extend may ask for (max_lifetime_seconds), in seconds", 1, 31536000,
+       &c->max_lifetime, NULL, false},
       {"ALLOW_EGRESS", CFG_BOOL, "false",
        "let sandboxes launched with allow_egress reach the network (never the host's loopback or link-local)", 0, 0,
        &c->allow_egress, NULL, false},
@@ -610,6 +630,50 @@ fit_connections (gw_config_t *c)
   c->max_connections = room;
 }
 
+/* CPUs as text into millis: EINVAL naming `var` outside [0.01, 4096]. */
+static int
+parse_cpus (const char *var, const char *text, long *millis, err_t *err)
+{
+  char *end = NULL;
+  double cpus = strtod (text, &end);
+  if (end == text || *end != '\0' || !(cpus >= 0.01 && cpus <= 4096)) /* NaN fails too */
+    return err_make (err, EINVAL, "%s: `%s` is not a number of CPUs in [0.01, 4096]", var, text);
+  *millis = (long) (cpus * 1000 + 0.5);
+  return 0;
+}
+
+/* The launch maxima: unset ones are the per-sandbox defaults, and none is
+ * below its default (every launch that asks for nothing gets it). */
+static int
+resolve_maxima (gw_config_t *c, err_t *err)
+{
+  if (c->max_cpus != NULL && parse_cpus ("SANDBOX_MAX_CPUS", c->max_cpus, &c->max_cpu_millis, err) < 0)
+    return -1;
+  if (c->max_cpus == NULL)
+    c->max_cpu_millis = c->cpu_millis; /* 0 with SANDBOX_CPUS unset: any */
+  struct
+  {
+    const char *name, *def_name;
+    long *max, def;
+  } m[] = {
+      {"SANDBOX_MAX_MEMORY_MB", "SANDBOX_MEMORY_MB", &c->max_memory_mb, c->memory_mb},
+      {"SANDBOX_MAX_DISK_MB", "SANDBOX_DISK_MB", &c->max_disk_mb, c->disk_mb},
+      {"SANDBOX_MAX_PIDS", "SANDBOX_PIDS_MAX", &c->max_pids, c->pids_max},
+  };
+  for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
+    {
+      if (*m[i].max == 0)
+        *m[i].max = m[i].def;
+      if (*m[i].max < m[i].def)
+        return err_make (err, EINVAL, "%s %ld is below %s %ld", m[i].name, *m[i].max, m[i].def_name, m[i].def);
+    }
+  /* With SANDBOX_CPUS unset a launch that asks for nothing has no CPU
+   * limit; SANDBOX_MAX_CPUS bounds only what a launch asks for. */
+  if (c->max_cpu_millis > 0 && c->cpu_millis > 0 && c->max_cpu_millis < c->cpu_millis)
+    return err_make (err, EINVAL, "SANDBOX_MAX_CPUS %s is below SANDBOX_CPUS %s", c->max_cpus, c->cpus);
+  return 0;
+}
+
 int
 gw_config_load (gw_config_t *c, err_t *err)
 {
@@ -629,14 +693,15 @@ gw_config_load (gw_config_t *c, err_t *err)
     return err_make (err, EINVAL, "SANDBOX_TLS_CERT and SANDBOX_TLS_KEY must be set together");
   if (c->tls_client_ca != NULL && c->tls_cert == NULL)
     return err_make (err, EINVAL, "SANDBOX_TLS_CLIENT_CA needs SANDBOX_TLS_CERT and SANDBOX_TLS_KEY");
-  if (c->cpus != NULL)
-    {
-      char *end = NULL;
-      double cpus = strtod (c->cpus, &end);
-      if (end == c->cpus || *end != '\0' || !(cpus >= 0.01 && cpus <= 4096)) /* NaN fails too */
-        return err_make (err, EINVAL, "SANDBOX_CPUS: `%s` is not a number of CPUs in [0.01, 4096]", c->cpus);
-      c->cpu_millis = (long) (cpus * 1000 + 0.5);
-    }
+  if (c->cpus != NULL && parse_cpus ("SANDBOX_CPUS", c->cpus, &c->cpu_millis, err) < 0)
+    return -1;
+  if (resolve_maxima (c, err) < 0)
+    return -1;
+  if (c->max_idle_ttl == 0)
+    c->max_idle_ttl = c->idle_ttl > GW_DEFAULT_MAX_IDLE_TTL ? c->idle_ttl : GW_DEFAULT_MAX_IDLE_TTL;
+  if (c->max_idle_ttl < c->idle_ttl)
+    return err_make (err, EINVAL, "SANDBOX_MAX_IDLE_TTL %ld is below SANDBOX_IDLE_TTL %ld", c->max_idle_ttl,
+                     c->idle_ttl);
   if (c->state_dir[0] != '/' || c->rootfs[0] != '/')
     return err_make (err, EINVAL, "SANDBOX_STATE_DIR and SANDBOX_ROOTFS must be absolute paths");
   if (size_uid_pool (c, err) < 0 || sbx_pool_parse (c->warm_pool_text, &c->warm_pool, err) < 0)
@@ -773,5 +838,12 @@ gw_config_runtime (const gw_config_t *c, sbx_config_t *out)
       .max_contexts = c->max_contexts,
       .max_contexts_total = c->max_contexts_total,
       .warm_pool = c->warm_pool,
+      .max_memory_mb = c->max_memory_mb,
+      .max_cpu_millis = c->max_cpu_millis,
+      .max_disk_mb = c->max_disk_mb,
+      .max_pids = c->max_pids,
+      .max_idle_ttl_seconds = c->max_idle_ttl,
+      .max_lifetime_seconds = c->max_lifetime,
+      .persist_on_expiry = c->persist_on_shutdown,
   };
 }

@@ -55,7 +55,13 @@ typedef struct gw_config_s
   long pids_max;
   long memory_mb;
   char *cpus;
+  long max_memory_mb; /* SANDBOX_MAX_MEMORY_MB, resolved: never below memory_mb */
+  char *max_cpus;     /* SANDBOX_MAX_CPUS as given, or NULL */
+  long max_disk_mb;   /* SANDBOX_MAX_DISK_MB, resolved */
+  long max_pids;      /* SANDBOX_MAX_PIDS, resolved */
   long idle_ttl;
+  long max_idle_ttl; /* SANDBOX_MAX_IDLE_TTL, resolved */
+  long max_lifetime; /* SANDBOX_MAX_LIFETIME */
   bool allow_egress;
   char *volume_mounts;
   char *slirp4netns;
@@ -95,6 +101,7 @@ typedef struct gw_config_s
   /* Derived by gw_config_load. */
   bool persist_on_shutdown; /* SANDBOX_PERSIST_ON_SHUTDOWN, or whether a store was chosen */
   long cpu_millis;          /* 0: unlimited */
+  long max_cpu_millis;      /* SANDBOX_MAX_CPUS (else SANDBOX_CPUS), 0: any */
   /* "realhost:sandbox[:ro][:uid=N:gid=M]", NULL-terminated; no two nest,
    * none overlaps a mask */
   char *volumes[GW_MAX_VOLUMES + 1];
@@ -107,6 +114,9 @@ typedef struct gw_config_s
  * of a failure names the variable. Release with gw_config_release, also
  * after a failure. */
 int gw_config_load (gw_config_t *cfg, err_t *err);
+
+/* SANDBOX_MAX_IDLE_TTL when unset (and SANDBOX_IDLE_TTL is shorter): a day. */
+#define GW_DEFAULT_MAX_IDLE_TTL 86400
 
 /* Descriptors the gateway holds per live sandbox, and those it keeps for
  * everything else (calls, pipes, streams). */

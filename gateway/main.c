@@ -34,6 +34,7 @@
 #include "gateway/config.h"
 #include "gateway/runtime/runtime.h"
 #include "gateway/snapshot/drain.h"
+#include "gateway/snapshot/expire.h"
 #include "gateway/image/image.h"
 #include "gateway/store/open.h"
 
@@ -156,6 +157,8 @@ start (gateway_t *g, err_t *err)
   };
   if (store_open (&choice, &g->store, err) < 0)
     return -1;
+  /* An expired sandbox to persist first goes to the store, then goes. */
+  sbx_set_expire_hook (g->rt, snap_expire, g->store);
   img_cache_opts_t io = {.state_dir = c->state_dir,
                          .auth_file = c->registry_auth_file,
                          .insecure_registries = c->insecure_registries,

@@ -176,7 +176,10 @@ shim_parse_launch (const char *content_type, const char *body, size_t len, shim_
                      "Input should be an image reference of at most 255 characters");
   else if (im != NULL && json_is_string (im))
     strcpy (out->image, json_string_value (im));
+  shim_parse_launch_spec (root, out, e);
   json_decref (root);
+  if (shim_errors_any (e))
+    shim_launch_body_release (out);
   return !shim_errors_any (e);
 }
 
@@ -248,6 +251,13 @@ parse_int_field (json_t *root, const char *in, const char *field, long min, long
     errors_add_in (e, type, in, field, msg);
   else
     shim_errors_add (e, type, "body", field, msg);
+}
+
+void
+shim_parse_int_member (json_t *root, const char *in, const char *field, long min, long max, long *out,
+                       shim_errors_t *e)
+{
+  parse_int_field (root, in, field, min, max, out, e);
 }
 
 /* The required, non-empty list of strings "argv" of `root` (owned, NULL
@@ -581,5 +591,20 @@ shim_parse_resize (const char *content_type, const char *body, size_t len, unsig
   json_decref (root);
   *rows = (unsigned) r;
   *cols = (unsigned) c;
+  return !shim_errors_any (e);
+}
+
+bool
+shim_parse_extend (const char *content_type, const char *body, size_t len, shim_extend_body_t *out, shim_errors_t *e)
+{
+  memset (out, 0, sizeof *out);
+  json_t *root = parse_object (content_type, body, len, e);
+  if (root == NULL)
+    return false;
+  parse_int_field (root, NULL, "idle_ttl", 0, SHIM_SPEC_UINT_MAX, &out->idle_ttl, e);
+  parse_int_field (root, NULL, "max_lifetime", 0, SHIM_SPEC_UINT_MAX, &out->max_lifetime, e);
+  if (!shim_errors_any (e) && out->idle_ttl == 0 && out->max_lifetime == 0)
+    shim_errors_add (e, "missing", "body", "idle_ttl", "Give idle_ttl or max_lifetime (seconds, above 0)");
+  json_decref (root);
   return !shim_errors_any (e);
 }

@@ -44,14 +44,55 @@ long shim_base64_decode (const char *text, size_t len, unsigned char *out);
  * "on", ...). 0 ok, -1 not a boolean. */
 int shim_parse_bool_text (const char *text, bool *out);
 
-/* POST /sandboxes body. */
+/* Most "env" and "labels" entries a POST /sandboxes body may carry (the
+ * gateway's caps: SBX_LAUNCH_ENV_MAX, LBL_MAX); the gateway checks sizes
+ * and totals. */
+#define SHIM_LAUNCH_ENV_MAX 128
+#define SHIM_LAUNCH_LABELS_MAX 64
+/* The largest idle_ttl / max_lifetime / resource number a body may carry
+ * (a uint32); the gateway's maxima are smaller. */
+#define SHIM_SPEC_UINT_MAX 4294967295L
+
+/* POST /sandboxes body. The launch spec's fields are additive: absent, the
+ * gateway's defaults. */
 typedef struct shim_launch_body_s
 {
   char id[SHIM_ID_MAX + 1];
   bool allow_egress;
   /* "image": an OCI reference or "" (absent: the gateway's default). */
   char image[SHIM_IMAGE_REF_MAX + 1];
+  /* "resources": {memory_mb, cpus, disk_mb, pids_max}, 0: the default. */
+  long memory_mb, disk_mb, pids_max;
+  double cpus;
+  /* "env", "labels": objects of strings (references owned: release with
+   * shim_launch_body_release), NULL when absent. */
+  json_t *env, *labels;
+  long idle_ttl, max_lifetime; /* seconds, 0: the defaults */
 } shim_launch_body_t;
+void shim_launch_body_release (shim_launch_body_t *b);
+
+/* Integer member `field` of `root` (of its member `in` when not NULL)
+ * into *out (unchanged when absent or null), within [min, max], as
+ * pydantic's lax mode takes integers; else an error in `e`. */
+void shim_parse_int_member (json_t *root, const char *in, const char *field, long min, long max, long *out,
+                            shim_errors_t *e);
+
+/* The launch spec's members of a POST /sandboxes body `root` into *out,
+ * errors into `e` (validate_spec.c). */
+void shim_parse_launch_spec (json_t *root, shim_launch_body_t *out, shim_errors_t *e);
+
+/* POST /sandboxes/{id}/extend body: {"idle_ttl", "max_lifetime"} in
+ * seconds, at least one of them. */
+typedef struct shim_extend_body_s
+{
+  long idle_ttl, max_lifetime;
+} shim_extend_body_t;
+bool shim_parse_extend (const char *content_type, const char *body, size_t len, shim_extend_body_t *out,
+                        shim_errors_t *e);
+
+/* GET /sandboxes?labels=<selector>: a label selector as the gateway takes
+ * it (common/labels.h); false with the error in `e`. */
+bool shim_check_selector (const char *selector, shim_errors_t *e);
 
 /* POST /sandboxes/{id}/exec body; every pointer owned (free with
  * shim_exec_body_release). Beyond the contract's argv and timeout, the

@@ -30,9 +30,7 @@ api_info_to_proto (const sbx_info_t *in, Sandbox__V1__SandboxInfo *out)
 int
 api_reply_info (rpc_call_t *call, const sbx_info_t *info, err_t *err)
 {
-  Sandbox__V1__SandboxInfo pb;
-  api_info_to_proto (info, &pb);
-  return rpc_call_reply (call, &pb.base, err);
+  return api_reply_info_labeled (call, info, NULL, err);
 }
 
 void
@@ -108,6 +106,12 @@ api_env_from_proto (Sandbox__V1__ExecRequest__EnvEntry **entries, size_t n, char
 
 int
 api_env_from_start (Sandbox__V1__ProcessStart__EnvEntry **entries, size_t n, char ***out, err_t *err)
+{
+  ENV_FROM (entries, n, out, err);
+}
+
+int
+api_env_from_launch (Sandbox__V1__LaunchRequest__EnvEntry **entries, size_t n, char ***out, err_t *err)
 {
   ENV_FROM (entries, n, out, err);
 }

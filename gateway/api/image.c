@@ -43,14 +43,14 @@ no_images (const api_ctx_t *ctx, err_t *err)
 }
 
 int
-api_launch_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
+api_launch_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, const sbx_spec_t *spec, const char *ref,
                      sbx_info_t *info, err_t *err)
 {
-  return api_restore_on_image (call, ctx, id, egress, ref, NULL, NULL, info, err);
+  return api_restore_on_image (call, ctx, id, spec, ref, NULL, NULL, info, err);
 }
 
 int
-api_restore_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
+api_restore_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, const sbx_spec_t *spec, const char *ref,
                       sbx_source_fn src, void *src_ctx, sbx_info_t *info, err_t *err)
 {
   if (no_images (ctx, err) < 0)
@@ -62,7 +62,7 @@ api_restore_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bo
   if (img_pull (ctx->images, ref, &po, &img, err) < 0)
     return -1;
   sbx_image_t si = {.ref = img.ref, .digest = img.digest, .layers = img.layers};
-  int rc = sbx_launch_on (ctx->rt, id, egress, &si, src, src_ctx, info, err);
+  int rc = sbx_launch_spec (ctx->rt, id, spec, &si, src, src_ctx, info, err);
   img_release (&img);
   return rc;
 }
@@ -112,10 +112,15 @@ api_image_defaults (const api_ctx_t *ctx, const char *id, char *const *env, char
       err_release (&ignored); /* the call itself reports an unknown sandbox */
       return 0;
     }
+  /* The image's Env lies beneath the launch environment, which lies
+   * beneath the call's own. */
+  cleanup_free char **launch_env = NULL;
+  if (sbx_env_overlay (ctx->rt, id, env, &launch_env, err) < 0)
+    return -1;
   img_t img;
   if (img_get (ctx->images, info.image_digest, &img, err) < 0)
     return err_wrap (err, "sandbox `%s`: its image", id);
-  int rc = img_env_merge (&img, env, env_out, err);
+  int rc = img_env_merge (&img, launch_env != NULL ? launch_env : env, env_out, err);
   if (rc == 0 && img.workdir != NULL)
     *cwd_out = take_ptr (&img.workdir);
   if (rc == 0)

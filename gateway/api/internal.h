@@ -15,6 +15,7 @@ typedef int (*api_handler_fn) (rpc_call_t *call, const api_ctx_t *ctx, err_t *er
 /* sandbox.c */
 int api_launch (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_get (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_extend (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_delete (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_list (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 
@@ -38,11 +39,11 @@ int api_pull_image (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_list_images (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_remove_image (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 /* Launches `id` on image `ref`, pulled first when it is not cached. */
-int api_launch_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
-                         sbx_info_t *info, err_t *err);
+int api_launch_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, const sbx_spec_t *spec,
+                         const char *ref, sbx_info_t *info, err_t *err);
 /* The same with the writable layer unpacked from `src` (a Restore). */
-int api_restore_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
-                          sbx_source_fn src, void *src_ctx, sbx_info_t *info, err_t *err);
+int api_restore_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, const sbx_spec_t *spec,
+                          const char *ref, sbx_source_fn src, void *src_ctx, sbx_info_t *info, err_t *err);
 /* Restores `id` from `src` on the image a stored snapshot was taken on
  * (`ref`, pinned to `digest`: the cached image, else pulled by digest). */
 int api_restore_recorded (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
@@ -157,6 +158,36 @@ int api_compression_from_proto (Sandbox__V1__Compression c, snap_compression_t *
 int api_env_from_proto (Sandbox__V1__ExecRequest__EnvEntry **entries, size_t n, char ***out, err_t *err);
 int api_env_from_start (Sandbox__V1__ProcessStart__EnvEntry **entries, size_t n, char ***out, err_t *err);
 int api_env_from_context (Sandbox__V1__CreateContextRequest__EnvEntry **entries, size_t n, char ***out, err_t *err);
+int api_env_from_launch (Sandbox__V1__LaunchRequest__EnvEntry **entries, size_t n, char ***out, err_t *err);
+
+/* spec.c */
+/* A launch's spec and the strings it points to (owned). */
+typedef struct api_spec_s
+{
+  sbx_spec_t spec;
+  char **env, **labels;
+} api_spec_t;
+/* LaunchRequest's allow_egress, resources, env and labels (label syntax
+ * and count checked here; resources and env caps by the runtime). EINVAL
+ * naming the field. Release with api_spec_release (also after a failure). */
+int api_spec_from_launch (const Sandbox__V1__LaunchRequest *req, api_spec_t *out, err_t *err);
+void api_spec_release (api_spec_t *s);
+void api_resources_to_proto (const sbx_resources_t *in, Sandbox__V1__Resources *out);
+/* A SandboxInfo's labels map, made from "key=value" strings (which it
+ * points into: they must outlive it). */
+typedef struct api_labels_pb_s
+{
+  Sandbox__V1__SandboxInfo__LabelsEntry *entries;
+  Sandbox__V1__SandboxInfo__LabelsEntry **ptrs;
+  char **keys;
+  size_t n;
+} api_labels_pb_t;
+int api_labels_to_proto (char *const *labels, api_labels_pb_t *out, Sandbox__V1__SandboxInfo *info, err_t *err);
+void api_labels_pb_release (api_labels_pb_t *p);
+/* Replies with a SandboxInfo, its resources and `labels` (may be NULL). */
+int api_reply_info_labeled (rpc_call_t *call, const sbx_info_t *info, char *const *labels, err_t *err);
+/* sbx_match_fn over a parsed selector (ctx: const lbl_selector_t *). */
+bool api_selector_match (void *ctx, const char *const *labels);
 void api_env_free (char **env);
 
 #endif

@@ -1,11 +1,12 @@
 /* api/sandbox: the handlers of the sandbox methods — Launch, Get, Delete,
- * List, Exec, Status (see internal.h). No state: everything comes from the
+ * List, Extend, Exec, Status (see internal.h). No state: everything comes from the
  * service's context. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/cleanup.h"
+#include "common/labels.h"
 #include "common/log.h"
 #include "gateway/api/internal.h"
 #include "gateway/code/kernel.h"
@@ -20,13 +21,16 @@ api_launch (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   Sandbox__V1__LaunchRequest *req = (Sandbox__V1__LaunchRequest *) m;
   if (rpc_call_deadline_ms_left (call) <= 0)
     return err_make (err, ETIMEDOUT, "deadline exceeded before the launch");
+  __attribute__ ((cleanup (api_spec_release))) api_spec_t spec = {0};
+  if (api_spec_from_launch (req, &spec, err) < 0)
+    return -1;
   sbx_info_t info;
   int rc = req->image != NULL && req->image[0] != '\0'
-               ? api_launch_on_image (call, ctx, req->sandbox_id, req->allow_egress, req->image, &info, err)
-               : sbx_launch (ctx->rt, req->sandbox_id, req->allow_egress, &info, err);
+               ? api_launch_on_image (call, ctx, req->sandbox_id, &spec.spec, req->image, &info, err)
+               : sbx_launch_spec (ctx->rt, req->sandbox_id, &spec.spec, NULL, NULL, NULL, &info, err);
   if (rc < 0 || api_undo_if_gone (call, ctx->rt, req->sandbox_id, err) < 0)
     return -1;
-  return api_reply_info (call, &info, err);
+  return api_reply_info_labeled (call, &info, spec.labels, err);
 }
 
 int
@@ -37,9 +41,61 @@ api_get (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     return -1;
   Sandbox__V1__GetRequest *req = (Sandbox__V1__GetRequest *) m;
   sbx_info_t info;
-  if (sbx_get (ctx->rt, req->sandbox_id, &info, err) < 0)
+  cleanup_free char **labels = NULL;
+  if (sbx_get (ctx->rt, req->sandbox_id, &info, err) < 0
+      || sbx_labels_get (ctx->rt, req->sandbox_id, &labels, err) < 0)
     return -1;
-  return api_reply_info (call, &info, err);
+  return api_reply_info_labeled (call, &info, labels, err);
+}
+
+int
+api_extend (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (api_recv_request (call, &sandbox__v1__extend_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__ExtendRequest *req = (Sandbox__V1__ExtendRequest *) m;
+  sbx_info_t info;
+  cleanup_free char **labels = NULL;
+  if (sbx_extend (ctx->rt, req->sandbox_id, req->idle_ttl_seconds, req->max_lifetime_seconds, &info, err) < 0
+      || sbx_labels_get (ctx->rt, req->sandbox_id, &labels, err) < 0)
+    return -1;
+  return api_reply_info_labeled (call, &info, labels, err);
+}
+
+/* Answers a List with `infos` (their resources and labels). */
+static int
+list_reply (rpc_call_t *call, const sbx_info_t *infos, size_t n, err_t *err)
+{
+  cleanup_free Sandbox__V1__SandboxInfo *pbs = calloc (n + 1, sizeof *pbs);
+  cleanup_free Sandbox__V1__SandboxInfo **ptrs = calloc (n + 1, sizeof *ptrs);
+  cleanup_free Sandbox__V1__Resources *res = calloc (n + 1, sizeof *res);
+  cleanup_free api_labels_pb_t *lps = calloc (n + 1, sizeof *lps);
+  if (pbs == NULL || ptrs == NULL || res == NULL || lps == NULL)
+    return err_make (err, ENOMEM, "List: out of memory");
+  int rc = 0;
+  size_t made = 0;
+  for (; made < n && rc == 0; made++)
+    {
+      api_info_to_proto (&infos[made], &pbs[made]);
+      api_resources_to_proto (&infos[made].resources, &res[made]);
+      pbs[made].resources = &res[made];
+      pbs[made].expires_at_unix_ms = infos[made].expires_at_ms;
+      pbs[made].idle_ttl_seconds = (uint32_t) infos[made].lifetime.idle_ttl_seconds;
+      pbs[made].max_lifetime_seconds = (uint32_t) infos[made].lifetime.max_lifetime_seconds;
+      rc = api_labels_to_proto (infos[made].labels, &lps[made], &pbs[made], err);
+      ptrs[made] = &pbs[made];
+    }
+  if (rc == 0)
+    {
+      Sandbox__V1__ListResponse resp = SANDBOX__V1__LIST_RESPONSE__INIT;
+      resp.n_sandboxes = n;
+      resp.sandboxes = ptrs;
+      rc = rpc_call_reply (call, &resp.base, err);
+    }
+  for (size_t i = 0; i < made; i++)
+    api_labels_pb_release (&lps[i]);
+  return rc;
 }
 
 int
@@ -74,25 +130,23 @@ api_list (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   cleanup_message ProtobufCMessage *m = NULL;
   if (api_recv_request (call, &sandbox__v1__list_request__descriptor, &m, err) < 0)
     return -1;
+  Sandbox__V1__ListRequest *req = (Sandbox__V1__ListRequest *) m;
+  cleanup_free lbl_selector_t *sel = malloc (sizeof *sel);
+  if (sel == NULL)
+    return err_make (err, ENOMEM, "List: out of memory");
+  if (lbl_selector_parse (req->label_selector, sel, err) < 0)
+    return -1;
   cleanup_bulk api_bulk_t bulk;
   api_bulk_enter (&bulk);
-  cleanup_free sbx_info_t *infos = NULL;
+  sbx_info_t *infos = NULL;
   size_t n = 0;
-  if (sbx_list (ctx->rt, &infos, &n, err) < 0)
+  if (sbx_list_matching (ctx->rt, sel->n > 0 ? api_selector_match : NULL, sel, &infos, &n, err) < 0)
     return -1;
-  cleanup_free Sandbox__V1__SandboxInfo *pbs = calloc (n + 1, sizeof *pbs);
-  cleanup_free Sandbox__V1__SandboxInfo **ptrs = calloc (n + 1, sizeof *ptrs);
-  if (pbs == NULL || ptrs == NULL)
-    return err_make (err, ENOMEM, "List: out of memory");
+  int rc = list_reply (call, infos, n, err);
   for (size_t i = 0; i < n; i++)
-    {
-      api_info_to_proto (&infos[i], &pbs[i]);
-      ptrs[i] = &pbs[i];
-    }
-  Sandbox__V1__ListResponse resp = SANDBOX__V1__LIST_RESPONSE__INIT;
-  resp.n_sandboxes = n;
-  resp.sandboxes = ptrs;
-  return rpc_call_reply (call, &resp.base, err);
+    free (infos[i].labels);
+  free (infos);
+  return rc;
 }
 
 /* Exec's sink. */

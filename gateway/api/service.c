@@ -30,6 +30,7 @@ static const api_method_t api_methods[] = {
     {"/sandbox.v1.Sandbox/Connect", api_connect},
     {"/sandbox.v1.Sandbox/Delete", api_delete},
     {"/sandbox.v1.Sandbox/Get", api_get},
+    {"/sandbox.v1.Sandbox/Extend", api_extend},
     {"/sandbox.v1.Sandbox/List", api_list},
     {"/sandbox.v1.Sandbox/Status", api_status},
     {"/sandbox.v1.Sandbox/ReadFile", api_read_file},

@@ -131,10 +131,10 @@ api_restore (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   restore_src_t src = {.call = call};
   sbx_info_t info;
   const char *image = req->header->image;
-  int rc
-      = image != NULL && image[0] != '\0'
-            ? api_restore_on_image (call, ctx, id, req->header->allow_egress, image, restore_next, &src, &info, err)
-            : sbx_restore (ctx->rt, id, req->header->allow_egress, restore_next, &src, &info, err);
+  int rc = image != NULL && image[0] != '\0'
+               ? api_restore_on_image (call, ctx, id, &(sbx_spec_t){.allow_egress = req->header->allow_egress}, image,
+                                       restore_next, &src, &info, err)
+               : sbx_restore (ctx->rt, id, req->header->allow_egress, restore_next, &src, &info, err);
   restore_src_clear (&src);
   if (rc < 0 || api_undo_if_gone (call, ctx->rt, id, err) < 0)
     return -1;

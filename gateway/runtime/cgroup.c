@@ -243,9 +243,15 @@ sbx_cg_attach (const sbx_cg_layout_t *l, const char *id, pid_t pid, err_t *err)
   char path[SBX_CG_PATH_MAX], val[24];
   snprintf (val, sizeof val, "%d", (int) pid);
   for (size_t i = 0; i < l->n; i++)
-    if (sbx_cg_path (path, sizeof path, l->roots[i], id, NULL, "cgroup.procs", err) < 0
-        || sbx_cg_write_file (path, val, err) < 0)
-      return -1;
+    {
+      if (sbx_cg_path (path, sizeof path, l->roots[i], id, NULL, "cgroup.procs", err) < 0)
+        return -1;
+      /* A sandbox without a CPU limit has no group in the v1 cpu hierarchy. */
+      if (!l->v2 && (int) i == l->cpu && access (path, F_OK) < 0 && errno == ENOENT)
+        continue;
+      if (sbx_cg_write_file (path, val, err) < 0)
+        return -1;
+    }
   return 0;
 }
 

@@ -70,8 +70,11 @@ typedef struct sbx_cg_limits_s
 
 /* Finds the hierarchies under `mount` (normally /sys/fs/cgroup) and names
  * `group` (a single path component) as this instance's. On v1 the cpu
- * hierarchy is used only when `cpu` (a CPU limit is set): every hierarchy
- * costs a (slow) cgroup move per launch. */
+ * hierarchy is used only when `cpu` (a CPU limit may be set): every
+ * hierarchy costs a (slow) cgroup move per launch. The helper detects it
+ * only for a sandbox that has a CPU limit; the gateway whenever one may
+ * have: a sandbox without one has no group there, which the gateway's
+ * removal, renaming and attaching allow for. */
 int sbx_cg_detect (const char *mount, const char *group, bool cpu, sbx_cg_layout_t *out, err_t *err);
 
 /* Creates <root>/<group> (and on v2 enables the controllers; on v1 makes

@@ -101,7 +101,11 @@ send_exec_request (exec_run_t *x, const char *state, err_t *err)
   const sbx_exec_req_t *req = x->req;
   const char *cwd = req->cwd != NULL && req->cwd[0] != '\0' ? req->cwd : "/root";
   bool pty = req->pty_rows > 0 && req->pty_cols > 0;
-  cleanup_free char **env = sbx_exec_build_env (req->env, pty);
+  /* The sandbox's launch environment (immutable, the sandbox held)
+   * beneath the request's own. */
+  bool oom = false;
+  cleanup_free char **launch_env = sbx_env_under (x->s->env, req->env, &oom);
+  cleanup_free char **env = oom ? NULL : sbx_exec_build_env (launch_env != NULL ? launch_env : req->env, pty);
   if (env == NULL)
     return err_make (err, ENOMEM, "exec: out of memory");
   if (check_counts (req, env, err) < 0)

@@ -145,6 +145,18 @@ typedef struct sbx_s
   int64_t usage_ms;
   long usage_processes;
   uint64_t usage_disk_used, usage_disk_limit;
+  /* Set by its launch before it is ready, then never changed: its limits
+   * (effective), its launch environment and labels (sbx_strv_dup copies,
+   * NULL: none). */
+  sbx_resources_t res;
+  char **env;
+  char **labels;
+  /* Its lifetime (rt->mu; Extend changes it): idle TTL, end of life
+   * (monotonic ms, 0: none), whether to persist before an expiry; and
+   * `expiring`: the idler is ending it. */
+  sbx_lifetime_t life;
+  int64_t end_of_life_ms;
+  bool expiring;
   struct sbx_s *next;
   struct sbx_s **pprev; /* what points at this one in the list */
   struct sbx_s *hnext;  /* next in its bucket of the id index */
@@ -185,6 +197,9 @@ struct sbx_runtime_s
   bool reaper_running;
   pthread_t idler; /* deletes idle sandboxes, apart from the reaper's ticks (reaper.c) */
   bool idler_running;
+  /* What ends an expired sandbox that is to be persisted (lifetime.c). */
+  sbx_expire_fn expire;
+  void *expire_ctx;
   /* Spare memory groups made ahead of launches (cgroup v1; launch.c),
    * under mu: their numbers, and the next number to make. */
   unsigned spares[SBX_SPARES];
@@ -234,6 +249,19 @@ void sbx_proc_wait_threads (sbx_runtime_t *rt);
 /* exec_control.c: a connection to the control socket of the pid 1 of the sandbox
  * whose state directory is `state` (ESRCH when it does not answer). */
 int sbx_connect_holder (const char *state, const char *id, err_t *err);
+
+/* spec.c: a copy of `v` (NULL-terminated strings) in one allocation, or
+ * NULL when out of memory (or `v` is NULL or empty). */
+char **sbx_strv_dup (char *const *v);
+/* `base` ("NAME=value", NULL-terminated) less the names `env` has, then
+ * `env`'s entries: a copy in one allocation, NULL when `base` is NULL (or
+ * out of memory: *oom). */
+char **sbx_env_under (char *const *base, char *const *env, bool *oom);
+/* The smallest limits a sandbox starts under (its set-up runs in them; the
+ * configuration's own minimums). */
+#define SBX_MIN_MEMORY_MB 16
+#define SBX_MIN_DISK_MB 16
+#define SBX_MIN_PIDS 8
 
 /* Clocks: wall time for what clients see, monotonic for every duration. */
 int64_t sbx_wall_ms (void);
@@ -379,6 +407,16 @@ bool sbx_pool_yield (sbx_runtime_t *rt);
 size_t sbx_pool_held_locked (const sbx_runtime_t *rt);
 /* Destroys every pooled sandbox (the filler has stopped). */
 void sbx_pool_drain (sbx_runtime_t *rt);
+
+/* lifetime.c: sets `s`'s lifetime from `life` (rt->mu held), its end of
+ * life counted from now. */
+void sbx_lifetime_set_locked (sbx_t *s, const sbx_lifetime_t *life);
+/* The wall-clock time `s` expires (rt->mu held), 0: never. */
+int64_t sbx_expires_at_locked (const sbx_t *s);
+/* A sandbox that has expired, marked `expiring` (rt->mu held): its id and
+ * why ("idle", "max_lifetime") and whether to persist it first; false when
+ * none. Past its end of life a sandbox expires busy or not. */
+bool sbx_find_expired_locked (sbx_runtime_t *rt, char id[SBX_ID_MAX + 1], const char **why, bool *persist);
 
 /* reaper.c */
 /* Kills, unmounts and removes what a previous run left behind. */

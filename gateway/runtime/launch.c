@@ -26,18 +26,37 @@
 /* How long a helper that stopped reading the tar has to say why. */
 #define RESTORE_REASON_TIMEOUT_MS 10000
 
+/* Copies the spec's environment and labels into `s` (which frees them). */
+static int
+take_spec (sbx_t *s, const sbx_spec_t *spec, err_t *err)
+{
+  bool has_env = spec->env != NULL && spec->env[0] != NULL;
+  bool has_labels = spec->labels != NULL && spec->labels[0] != NULL;
+  if ((has_env && (s->env = sbx_strv_dup (spec->env)) == NULL)
+      || (has_labels && (s->labels = sbx_strv_dup (spec->labels)) == NULL))
+    {
+      free (take_ptr (&s->env));
+      return err_make (err, ENOMEM, "launch: out of memory");
+    }
+  return 0;
+}
+
 /* Reserves `id` in the registry: EEXIST taken, EUSERS full, ESHUTDOWN
  * stopping. `yielded`: the warm pool gave up a sandbox for this one
  * (sbx_pool_yield), whose place it takes. */
 static int
-reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_image_t *img, bool yielded, sbx_t **out,
-         err_t *err)
+reserve (sbx_runtime_t *rt, const char *id, const sbx_spec_t *spec, const sbx_resources_t *res,
+         const sbx_image_t *img, bool yielded, sbx_t **out, err_t *err)
 {
+  bool allow_egress = spec->allow_egress;
   if (!sbx_id_valid (id))
     return err_make (err, EINVAL, "invalid sandbox id: ids match ^[A-Za-z0-9][A-Za-z0-9_-]*$, at most 64 characters");
   cleanup_free sbx_t *s = calloc (1, sizeof *s);
   if (s == NULL)
     return err_make (err, ENOMEM, "launch: out of memory");
+  s->res = *res;
+  if (take_spec (s, spec, err) < 0)
+    return -1;
   snprintf (s->id, sizeof s->id, "%s", id);
   if (sbx_path_fmt (s->state, sizeof s->state, err, "%s/%s", rt->sandboxes_dir, id) < 0)
     return err_wrap (err, "the state directory of `%s`", id);
@@ -74,6 +93,11 @@ reserve (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_image_t
       *out = take_ptr (&s);
     }
   pthread_mutex_unlock (&rt->mu);
+  if (s != NULL)
+    {
+      free (take_ptr (&s->env));
+      free (take_ptr (&s->labels));
+    }
   return rc;
 }
 
@@ -214,10 +238,10 @@ static int
 helper_argv (sbx_runtime_t *rt, const sbx_t *s, bool restore, launch_numbers_t *nums, argv_t *a, err_t *err)
 {
   const sbx_config_t *c = &rt->cfg;
-  snprintf (nums->disk_mb, sizeof nums->disk_mb, "%ld", c->disk_mb);
-  snprintf (nums->pids, sizeof nums->pids, "%ld", c->pids_max);
-  snprintf (nums->mem, sizeof nums->mem, "%ld", c->memory_mb);
-  snprintf (nums->cpu, sizeof nums->cpu, "%ld", c->cpu_millis);
+  snprintf (nums->disk_mb, sizeof nums->disk_mb, "%ld", s->res.disk_mb);
+  snprintf (nums->pids, sizeof nums->pids, "%ld", s->res.pids_max);
+  snprintf (nums->mem, sizeof nums->mem, "%ld", s->res.memory_mb);
+  snprintf (nums->cpu, sizeof nums->cpu, "%ld", s->res.cpu_millis);
   snprintf (nums->max_entries, sizeof nums->max_entries, "%ld", c->snapshot_max_entries);
   const char *fixed[]
       = {"sandbox-helper", "launch",      "--id",           s->id,           "--state",        s->state,
@@ -402,6 +426,8 @@ abandon (sbx_runtime_t *rt, sbx_t *s, bool restore, err_t *err)
   pthread_cond_broadcast (&rt->cv);
   pthread_mutex_unlock (&rt->mu);
   pthread_mutex_destroy (&s->freeze_mu);
+  free (s->env);
+  free (s->labels);
   free (s);
   bool callers = restore && (err->status == EINVAL || err->status == ENOSPC || err->status == ECANCELED);
   if (!callers && (err->status == EINVAL || err->status == ENOENT || err->status == EEXIST))
@@ -437,16 +463,56 @@ int
 sbx_launch_on (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_image_t *img, sbx_source_fn src,
                void *src_ctx, sbx_info_t *out, err_t *err)
 {
+  sbx_spec_t spec = {.allow_egress = allow_egress, .persist_on_expiry = -1};
+  return sbx_launch_spec (rt, id, &spec, img, src, src_ctx, out, err);
+}
+
+/* Whether `res` are the limits pooled sandboxes are made with (the
+ * gateway's defaults): only then may a launch claim one. */
+static bool
+pool_limits (const sbx_runtime_t *rt, const sbx_resources_t *res)
+{
+  const sbx_config_t *c = &rt->cfg;
+  return res->memory_mb == c->memory_mb && res->cpu_millis == c->cpu_millis && res->disk_mb == c->disk_mb
+         && res->pids_max == c->pids_max;
+}
+
+/* Gives claimed `s` the spec's resources, environment and labels (it is
+ * linked but not ready: no one else reads them yet). */
+static int
+adopt_spec (sbx_runtime_t *rt, sbx_t *s, const sbx_spec_t *spec, const sbx_resources_t *res, err_t *err)
+{
+  s->res = *res;
+  if (take_spec (s, spec, err) < 0)
+    {
+      abandon (rt, s, false, err);
+      return -1;
+    }
+  return 0;
+}
+
+int
+sbx_launch_spec (sbx_runtime_t *rt, const char *id, const sbx_spec_t *spec_in, const sbx_image_t *img,
+                 sbx_source_fn src, void *src_ctx, sbx_info_t *out, err_t *err)
+{
   sbx_t *s = NULL;
   launch_numbers_t nums = {0};
-  /* Claim from the warm pool, else create. */
-  int claimed = sbx_pool_claim (rt, id, allow_egress, img, src != NULL, &s, err);
-  if (claimed < 0)
+  const sbx_spec_t no_spec = {.persist_on_expiry = -1};
+  const sbx_spec_t *spec = spec_in != NULL ? spec_in : &no_spec;
+  sbx_resources_t res;
+  sbx_lifetime_t life;
+  if (sbx_spec_check (rt, spec, &res, &life, err) < 0)
+    return -1;
+  bool allow_egress = spec->allow_egress;
+  /* Claim from the warm pool when its sandboxes have the limits asked
+   * for, else create. */
+  int claimed = pool_limits (rt, &res) ? sbx_pool_claim (rt, id, allow_egress, img, src != NULL, &s, err) : 0;
+  if (claimed < 0 || (claimed == 1 && adopt_spec (rt, s, spec, &res, err) < 0))
     return -1;
   if (claimed == 0)
     {
       bool yielded = sbx_pool_yield (rt);
-      if (reserve (rt, id, allow_egress, img, yielded, &s, err) < 0)
+      if (reserve (rt, id, spec, &res, img, yielded, &s, err) < 0)
         return -1;
       argv_t argv = {0};
       int rc = helper_argv (rt, s, src != NULL, &nums, &argv, err);
@@ -471,6 +537,7 @@ sbx_launch_on (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_i
   pthread_mutex_lock (&rt->mu);
   s->layers = NULL;
   s->cg_seen = seen;
+  sbx_lifetime_set_locked (s, &life); /* its life counts from here */
   s->ready = true;
   if (out != NULL)
     sbx_info_copy_locked (s, out);

@@ -3,7 +3,9 @@
  * makes (user namespace and uid range, namespaces, cgroups, disk, pid 1
  * ready) and no id: a placeholder name ("_pool-N", which no client id can
  * be) for its state directory and groups. A launch of the default image
- * without egress claims one: it is renamed to the launch's id (state
+ * without egress, with the gateway's default resources (a launch asking
+ * for other limits makes its own: a pooled sandbox's disk and groups are
+ * made with the defaults), claims one: it is renamed to the launch's id (state
  * directory and cgroups, which its pid 1 does not name) and linked into the
  * registry; launches that find the pool empty, name an image, restore a
  * snapshot or get egress make their own. A pooled sandbox is never in the
@@ -117,6 +119,10 @@ record_new (sbx_runtime_t *rt, unsigned n, long slot, err_t *err)
   s->disk_fd = -1;
   s->port_spare = -1;
   s->uid_slot = slot;
+  /* The gateway's defaults: a launch asking for others makes its own. */
+  const sbx_config_t *c = &rt->cfg;
+  s->res = (sbx_resources_t){
+      .memory_mb = c->memory_mb, .cpu_millis = c->cpu_millis, .disk_mb = c->disk_mb, .pids_max = c->pids_max};
   pthread_mutex_init (&s->freeze_mu, NULL);
   return s;
 }
@@ -253,7 +259,8 @@ rename_claimed (sbx_runtime_t *rt, sbx_t *s, const char *old, const char *old_st
       if (sbx_cg_path (from, sizeof from, rt->cg.roots[i], old, NULL, NULL, err) < 0
           || sbx_cg_path (to, sizeof to, rt->cg.roots[i], s->id, NULL, NULL, err) < 0)
         return -1;
-      if (rename (from, to) < 0)
+      /* No group in the v1 cpu hierarchy: a sandbox without a CPU limit. */
+      if (rename (from, to) < 0 && !(errno == ENOENT && (int) i == rt->cg.cpu && !rt->cg.v2))
         return err_make_sys (err, errno, "claim a pooled sandbox: rename cgroup `%s`", from);
     }
   return 0;

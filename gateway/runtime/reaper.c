@@ -2,9 +2,10 @@
  * (processes, mounts, cgroups, state directories), and two threads: the
  * reaper, which once a second cancels exports that have kept a sandbox
  * frozen past SANDBOX_EXPORT_FREEZE_SECONDS, marks dead the sandboxes whose
- * pid 1 died and runs the health self-check; and the idler, which deletes
- * sandboxes unused for SANDBOX_IDLE_TTL seconds (measured on the monotonic
- * clock: a wall-clock step deletes nothing). A delete stuck on one sandbox
+ * pid 1 died and runs the health self-check; and the idler, which ends
+ * expired sandboxes (lifetime.c: unused for their idle TTL, or past their
+ * most lifetime; measured on the monotonic clock: a wall-clock step deletes
+ * nothing), persisting them first when they are to be. A delete stuck on one sandbox
  * holds up none of the reaper's work. */
 #include <dirent.h>
 #include <errno.h>
@@ -105,21 +106,6 @@ sbx_clean_leftovers (sbx_runtime_t *rt)
     log_fields (SEV_INFO, json_pack ("{s:i}", "leftovers", (int) n), "removed what a previous run left behind");
 }
 
-/* The id of a sandbox idle for ttl_ms, or false. Needs rt->mu. */
-static bool
-find_idle_locked (sbx_runtime_t *rt, int64_t ttl_ms, char id[SBX_ID_MAX + 1])
-{
-  int64_t now = sbx_mono_ms ();
-  for (sbx_t *s = rt->list; s != NULL; s = s->next)
-    if (s->ready && !s->deleting && s->refs - (rt->cfg.idle_counts_processes ? 0 : s->bg_refs) == 0
-        && now - s->last_used_ms >= ttl_ms)
-      {
-        snprintf (id, SBX_ID_MAX + 1, "%s", s->id);
-        return true;
-      }
-  return false;
-}
-
 /* Most dead holders dealt with per tick (the rest on the next). */
 #define DEAD_PER_TICK 16
 
@@ -214,34 +200,44 @@ sbx_reaper_main (void *arg)
   return NULL;
 }
 
-/* The idler: deletes sandboxes unused for SANDBOX_IDLE_TTL, one after
- * another, looking once a second (at once again after a delete). */
+/* The idler: ends expired sandboxes (lifetime.c: idle past their TTL, or
+ * past their end of life), one after another, looking once a second (at
+ * once again after one). One to persist first goes to the expiry hook,
+ * which persists and deletes it; the rest are deleted. */
 void *
 sbx_idler_main (void *arg)
 {
   sbx_runtime_t *rt = arg;
-  int64_t ttl_ms = rt->cfg.idle_ttl_seconds * 1000;
   int64_t next_tick = 0;
   pthread_mutex_lock (&rt->mu);
   while (!rt->stopping)
     {
       int64_t now = sbx_mono_ms ();
       char id[SBX_ID_MAX + 1];
-      if (now < next_tick || ttl_ms <= 0 || !find_idle_locked (rt, ttl_ms, id))
+      const char *why = NULL;
+      bool persist = false;
+      if (now < next_tick || !sbx_find_expired_locked (rt, id, &why, &persist))
         {
           if (now >= next_tick)
             next_tick = now + 1000;
           wait_until_locked (rt, next_tick);
           continue;
         }
+      sbx_expire_fn expire = rt->expire;
+      void *expire_ctx = rt->expire_ctx;
       pthread_mutex_unlock (&rt->mu);
-      log_fields (SEV_INFO, json_pack ("{s:s, s:i}", "sandbox_id", id, "idle_ttl", (int) rt->cfg.idle_ttl_seconds),
-                  "deleting an idle sandbox");
-      err_t err = ERR_INIT;
-      sbx_delete (rt, id, &err);
-      err_warn_release (&err, "delete idle `%s`", id);
+      log_fields (SEV_INFO, json_pack ("{s:s, s:s, s:b}", "sandbox_id", id, "reason", why, "persist", persist),
+                  "ending an expired sandbox");
+      if (persist)
+        expire (expire_ctx, rt, id, why);
+      else
+        {
+          err_t err = ERR_INIT;
+          sbx_delete (rt, id, &err);
+          err_warn_release (&err, "delete expired `%s`", id);
+        }
       pthread_mutex_lock (&rt->mu);
-      next_tick = 0; /* the next idle one at once */
+      next_tick = 0; /* the next expired one at once */
     }
   pthread_mutex_unlock (&rt->mu);
   return NULL;

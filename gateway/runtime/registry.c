@@ -192,6 +192,8 @@ sbx_free_record (sbx_t *s)
   if (s->port_spare >= 0)
     close (s->port_spare);
   pthread_mutex_destroy (&s->freeze_mu);
+  free (s->env);
+  free (s->labels);
   free (s);
 }
 
@@ -229,6 +231,9 @@ sbx_info_copy_locked (sbx_t *s, sbx_info_t *out)
   memcpy (out->image, s->image, sizeof out->image);
   memcpy (out->image_digest, s->image_digest, sizeof out->image_digest);
   memcpy (out->dead_reason, s->dead_reason, sizeof out->dead_reason);
+  out->resources = s->res;
+  out->lifetime = s->life;
+  out->expires_at_ms = sbx_expires_at_locked (s);
   s->refs++; /* keeps the record, its id and its disk descriptor */
 }
 
@@ -559,11 +564,17 @@ list_release (sbx_runtime_t *rt, sbx_t **held, const sbx_info_t *v, const bool *
     sbx_free_record (held[i]);
 }
 
+/* A labels copy that could not be made (sbx_list_matching fails). */
+#define SBX_LABELS_OOM ((char **) -1)
+
 /* A List copies every record under the registry lock, referenced, and
  * reads the process counts and disks it must after it: the lock every exec
- * takes is never held across those reads, whatever the number of sandboxes. */
-int
-sbx_list (sbx_runtime_t *rt, sbx_info_t **out, size_t *n, err_t *err)
+ * takes is never held across those reads, whatever the number of sandboxes.
+ * With `labels`, only those `match` (NULL: all) accepts, each with a copy
+ * of its labels, made after the lock (the records are referenced and
+ * their labels never change). */
+static int
+list_some (sbx_runtime_t *rt, bool labels, sbx_match_fn match, void *ctx, sbx_info_t **out, size_t *n, err_t *err)
 {
   pthread_mutex_lock (&rt->mu);
   size_t cap = rt->count + 1;
@@ -579,7 +590,7 @@ sbx_list (sbx_runtime_t *rt, sbx_info_t **out, size_t *n, err_t *err)
   int64_t now = sbx_mono_ms ();
   size_t k = 0;
   for (sbx_t *s = rt->list; s != NULL && k < cap; s = s->next)
-    if (s->ready && !s->deleting)
+    if (s->ready && !s->deleting && (match == NULL || match (ctx, (const char *const *) s->labels)))
       {
         held[k] = s;
         sbx_info_copy_locked (s, &v[k]);
@@ -595,11 +606,38 @@ sbx_list (sbx_runtime_t *rt, sbx_info_t **out, size_t *n, err_t *err)
   pthread_mutex_unlock (&rt->mu);
   int64_t read_ms = sbx_mono_ms ();
   for (size_t i = 0; i < k; i++)
-    if (read[i])
-      sbx_info_read_usage (rt, held[i], &v[i]);
+    {
+      if (read[i])
+        sbx_info_read_usage (rt, held[i], &v[i]);
+      if (labels && held[i]->labels != NULL && (v[i].labels = sbx_strv_dup (held[i]->labels)) == NULL)
+        v[i].labels = SBX_LABELS_OOM;
+    }
   list_release (rt, held, v, read, k, read_ms);
   qsort (v, k, sizeof *v, info_cmp);
   *out = v;
   *n = k;
   return 0;
+}
+
+int
+sbx_list (sbx_runtime_t *rt, sbx_info_t **out, size_t *n, err_t *err)
+{
+  return list_some (rt, false, NULL, NULL, out, n, err);
+}
+
+int
+sbx_list_matching (sbx_runtime_t *rt, sbx_match_fn match, void *ctx, sbx_info_t **out, size_t *n, err_t *err)
+{
+  int rc = list_some (rt, true, match, ctx, out, n, err);
+  for (size_t i = 0; rc == 0 && i < *n; i++)
+    if ((*out)[i].labels == SBX_LABELS_OOM)
+      {
+        for (size_t j = 0; j < *n; j++)
+          if ((*out)[j].labels != SBX_LABELS_OOM)
+            free ((*out)[j].labels);
+        free (*out);
+        *out = NULL;
+        return err_make (err, ENOMEM, "list: out of memory");
+      }
+  return rc;
 }

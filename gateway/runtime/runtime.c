@@ -130,7 +130,9 @@ runtime_init (sbx_runtime_t *rt, const sbx_config_t *cfg, err_t *err)
     return err_make_sys (err, errno, "sandbox helper `%s`", cfg->helper);
   if (sbx_uid_block_claim (rt, err) < 0)
     return -1;
-  if (sbx_cg_detect (cfg->cgroup_mount, cfg->cgroup_group, cfg->cpu_millis > 0, &rt->cg, err) < 0)
+  /* The cpu hierarchy whenever a sandbox may have a CPU limit: the
+   * default's, or one its launch asks for (max_cpu_millis 0: any). */
+  if (sbx_cg_detect (cfg->cgroup_mount, cfg->cgroup_group, true, &rt->cg, err) < 0)
     return -1;
   if (sbx_path_fmt (rt->sandboxes_dir, sizeof rt->sandboxes_dir, err, "%s/sandboxes", cfg->state_dir) < 0)
     return err_wrap (err, "SANDBOX_STATE_DIR");

@@ -72,9 +72,84 @@ typedef struct sbx_config_s
   long max_contexts;       /* SANDBOX_MAX_CONTEXTS: code contexts per sandbox */
   long max_contexts_total; /* SANDBOX_MAX_CONTEXTS_TOTAL: code contexts of all sandboxes */
   long warm_pool;          /* SANDBOX_WARM_POOL's `default`: pooled sandboxes of SANDBOX_ROOTFS kept ready */
+  /* The most a launch may ask for (LaunchRequest.resources), each at
+   * least the per-sandbox default above; max_cpu_millis 0: any. */
+  long max_memory_mb;
+  long max_cpu_millis;
+  long max_disk_mb;
+  long max_pids;
+  /* The longest idle TTL and lifetime a launch or an Extend may ask for
+   * (SANDBOX_MAX_IDLE_TTL, SANDBOX_MAX_LIFETIME), in seconds. */
+  long max_idle_ttl_seconds;
+  long max_lifetime_seconds;
+  /* Whether an expiring sandbox is persisted first when its launch does not
+   * say (the SIGTERM drain's choice: a store was configured). */
+  bool persist_on_expiry;
 } sbx_config_t;
 
 typedef struct sbx_runtime_s sbx_runtime_t;
+
+/* A sandbox's limits. In a launch's spec 0 is the gateway's default
+ * (sbx_config_t); in sbx_info_t they are the effective ones, cpu_millis 0
+ * meaning unlimited. */
+typedef struct sbx_resources_s
+{
+  long memory_mb;
+  long cpu_millis; /* 1000: one CPU */
+  long disk_mb;
+  long pids_max;
+} sbx_resources_t;
+
+/* The launch environment's caps (LaunchRequest.env): entries, a name's and
+ * a value's bytes, and all entries' bytes together ("NAME=value"), which
+ * leaves room for a command's own within SBX_EXEC_MAX. */
+#define SBX_LAUNCH_ENV_MAX 128
+#define SBX_LAUNCH_ENV_NAME_MAX 256
+#define SBX_LAUNCH_ENV_VALUE_MAX (32 * 1024)
+#define SBX_LAUNCH_ENV_TOTAL_MAX (64 * 1024)
+
+/* What a launch asks for beyond its id and image. Strings are borrowed for
+ * the call; the sandbox keeps copies. */
+typedef struct sbx_spec_s
+{
+  bool allow_egress;
+  sbx_resources_t resources; /* 0 fields: the defaults */
+  /* "NAME=value", NULL-terminated, may be NULL: beneath every command's
+   * own environment (sbx_exec_req_t.env wins). */
+  char *const *env;
+  /* "key=value" (common/labels.h syntax, checked by the caller),
+   * NULL-terminated, may be NULL. */
+  char *const *labels;
+  /* Seconds; 0: the gateway's SANDBOX_IDLE_TTL, and no lifetime limit. */
+  long idle_ttl_seconds;
+  long max_lifetime_seconds;
+  int persist_on_expiry; /* -1: the gateway's default (sbx_config_t) */
+} sbx_spec_t;
+
+/* A sandbox's lifetime: its idle TTL (0: never idles out) and most
+ * lifetime (0: none) in seconds, and whether it is persisted to the store
+ * before an expiry deletes it. */
+typedef struct sbx_lifetime_s
+{
+  long idle_ttl_seconds;
+  long max_lifetime_seconds;
+  bool persist_on_expiry;
+} sbx_lifetime_t;
+
+/* Checks a launch's spec against the gateway's maxima and caps and fills
+ * *effective (defaults for 0 fields). EINVAL naming the field and the
+ * maximum (`resources.memory_mb 4096 is above the maximum of 2048
+ * (SANDBOX_MAX_MEMORY_MB)`), or the env entry. */
+int sbx_spec_check (const sbx_runtime_t *rt, const sbx_spec_t *spec, sbx_resources_t *effective, sbx_lifetime_t *life,
+                    err_t *err);
+
+/* Told to end sandbox `id`, which has expired (`why`: "idle" or
+ * "max_lifetime") and is to be persisted first: it persists and then
+ * deletes it (sbx_delete), on the idler's thread (expiries wait for it). */
+typedef void (*sbx_expire_fn) (void *ctx, sbx_runtime_t *rt, const char *id, const char *why);
+/* Sets the hook (before any sandbox exists); without one an expired
+ * sandbox is deleted without persisting. */
+void sbx_set_expire_hook (sbx_runtime_t *rt, sbx_expire_fn fn, void *ctx);
 
 typedef struct sbx_info_s
 {
@@ -97,6 +172,14 @@ typedef struct sbx_info_s
    * used; both "" on SANDBOX_ROOTFS. */
   char image[SBX_IMAGE_REF_MAX + 1];
   char image_digest[SBX_IMAGE_DIGEST_MAX + 1];
+  sbx_resources_t resources; /* the effective limits */
+  sbx_lifetime_t lifetime;   /* the effective lifetime */
+  /* When it expires as things stand (wall clock, ms): the earlier of its
+   * idle deadline and its end of life; 0: never. */
+  int64_t expires_at_ms;
+  /* Only from sbx_list_matching: a copy of its labels ("key=value",
+   * NULL-terminated, one allocation the caller frees), NULL: none. */
+  char **labels;
 } sbx_info_t;
 
 /* True when egress sandboxes are held to the egress policy by a filter
@@ -156,6 +239,21 @@ int sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_sourc
 int sbx_launch_on (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_image_t *img, sbx_source_fn src,
                    void *ctx, sbx_info_t *out, err_t *err);
 
+/* sbx_launch_on with a spec (NULL: as sbx_launch_on with no egress):
+ * resources, launch environment and labels. EINVAL as sbx_spec_check. */
+int sbx_launch_spec (sbx_runtime_t *rt, const char *id, const sbx_spec_t *spec, const sbx_image_t *img,
+                     sbx_source_fn src, void *ctx, sbx_info_t *out, err_t *err);
+
+/* A copy of sandbox `id`'s labels ("key=value", NULL-terminated, one
+ * allocation: free it; NULL when it has none). ENOENT unknown. */
+int sbx_labels_get (sbx_runtime_t *rt, const char *id, char ***out, err_t *err);
+
+/* Its launch environment overlaid by `env` ("NAME=value", may be NULL):
+ * the launch's entries `env` does not name, then `env`'s. *out is one
+ * allocation (free it), NULL-terminated; *out NULL when the sandbox has no
+ * launch environment (use `env` as it is). ENOENT unknown. */
+int sbx_env_overlay (sbx_runtime_t *rt, const char *id, char *const *env, char ***out, err_t *err);
+
 /* Unpacks the image layer blob on `blob_fd` (a tar, plain, gzip or zstd,
  * already verified against its digest) into the empty directory `dir`,
  * unprivileged (layer.c): files owned by the SANDBOX_IMAGE_UID range, OCI
@@ -196,12 +294,25 @@ int sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err);
 /* Describes a sandbox (and renews its idle timer). ENOENT unknown. */
 int sbx_get (sbx_runtime_t *rt, const char *id, sbx_info_t *out, err_t *err);
 
+/* Extend: sets sandbox `id`'s idle TTL (0: unchanged) and renews its idle
+ * timer, and with max_lifetime_seconds > 0 ends its life that many seconds
+ * from now instead. EINVAL above SANDBOX_MAX_IDLE_TTL /
+ * SANDBOX_MAX_LIFETIME (nothing changed), ENOENT unknown. *out as sbx_get. */
+int sbx_extend (sbx_runtime_t *rt, const char *id, long idle_ttl_seconds, long max_lifetime_seconds, sbx_info_t *out,
+                err_t *err);
+
 /* Records the stored snapshot version `gen` of sandbox `id` (see
  * sbx_info_t.store_gen); nothing when it is gone. */
 void sbx_set_store_gen (sbx_runtime_t *rt, const char *id, const char *gen);
 
 /* Describes every sandbox, ordered by id. *out is freed by the caller. */
 int sbx_list (sbx_runtime_t *rt, sbx_info_t **out, size_t *n, err_t *err);
+
+/* As sbx_list, only the sandboxes whose labels `match` says yes to (NULL:
+ * all; called under the registry lock: it must not block), each with a
+ * copy of its labels in .labels (NULL: none): free each, then *out. */
+typedef bool (*sbx_match_fn) (void *ctx, const char *const *labels);
+int sbx_list_matching (sbx_runtime_t *rt, sbx_match_fn match, void *ctx, sbx_info_t **out, size_t *n, err_t *err);
 
 typedef struct sbx_exec_req_s
 {

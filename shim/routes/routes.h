@@ -31,6 +31,7 @@
 struct MHD_Response *route_health (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_launch (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_list (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_extend (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_delete (shim_req_t *r, unsigned *status);
 /* GET /sandboxes/{id}: its entry in the GET /sandboxes shape (404 unknown). */
 struct MHD_Response *route_get (shim_req_t *r, unsigned *status);

@@ -1,6 +1,6 @@
 /* routes/sandboxes: GET /health, POST /sandboxes, GET /sandboxes,
- * GET /sandboxes/{id}, DELETE /sandboxes/{id} and GET /metrics. State:
- * the last /health answer, under its lock. */
+ * GET /sandboxes/{id}, POST /sandboxes/{id}/extend, DELETE /sandboxes/{id}
+ * and GET /metrics. State: the last /health answer, under its lock. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -152,6 +152,36 @@ route_launch (shim_req_t *r, unsigned *status)
   req.sandbox_id = body.id;
   req.allow_egress = body.allow_egress;
   req.image = body.image;
+  Sandbox__V1__Resources res = SANDBOX__V1__RESOURCES__INIT;
+  res.memory_mb = (uint32_t) body.memory_mb;
+  res.cpus = body.cpus;
+  res.disk_mb = (uint32_t) body.disk_mb;
+  res.pids_max = (uint32_t) body.pids_max;
+  req.resources = &res;
+  req.idle_ttl_seconds = (uint32_t) body.idle_ttl;
+  req.max_lifetime_seconds = (uint32_t) body.max_lifetime;
+  Sandbox__V1__LaunchRequest__EnvEntry env[SHIM_LAUNCH_ENV_MAX], *envp[SHIM_LAUNCH_ENV_MAX];
+  Sandbox__V1__LaunchRequest__LabelsEntry lbl[SHIM_LAUNCH_LABELS_MAX], *lblp[SHIM_LAUNCH_LABELS_MAX];
+  const char *k;
+  json_t *v;
+  json_object_foreach (body.env, k, v)
+  {
+    sandbox__v1__launch_request__env_entry__init (&env[req.n_env]);
+    env[req.n_env].key = (char *) k;
+    env[req.n_env].value = (char *) json_string_value (v);
+    envp[req.n_env] = &env[req.n_env];
+    req.n_env++;
+  }
+  json_object_foreach (body.labels, k, v)
+  {
+    sandbox__v1__launch_request__labels_entry__init (&lbl[req.n_labels]);
+    lbl[req.n_labels].key = (char *) k;
+    lbl[req.n_labels].value = (char *) json_string_value (v);
+    lblp[req.n_labels] = &lbl[req.n_labels];
+    req.n_labels++;
+  }
+  req.env = envp;
+  req.labels = lblp;
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
   struct MHD_Response *out;
@@ -175,6 +205,7 @@ route_launch (shim_req_t *r, unsigned *status)
   if (resp != NULL)
     protobuf_c_message_free_unpacked (resp, NULL);
   rpc_status_release (&st);
+  shim_launch_body_release (&body);
   return out;
 }
 
@@ -182,10 +213,17 @@ route_launch (shim_req_t *r, unsigned *status)
 static json_t *
 sandbox_json (const Sandbox__V1__SandboxInfo *s)
 {
-  return json_pack ("{s:s, s:I, s:I, s:b, s:i, s:I, s:I}", "sandbox_id", s->sandbox_id, "created_at_ms",
-                    (json_int_t) s->created_at_unix_ms, "last_used_ms", (json_int_t) s->last_used_unix_ms,
-                    "allow_egress", s->allow_egress, "process_count", (int) s->process_count, "disk_used_bytes",
-                    (json_int_t) s->disk_used_bytes, "disk_limit_bytes", (json_int_t) s->disk_limit_bytes);
+  json_t *j = json_pack ("{s:s, s:I, s:I, s:b, s:i, s:I, s:I}", "sandbox_id", s->sandbox_id, "created_at_ms",
+                         (json_int_t) s->created_at_unix_ms, "last_used_ms", (json_int_t) s->last_used_unix_ms,
+                         "allow_egress", s->allow_egress, "process_count", (int) s->process_count, "disk_used_bytes",
+                         (json_int_t) s->disk_used_bytes, "disk_limit_bytes", (json_int_t) s->disk_limit_bytes);
+  /* Additive: its labels and when it expires (0: never). */
+  json_t *labels = json_object ();
+  for (size_t i = 0; i < s->n_labels; i++)
+    json_object_set_new (labels, s->labels[i]->key, json_string (s->labels[i]->value));
+  json_object_set_new (j, "labels", labels);
+  json_object_set_new (j, "expires_at_ms", json_integer ((json_int_t) s->expires_at_unix_ms));
+  return j;
 }
 
 /* GET /sandboxes: every gateway of the set is asked (one: as the contract
@@ -198,6 +236,13 @@ sandbox_json (const Sandbox__V1__SandboxInfo *s)
 struct MHD_Response *
 route_list (shim_req_t *r, unsigned *status)
 {
+  /* ?labels=<selector>: checked here, then passed to every gateway. */
+  const char *selector = MHD_lookup_connection_value (r->conn, MHD_GET_ARGUMENT_KIND, "labels");
+  shim_errors_t e;
+  shim_errors_init (&e);
+  if (selector != NULL && !shim_check_selector (selector, &e))
+    return shim_json (shim_errors_take (&e), 422, status);
+  shim_errors_release (&e);
   rpc_channel_t *chs[MEMBERS_MAX];
   const char *names[MEMBERS_MAX];
   size_t n = members_serving (chs, names, MEMBERS_MAX);
@@ -208,6 +253,7 @@ route_list (shim_req_t *r, unsigned *status)
   for (size_t i = 0; i < n; i++)
     {
       Sandbox__V1__ListRequest req = SANDBOX__V1__LIST_REQUEST__INIT;
+      req.label_selector = (char *) (selector != NULL ? selector : "");
       ProtobufCMessage *resp = NULL;
       rpc_status_release (&st);
       if (route_unary_on (chs[i], "/sandbox.v1.Sandbox/List", &req.base, &sandbox__v1__list_response__descriptor,
@@ -255,6 +301,35 @@ route_get (shim_req_t *r, unsigned *status)
   ProtobufCMessage *resp = NULL;
   rpc_status_t st = RPC_STATUS_INIT;
   struct MHD_Response *out = route_unary (r->id, "/sandbox.v1.Sandbox/Get", &req.base,
+                                          &sandbox__v1__sandbox_info__descriptor, &resp, &st, ROUTE_SHORT_CALL_MS)
+                                     == 0
+                                 ? shim_json (sandbox_json ((const Sandbox__V1__SandboxInfo *) resp), 200, status)
+                                 : shim_gateway_error (st.code, &st, status);
+  if (resp != NULL)
+    protobuf_c_message_free_unpacked (resp, NULL);
+  rpc_status_release (&st);
+  return out;
+}
+
+/* POST /sandboxes/{id}/extend {"idle_ttl", "max_lifetime"}: the sandbox
+ * as GET /sandboxes/{id} shows it. */
+struct MHD_Response *
+route_extend (shim_req_t *r, unsigned *status)
+{
+  shim_errors_t e;
+  shim_errors_init (&e);
+  shim_extend_body_t body;
+  const char *ct = MHD_lookup_connection_value (r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+  if (!shim_parse_extend (ct, r->body, r->len, &body, &e))
+    return shim_json (shim_errors_take (&e), 422, status);
+  shim_errors_release (&e);
+  Sandbox__V1__ExtendRequest req = SANDBOX__V1__EXTEND_REQUEST__INIT;
+  req.sandbox_id = r->id;
+  req.idle_ttl_seconds = (uint32_t) body.idle_ttl;
+  req.max_lifetime_seconds = (uint32_t) body.max_lifetime;
+  ProtobufCMessage *resp = NULL;
+  rpc_status_t st = RPC_STATUS_INIT;
+  struct MHD_Response *out = route_unary (r->id, "/sandbox.v1.Sandbox/Extend", &req.base,
                                           &sandbox__v1__sandbox_info__descriptor, &resp, &st, ROUTE_SHORT_CALL_MS)
                                      == 0
                                  ? shim_json (sandbox_json ((const Sandbox__V1__SandboxInfo *) resp), 200, status)

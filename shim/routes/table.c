@@ -9,6 +9,7 @@ const shim_route_t shim_routes[] = {
     {"POST", "/sandboxes", SHIM_BODY_JSON, true, route_launch, NULL, NULL, false, NULL},
     {"GET", "/sandboxes", SHIM_BODY_NONE, true, route_list, NULL, NULL, false, NULL},
     {"DELETE", "/sandboxes/{id}", SHIM_BODY_NONE, true, route_delete, NULL, NULL, false, NULL},
+    {"POST", "/sandboxes/{id}/extend", SHIM_BODY_JSON, true, route_extend, NULL, NULL, false, NULL},
     {"POST", "/sandboxes/{id}/exec", SHIM_BODY_JSON, true, route_exec, NULL, NULL, false, NULL},
     {"POST", "/sandboxes/{id}/restore", SHIM_BODY_STREAM, true, route_restore, route_restore_upload,
      route_restore_cleanup, false, NULL},

@@ -119,6 +119,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
         if (ok)
           CHECK (id_ok (b.id));
         check_errors (&e, !ok);
+        shim_launch_body_release (&b);
         free (body);
         break;
       }
