@@ -54,7 +54,7 @@ test_check_caps_the_count_and_names_the_bad_key (void **state)
 {
   (void) state;
   const char *keys[LBL_MAX + 1], *vals[LBL_MAX + 1];
-  char names[LBL_MAX + 1][8];
+  char names[LBL_MAX + 1][16];
   for (int i = 0; i <= LBL_MAX; i++)
     {
       snprintf (names[i], sizeof names[i], "k%d", i);
