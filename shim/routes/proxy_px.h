@@ -53,6 +53,11 @@ typedef struct px_s
   bool chunked_end; /* its last chunk and trailers are read */
   /* Upgraded. */
   struct MHD_UpgradeResponseHandle *urh;
+  /* What the client sent right behind its upgrade request: the up thread
+   * sends it first (a send may wait on flow control; MHD's event thread,
+   * which hands the socket over, must not). */
+  char *extra;
+  size_t extra_len;
   int sock;
   atomic_int threads;
 } px_t;

@@ -122,6 +122,7 @@ px_free (px_t *px)
   if (px->slot)
     ports_slot_release (px->id, px->preview);
   free (px->head);
+  free (px->extra);
   free (px);
 }
 
@@ -140,7 +141,13 @@ up_main (void *arg)
 {
   px_t *px = arg;
   char *buf = malloc (PROXY_CHUNK);
-  for (;;)
+  bool ok = px->extra_len == 0 || px_send_data (px, px->extra, px->extra_len) == 0;
+  free (px->extra);
+  px->extra = NULL;
+  px->extra_len = 0;
+  if (!ok)
+    rpc_client_cancel (px->call);
+  while (ok)
     {
       ssize_t n = buf == NULL ? -1 : recv (px->sock, buf, PROXY_CHUNK, 0);
       if (n < 0 && errno == EINTR)
@@ -239,8 +246,17 @@ px_upgraded (void *cls, struct MHD_Connection *conn, void *con_cls, const char *
     fcntl (sock, F_SETFL, fl & ~O_NONBLOCK);
   struct timeval snd = {.tv_sec = shim.cfg.forward_idle_seconds};
   setsockopt (sock, SOL_SOCKET, SO_SNDTIMEO, &snd, sizeof snd);
-  if (extra_in_size > 0 && px_send_data (px, extra_in, extra_in_size) < 0)
-    rpc_client_cancel (px->call);
+  if (extra_in_size > 0)
+    {
+      px->extra = malloc (extra_in_size);
+      if (px->extra != NULL)
+        {
+          memcpy (px->extra, extra_in, extra_in_size);
+          px->extra_len = extra_in_size;
+        }
+      else
+        rpc_client_cancel (px->call);
+    }
   pthread_attr_t attr;
   pthread_attr_init (&attr);
   pthread_attr_setstacksize (&attr, PROXY_THREAD_STACK);
