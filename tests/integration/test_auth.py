@@ -55,13 +55,14 @@ def _requests(pb2):
         "RestartContext": lambda: pb2.RestartContextRequest(sandbox_id=MISSING_ID, context_id="c"),
         "DeleteContext": lambda: pb2.DeleteContextRequest(sandbox_id=MISSING_ID, context_id="c"),
         "RunCode": lambda: pb2.RunCodeRequest(sandbox_id=MISSING_ID, code="1"),
+        "Extend": lambda: pb2.ExtendRequest(sandbox_id=MISSING_ID, idle_ttl_seconds=60),
     }
 
 
 METHODS = ["Launch", "Restore", "Exec", "Run", "ListProcesses", "SignalProcess", "ExportSnapshot", "PersistSnapshot",
            "Connect", "Delete", "Get", "List", "Status", "ReadFile", "WriteFile", "ListDir", "Stat", "Remove",
            "Rename", "MakeDir", "Watch", "Forward", "ListPorts", "PullImage", "ListImages", "RemoveImage",
-           "CreateContext", "ListContexts", "RestartContext", "DeleteContext", "RunCode"]
+           "CreateContext", "ListContexts", "RestartContext", "DeleteContext", "RunCode", "Extend"]
 
 
 def call(gw, sandbox_api, method, metadata=None):
