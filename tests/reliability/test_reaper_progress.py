@@ -67,7 +67,7 @@ def test_a_stuck_idle_delete_stops_neither_freeze_deadlines_nor_health(procs, tm
             assert wait_until(lambda: children(entered.pid), 10.0, 0.05), "nsenter started its child"
             os.kill(entered.pid, signal.SIGSTOP)
 
-            assert gw.logs.wait_for(lambda r: r.get("message") == "deleting an idle sandbox"
+            assert gw.logs.wait_for(lambda r: r.get("message") == "ending an expired sandbox"
                                     and r.get("sandbox_id") == stuck, IDLE_TTL_S + 15), "the idle delete starts"
             time.sleep(1.5)  # well into the delete, which waits for the holder
             deleted = gw.logs.find(lambda r: r.get("message") == "sandbox deleted" and r.get("sandbox_id") == stuck)
