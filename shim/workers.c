@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "common/idle_pool.h"
+#include "shim/shim.h"
 
 /* The stack of a worker: routes keep no large buffers on it. */
 #define WORKERS_STACK (512 * 1024)
@@ -20,14 +21,6 @@ static size_t cap = 64;
 static size_t running, waiting;
 static bool stopping;
 static worker_job_t *head, *tail;
-
-static int64_t
-mono_ns (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 void
 workers_init (size_t max_running)
@@ -76,7 +69,7 @@ int
 workers_submit (worker_job_t *job)
 {
   job->next = NULL;
-  job->queued_ns = mono_ns ();
+  job->queued_ns = shim_mono_ns ();
   pthread_mutex_lock (&mu);
   if (stopping)
     {
