@@ -222,15 +222,15 @@ handle (shim_req_t *r, unsigned *status)
 
 /* ---- work on workers ------------------------------------------------------------------ */
 
-/* Connections suspended and not yet called back by MHD since (MHD takes a
- * resume in its own time, and must not be stopped with one suspended). */
+/* Connections suspended whose resume is not yet asked for. MHD_stop_daemon
+ * takes the resumes asked for (MHD_ALLOW_SUSPEND_RESUME) and aborts on a
+ * connection still suspended. */
 static atomic_long n_suspended;
 
 void
 shim_suspend (struct MHD_Connection *conn, shim_work_t *w)
 {
   atomic_store (&w->working, true);
-  w->suspended = true;
   atomic_fetch_add (&n_suspended, 1);
   MHD_suspend_connection (conn);
 }
@@ -240,6 +240,7 @@ shim_work_done (struct MHD_Connection *conn, shim_work_t *w)
 {
   atomic_store (&w->working, false);
   MHD_resume_connection (conn);
+  atomic_fetch_sub (&n_suspended, 1);
 }
 
 bool
@@ -247,12 +248,7 @@ shim_called_back (shim_work_t *w)
 {
   /* MHD may call once more in the pass that suspended (its chunked-body
    * loop does): not yet back, the worker still has the state. */
-  if (atomic_load (&w->working))
-    return false;
-  if (w->suspended)
-    atomic_fetch_sub (&n_suspended, 1);
-  w->suspended = false;
-  return true;
+  return !atomic_load (&w->working);
 }
 
 bool

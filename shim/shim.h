@@ -73,7 +73,6 @@ typedef struct shim_req_s shim_req_t;
 typedef struct shim_work_s
 {
   atomic_bool working; /* the job runs: its state is the worker's */
-  bool suspended;      /* suspended, and MHD has not called back since */
 } shim_work_t;
 
 /* How a route takes its request body. */
@@ -178,9 +177,10 @@ int shim_req_fd (shim_req_t *r);
 /* Suspends `conn` for a worker's job, which ends with shim_work_done
  * (resuming it). Until then the job owns the state; MHD may still call once
  * in the pass that suspended, and shim_called_back says false then (the
- * callback must do nothing). It says true once MHD is back: MHD takes a
- * resume in its own time and must not be stopped with a connection
- * suspended, so what is suspended is counted until then. */
+ * callback must do nothing). What is suspended is counted until its resume
+ * is asked for: MHD must not be stopped with a connection suspended, and
+ * takes the resumes asked for when it stops (a resumed connection that
+ * waits for its client, a half-sent upload, does not hold a stop up). */
 void shim_suspend (struct MHD_Connection *conn, shim_work_t *w);
 void shim_work_done (struct MHD_Connection *conn, shim_work_t *w);
 bool shim_called_back (shim_work_t *w);

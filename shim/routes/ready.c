@@ -8,20 +8,18 @@
  * in "detail". No auth, like /health. With SHIM_GATEWAYS, ready when one
  * gateway of the set is: the ids of those that are down go to the others.
  *
- * State: the last verdict and when it was reached, under `ready_mu`; a
- * verdict younger than READY_CACHE_MS is reused, so probes from many
- * replicas or a tight period cost the gateway one check per interval.
- * The mutex is held while checking: concurrent probes wait for that one
- * check instead of starting their own.
+ * A verdict is reused for READY_CACHE_MS (routes/reuse.h), so probes from
+ * many replicas, a tight period or a flood cost the gateway one check per
+ * interval; probes during a check take the last verdict at once instead of
+ * holding a worker while they wait for it.
  */
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "grpc/health/v1/health.pb-c.h"
 #include "sandbox/v1/sandbox.pb-c.h"
 #include "shim/members.h"
+#include "shim/routes/reuse.h"
 #include "shim/routes/routes.h"
 
 /* How long a verdict is reused. */
@@ -29,19 +27,14 @@
 /* Deadline of each of the two checks. */
 #define READY_CALL_MS 2000
 
-static pthread_mutex_t ready_mu = PTHREAD_MUTEX_INITIALIZER;
-static bool ready_known;
-static int64_t ready_at_ms;
-static bool ready_ok;
-static char ready_reason[512];
-
-static int64_t
-now_ms (void)
+typedef struct verdict_s
 {
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+  bool ok;
+  char reason[512];
+} verdict_t;
+
+static verdict_t ready_last;
+static shim_reuse_t ready_reuse = SHIM_REUSE_INIT (READY_CACHE_MS, ready_last);
 
 /* Why a gateway call failed, for the reason text. */
 static void
@@ -123,7 +116,7 @@ check_members (char *reason, size_t cap)
   snprintf (reason, cap, "No gateway of SHIM_GATEWAYS is up (see the shim's log and shim_gateway_up in /metrics)");
   for (size_t i = 0; i < n; i++)
     {
-      char why[sizeof ready_reason];
+      char why[sizeof ready_last.reason];
       if (check_serving (chs[i], why, sizeof why) && check_accepted (chs[i], why, sizeof why))
         return true;
       if (members_routing ())
@@ -134,23 +127,20 @@ check_members (char *reason, size_t cap)
   return false;
 }
 
+static void
+ready_ask (void *answer)
+{
+  verdict_t *v = answer;
+  v->ok = check_members (v->reason, sizeof v->reason);
+}
+
 struct MHD_Response *
 route_ready (shim_req_t *r, unsigned *status)
 {
   (void) r;
-  char reason[sizeof ready_reason];
-  pthread_mutex_lock (&ready_mu);
-  int64_t now = now_ms ();
-  if (!ready_known || now - ready_at_ms >= READY_CACHE_MS)
-    {
-      ready_ok = check_members (ready_reason, sizeof ready_reason);
-      ready_at_ms = now_ms ();
-      ready_known = true;
-    }
-  bool ok = ready_ok;
-  memcpy (reason, ready_reason, sizeof reason);
-  pthread_mutex_unlock (&ready_mu);
-  if (ok)
+  verdict_t v;
+  shim_reuse (&ready_reuse, ready_ask, &v);
+  if (v.ok)
     return shim_json (json_pack ("{s:b}", "ready", true), 200, status);
-  return shim_detail (503, reason, status);
+  return shim_detail (503, v.reason, status);
 }

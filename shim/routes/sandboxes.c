@@ -2,7 +2,6 @@
  * GET /sandboxes/{id}, POST /sandboxes/{id}/extend, DELETE /sandboxes/{id}
  * and GET /metrics. State: the last /health answer, under its lock. */
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +13,7 @@
 #include "sandbox/v1/sandbox.pb-c.h"
 #include "shim/members.h"
 #include "shim/metrics.h"
+#include "shim/routes/reuse.h"
 #include "shim/routes/routes.h"
 
 /* ---- GET /health -------------------------------------------------------------- */
@@ -57,53 +57,27 @@ serving (rpc_channel_t *ch, bool *egress)
   return ok;
 }
 
-/* How long an answer of /health is reused: /health needs no token, and
- * asking the gateways for each request would let anyone turn a flood of
- * them into calls. One request at a time asks; the others meanwhile take
- * the last answer (or, before the first, wait for it). */
+/* How long an answer of /health is reused (routes/reuse.h). */
 #define HEALTH_REUSE_MS 1000
 
-static pthread_mutex_t health_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t health_cv = PTHREAD_COND_INITIALIZER;
-static int64_t health_at_ns = -1; /* under health_mu: when the last answer was made, -1 never */
-static bool health_ok, health_egress, health_asking;
+typedef struct health_s
+{
+  bool ok, egress;
+} health_t;
+
+static health_t health_last;
+static shim_reuse_t health_reuse = SHIM_REUSE_INIT (HEALTH_REUSE_MS, health_last);
 
 static void
-health_ask (bool *ok, bool *egress)
+health_ask (void *answer)
 {
+  health_t *h = answer;
   rpc_channel_t *chs[MEMBERS_MAX];
   const char *names[MEMBERS_MAX];
   size_t n = members_serving (chs, names, MEMBERS_MAX);
-  *ok = *egress = false;
-  for (size_t i = 0; i < n && !*ok; i++)
-    *ok = serving (chs[i], egress);
-}
-
-/* The gateways' health, asked at most once per HEALTH_REUSE_MS. */
-static void
-health_now (bool *ok, bool *egress)
-{
-  pthread_mutex_lock (&health_mu);
-  while (health_asking && health_at_ns < 0)
-    pthread_cond_wait (&health_cv, &health_mu);
-  bool fresh = health_at_ns >= 0 && shim_mono_ns () - health_at_ns < (int64_t) HEALTH_REUSE_MS * 1000000;
-  if (fresh || health_asking)
-    {
-      *ok = health_ok;
-      *egress = health_egress;
-      pthread_mutex_unlock (&health_mu);
-      return;
-    }
-  health_asking = true;
-  pthread_mutex_unlock (&health_mu);
-  health_ask (ok, egress);
-  pthread_mutex_lock (&health_mu);
-  health_ok = *ok;
-  health_egress = *egress;
-  health_at_ns = shim_mono_ns ();
-  health_asking = false;
-  pthread_cond_broadcast (&health_cv);
-  pthread_mutex_unlock (&health_mu);
+  h->ok = h->egress = false;
+  for (size_t i = 0; i < n && !h->ok; i++)
+    h->ok = serving (chs[i], &h->egress);
 }
 
 /* {"cli_mounted": a gateway answers and serves, "allow_egress": it allows
@@ -112,9 +86,9 @@ struct MHD_Response *
 route_health (shim_req_t *r, unsigned *status)
 {
   (void) r;
-  bool ok = false, egress = false;
-  health_now (&ok, &egress);
-  return shim_json (json_pack ("{s:b, s:b}", "cli_mounted", ok, "allow_egress", egress), 200, status);
+  health_t h;
+  shim_reuse (&health_reuse, health_ask, &h);
+  return shim_json (json_pack ("{s:b, s:b}", "cli_mounted", h.ok, "allow_egress", h.egress), 200, status);
 }
 
 /* ---- POST /sandboxes, GET /sandboxes, DELETE /sandboxes/{id} ------------------- */

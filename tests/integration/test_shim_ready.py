@@ -4,6 +4,8 @@
 secret; otherwise 503 {"detail": reason}. /health keeps answering 200 with
 its contract body in every one of these set-ups."""
 
+import socket
+import threading
 import time
 
 import pytest
@@ -91,3 +93,32 @@ def test_ready_has_no_side_effects_on_auth(shims):
     gw = shims.gateway(secret="s")
     s = shims.shim(gw)
     assert _ready(s, token="wrong").status == 200
+
+
+@pytest.mark.parametrize("path", ["/ready", "/health"])
+def test_probes_during_a_slow_check_take_the_last_answer_at_once(shims, path):
+    """A gateway that accepts connections and never answers: each check
+    takes its whole deadline. While one request checks, the others (no
+    token needed) get the last answer at once instead of each holding one
+    of the shim's two workers until the check ends."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        s = shims.shim(target=f"127.0.0.1:{silent.getsockname()[1]}", secret="x",
+                       env={"SHIM_MAX_WORKERS": "2"})
+        first = s.request("GET", path, auth=False, timeout=30)
+        time.sleep(1.2)  # the answer is older than its reuse time
+        checking = threading.Thread(target=lambda: s.request("GET", path, auth=False, timeout=30))
+        t0 = time.monotonic()
+        checking.start()
+        time.sleep(0.3)
+        times = []
+        for _ in range(6):
+            t = time.monotonic()
+            r = s.request("GET", path, auth=False, timeout=30)
+            times.append(time.monotonic() - t)
+            assert (r.status, r.body) == (first.status, first.body), (r, first)
+        during = time.monotonic() - t0
+        checking.join(30)
+        # They came back while the check still ran (it takes >= 2 s).
+        assert during < 1.8, (during, times)

@@ -590,3 +590,32 @@ def test_a_request_that_waits_too_long_for_a_worker_is_answered_503(procs):
     assert "busy" in r.json()["detail"], r.json()
     assert out["long"] == 200, out
     assert shim.request("GET", f"/sandboxes/{sid}").status == 200
+
+
+def test_sigterm_during_a_half_sent_upload_stops_the_daemon_cleanly(procs):
+    """A client sends half of a streamed file upload and stops sending. On
+    SIGTERM the shim still stops its HTTP daemon cleanly (closing that
+    connection): it does not take the upload's resumed connection for work
+    still under way, and exits 0 at once."""
+    gw = procs.gateway()
+    shim = procs.shim(gw)
+    sid = _launch(shim)
+    s = raw_connect(shim)
+    try:
+        head = (f"PUT /sandboxes/{sid}/files?path=/tmp/half HTTP/1.1\r\nHost: x\r\n".encode() + _auth(shim)
+                + b"Content-Length: 4194304\r\n\r\n")
+        s.sendall(head + b"x" * 262144)
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        assert shim.stop(timeout=20) == 0, shim.describe()
+        took = time.monotonic() - t0
+        log = "\n".join(shim.logs.snapshot())
+        assert "still being answered" not in log, log[-3000:]
+        assert '"stopped"' in log or "stopped\n" in log + "\n", log[-3000:]
+        assert took < 10, took
+        s.settimeout(5)
+        with contextlib.suppress(OSError):
+            while s.recv(65536):
+                pass  # the shim closed it (EOF or reset)
+    finally:
+        s.close()
