@@ -164,7 +164,8 @@ start (gateway_t *g, err_t *err)
                          .insecure_registries = c->insecure_registries,
                          .ca_file = c->registry_ca,
                          .rt = g->rt,
-                         .cache_mb = c->image_cache_mb};
+                         .cache_mb = c->image_cache_mb,
+                         .store = g->store};
   if (img_cache_new (&io, &g->images, err) < 0)
     return err_wrap (err, "the image cache");
   rpc_opts_t opts = {

@@ -35,7 +35,7 @@ TEST_PACKAGES=(
   # Layout check (scripts/format.sh --check)
   clang-format
   # Tests
-  libcmocka-dev python3 python3-grpcio python3-protobuf python3-pytest
+  libcmocka-dev python3 python3-grpcio python3-protobuf python3-pytest python3-pip
   # A real browser through a preview link (tests/integration/test_ports_browser.py)
   chromium
   # SRV records for the gateway set (tests/integration/test_scaleout.py)

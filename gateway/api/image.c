@@ -5,7 +5,9 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/cleanup.h"
 #include "common/log.h"
@@ -42,6 +44,50 @@ no_images (const api_ctx_t *ctx, err_t *err)
   return ctx->images == NULL ? err_make (err, ENOSYS, "this gateway has no image cache") : 0;
 }
 
+/* A template's layer as a restore's source: the file, piece by piece. */
+typedef struct layer_src_s
+{
+  int fd;
+  uint8_t *buf;
+} layer_src_t;
+
+#define LAYER_PIECE (1024 * 1024)
+
+static int
+layer_next (void *ctx, struct iovec *iov, int *n, err_t *err)
+{
+  layer_src_t *l = ctx;
+  ssize_t got = TEMP_FAILURE_RETRY (read (l->fd, l->buf, LAYER_PIECE));
+  if (got < 0)
+    return err_make_sys (err, errno, "read the template's layer");
+  if (got == 0)
+    return 0;
+  iov[0] = (struct iovec){.iov_base = l->buf, .iov_len = (size_t) got};
+  *n = 1;
+  return 1;
+}
+
+/* Launches `id` on `img` (with the writable layer from `src` when given).
+ * A template made on the default image runs over it, its one layer
+ * unpacked as the writable layer unless `src` (a snapshot of a sandbox on
+ * it, which holds that layer's files already) is. */
+static int
+launch_on (const api_ctx_t *ctx, const char *id, const sbx_spec_t *spec, const img_t *img, const char *ref,
+           sbx_source_fn src, void *src_ctx, sbx_info_t *info, err_t *err)
+{
+  sbx_image_t si = {.ref = ref, .digest = img->digest, .layers = img->on_rootfs ? NULL : img->layers};
+  if (!img->on_rootfs || src != NULL)
+    return sbx_launch_spec (ctx->rt, id, spec, &si, src, src_ctx, info, err);
+  layer_src_t l = {.fd = -1, .buf = malloc (LAYER_PIECE)};
+  int rc = l.buf == NULL ? err_make (err, ENOMEM, "out of memory") : img_top_layer (ctx->images, img, &l.fd, err);
+  if (rc == 0)
+    rc = sbx_launch_spec (ctx->rt, id, spec, &si, layer_next, &l, info, err);
+  if (l.fd >= 0)
+    close (l.fd);
+  free (l.buf);
+  return rc;
+}
+
 int
 api_launch_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, const sbx_spec_t *spec, const char *ref,
                      sbx_info_t *info, err_t *err)
@@ -61,8 +107,7 @@ api_restore_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, co
   img_pull_opts_t po = {.deadline_mono_ms = deadline_of (call), .cancelled = call_cancelled, .cancel_ctx = call};
   if (img_pull (ctx->images, ref, &po, &img, err) < 0)
     return -1;
-  sbx_image_t si = {.ref = img.ref, .digest = img.digest, .layers = img.layers};
-  int rc = sbx_launch_spec (ctx->rt, id, spec, &si, src, src_ctx, info, err);
+  int rc = launch_on (ctx, id, spec, &img, img.ref, src, src_ctx, info, err);
   img_release (&img);
   return rc;
 }
@@ -80,21 +125,25 @@ api_restore_recorded (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bo
         return -1;
       err_release (err);
       /* Not cached here (another gateway took the snapshot, or the image
-       * was removed): pulled again, pinned to the digest recorded. */
+       * was removed): pulled again, pinned to the digest recorded (a
+       * template as the store has it, checked below). */
       img_ref_t r;
-      if (img_ref_parse (ref, &r, err) < 0)
-        return err_wrap (err, "restore `%s`: its recorded image", id);
       char pinned[IMG_HOST_MAX + IMG_REPO_MAX + 80];
-      snprintf (pinned, sizeof pinned, "%s/%s@%s", r.host, r.repo, digest);
+      if (img_template_of (ref) != NULL)
+        snprintf (pinned, sizeof pinned, "%s", ref);
+      else if (img_ref_parse (ref, &r, err) < 0)
+        return err_wrap (err, "restore `%s`: its recorded image", id);
+      else
+        snprintf (pinned, sizeof pinned, "%s/%s@%s", r.host, r.repo, digest);
       img_pull_opts_t po = {.deadline_mono_ms = deadline_of (call), .cancelled = call_cancelled, .cancel_ctx = call};
       if (img_pull (ctx->images, pinned, &po, &img, err) < 0)
         return err_wrap (err, "restore `%s` on its image `%s`", id, ref);
     }
-  sbx_image_t si = {.ref = ref, .digest = img.digest, .layers = img.layers};
+  sbx_spec_t spec = {.allow_egress = egress, .persist_on_expiry = -1};
   int rc = strcmp (img.digest, digest) != 0
                ? err_make (err, EIO, "restore `%s`: image `%s` is %s, not the %s its snapshot was taken on", id, ref,
                            img.digest, digest)
-               : sbx_launch_on (ctx->rt, id, egress, &si, src, src_ctx, info, err);
+               : launch_on (ctx, id, &spec, &img, ref, src, src_ctx, info, err);
   img_release (&img);
   return rc;
 }

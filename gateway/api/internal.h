@@ -34,6 +34,11 @@ void api_bulk_leave (api_bulk_t *b);
 int api_exec (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_status (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 
+/* template.c */
+int api_create_template (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_list_templates (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+int api_delete_template (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+
 /* image.c */
 int api_pull_image (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_list_images (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);

@@ -51,6 +51,9 @@ static const api_method_t api_methods[] = {
     {"/sandbox.v1.Sandbox/RestartContext", api_restart_context},
     {"/sandbox.v1.Sandbox/DeleteContext", api_delete_context},
     {"/sandbox.v1.Sandbox/RunCode", api_run_code},
+    {"/sandbox.v1.Sandbox/CreateTemplate", api_create_template},
+    {"/sandbox.v1.Sandbox/ListTemplates", api_list_templates},
+    {"/sandbox.v1.Sandbox/DeleteTemplate", api_delete_template},
 };
 
 #define N_METHODS (sizeof api_methods / sizeof api_methods[0])

@@ -30,9 +30,10 @@ struct img_cache_s
   sbx_runtime_t *rt;
   uint64_t budget; /* SANDBOX_IMAGE_CACHE_MB in bytes; 0: none */
   img_gate_t gate; /* pulls side by side, removals alone (gate.h) */
+  snap_store_t *store;
 };
 
-static const char *const subdirs[] = {"", "/layers", "/manifests", "/refs", "/tmp"};
+static const char *const subdirs[] = {"", "/blobs", "/layers", "/manifests", "/refs", "/tmp"};
 
 int
 img_cache_new (const img_cache_opts_t *o, img_cache_t **out, err_t *err)
@@ -56,6 +57,7 @@ img_cache_new (const img_cache_opts_t *o, img_cache_t **out, err_t *err)
   c->insecure = o->insecure_registries != NULL ? strdup (o->insecure_registries) : NULL;
   c->ca_file = o->ca_file != NULL ? strdup (o->ca_file) : NULL;
   c->rt = o->rt;
+  c->store = o->store;
   c->budget = (uint64_t) o->cache_mb << 20;
   /* Before any thread pulls (curl's own lazy set-up is not thread-safe). */
   if (curl_global_init (CURL_GLOBAL_DEFAULT) != CURLE_OK)
@@ -122,6 +124,33 @@ write_json (const img_cache_t *c, const char *path, json_t *doc, err_t *err)
   return 0;
 }
 
+int
+img_keep_blob (img_cache_t *c, const char *digest, const void *data, size_t len, err_t *err)
+{
+  char tmp[PATH_MAX], path[PATH_MAX];
+  snprintf (path, sizeof path, "%s/blobs/%s", c->root, digest + 7);
+  snprintf (tmp, sizeof tmp, "%s/tmp/%s.kept.%lu", c->root, digest + 7, (unsigned long) pthread_self ());
+  cleanup_close int fd = open (tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return err_make_sys (err, errno, "create `%s`", tmp);
+  for (size_t off = 0; off < len;)
+    {
+      ssize_t w = TEMP_FAILURE_RETRY (write (fd, (const char *) data + off, len - off));
+      if (w <= 0)
+        {
+          unlink (tmp);
+          return err_make_sys (err, w < 0 ? errno : EIO, "write `%s`", tmp);
+        }
+      off += (size_t) w;
+    }
+  if (rename (tmp, path) < 0)
+    {
+      unlink (tmp);
+      return err_make_sys (err, errno, "rename `%s`", path);
+    }
+  return 0;
+}
+
 /* Reads the record of manifest digest `digest` into *out. ENOENT none or a
  * layer gone. */
 static int
@@ -144,10 +173,13 @@ read_record (img_cache_t *c, const char *digest, img_t *out, err_t *err)
   out->bytes = (uint64_t) json_integer_value (json_object_get (doc, "bytes"));
   const char *wd = json_string_value (json_object_get (doc, "workdir"));
   const char *user = json_string_value (json_object_get (doc, "user"));
+  snprintf (out->gen, sizeof out->gen, "%s", json_string_value (json_object_get (doc, "gen")) ?: "");
   out->workdir = wd != NULL && wd[0] != '\0' ? strdup (wd) : NULL;
   out->user = user != NULL && user[0] != '\0' ? strdup (user) : NULL;
+  bool on_rootfs = json_is_true (json_object_get (doc, "on_rootfs"));
   out->env = calloc (ne + 1, sizeof *out->env);
-  out->layers = calloc (n, strlen (c->root) + 8 + 64 + 2);
+  out->on_rootfs = on_rootfs;
+  out->layers = calloc (n + 1, strlen (c->root) + 8 + 64 + 2);
   int rc = out->env == NULL || out->layers == NULL ? err_make (err, ENOMEM, "out of memory") : 0;
   for (size_t i = 0; rc == 0 && i < ne; i++)
     if ((out->env[i] = strdup (json_string_value (json_array_get (env, i)) ?: "")) == NULL)
@@ -167,6 +199,8 @@ read_record (img_cache_t *c, const char *digest, img_t *out, err_t *err)
             strcat (out->layers, ":");
         }
     }
+  if (rc == 0 && on_rootfs && n != 1)
+    rc = err_make (err, EINVAL, "template `%s`: made on the default image with %zu layers, not one", digest, n);
   json_decref (doc);
   if (rc < 0)
     img_release (out);
@@ -268,48 +302,109 @@ img_cache_gate (img_cache_t *c)
   return &c->gate;
 }
 
-int
-img_pull (img_cache_t *c, const char *ref, const img_pull_opts_t *o, img_t *out, err_t *err)
+snap_store_t *
+img_cache_store (const img_cache_t *c)
 {
-  img_ref_t p;
-  if (img_ref_parse (ref, &p, err) < 0)
+  return c->store;
+}
+
+int
+img_cached (img_cache_t *c, const char *ref, img_t *out)
+{
+  img_ref_t p = {0};
+  return cached (c, ref, &p, out);
+}
+
+/* The cached image of `ref`, when it is there and (with `gen`) of that
+ * version. */
+static int
+cached_gen (img_cache_t *c, const char *ref, const img_ref_t *p, const char *gen, img_t *out)
+{
+  if (cached (c, ref, p, out) < 0)
     return -1;
-  bool reuse = !o->refresh || p.digest[0] != '\0';
-  if (reuse && cached (c, ref, &p, out) == 0)
+  if (gen == NULL || strcmp (out->gen, gen) == 0)
     return 0;
+  img_release (out);
+  return -1;
+}
+
+int
+img_enter_claimed (img_cache_t *c, const char *ref, int64_t wait_ms, err_t *err)
+{
+  int64_t deadline = wait_ms > 0 ? img_gate_now_ms () + wait_ms : -wait_ms;
   /* Pulls of other images go on side by side; one of the same reference
    * is waited for, until this pull's own deadline. */
-  if (img_gate_enter (&c->gate, o->deadline_mono_ms) != 0)
+  if (img_gate_enter (&c->gate, deadline) != 0)
     return err_make (err, ETIMEDOUT, "image `%s`: a removal kept the cache busy past this call's deadline", ref);
   char key[SBX_IMAGE_REF_MAX + 8];
   snprintf (key, sizeof key, "ref:%s", ref);
-  int rc = img_gate_claim (&c->gate, key, o->deadline_mono_ms);
-  if (rc != 0)
-    rc = err_make (err, rc, "image `%s`: another pull of it ran past this call's deadline", ref);
-  /* Another launch may have pulled it while this one waited. */
-  else
+  int rc = img_gate_claim (&c->gate, key, deadline);
+  if (rc == 0)
+    return 0;
+  img_leave_claimed (c, NULL, NULL);
+  return err_make (err, rc, "image `%s`: another pull of it ran past this call's deadline", ref);
+}
+
+void
+img_leave_claimed (img_cache_t *c, const char *ref, const char *keep)
+{
+  if (ref != NULL)
     {
-      rc = reuse && cached (c, ref, &p, out) == 0 ? 1 : 0;
-      if (rc == 0)
-        {
-          char dg[SBX_IMAGE_DIGEST_MAX + 1];
-          rc = img_pull_locked (c, ref, &p, c->auth_file, c->insecure, o, dg, err);
-          if (rc == 0)
-            {
-              rc = read_record (c, dg, out, err);
-              if (rc == 0)
-                snprintf (out->ref, sizeof out->ref, "%s", ref);
-            }
-        }
+      char key[SBX_IMAGE_REF_MAX + 8];
+      snprintf (key, sizeof key, "ref:%s", ref);
       img_gate_release (&c->gate, key);
     }
   /* The last pull out keeps the cache within its budget. */
   if (img_gate_leave_last (&c->gate))
     {
-      img_evict_locked (c, c->budget, rc >= 0 ? out->digest : "");
+      img_evict_locked (c, c->budget, keep != NULL ? keep : "");
       img_gate_end (&c->gate);
     }
+}
+
+int
+img_pull_gated (img_cache_t *c, const char *ref, const img_ref_t *p, const char *gen, bool reuse, img_pull_fn fn,
+                void *ctx, const img_pull_opts_t *o, img_t *out, err_t *err)
+{
+  if (reuse && cached_gen (c, ref, p, gen, out) == 0)
+    return 0;
+  if (img_enter_claimed (c, ref, -o->deadline_mono_ms, err) < 0)
+    return -1;
+  /* Another launch may have pulled it while this one waited. */
+  int rc = reuse && cached_gen (c, ref, p, gen, out) == 0 ? 1 : 0;
+  if (rc == 0)
+    {
+      char dg[SBX_IMAGE_DIGEST_MAX + 1];
+      rc = fn (c, ref, p, o, ctx, dg, err);
+      if (rc == 0)
+        {
+          rc = read_record (c, dg, out, err);
+          if (rc == 0)
+            snprintf (out->ref, sizeof out->ref, "%s", ref);
+        }
+    }
+  img_leave_claimed (c, ref, rc >= 0 ? out->digest : "");
   return rc < 0 ? -1 : 0;
+}
+
+static int
+registry_pull (img_cache_t *c, const char *ref, const img_ref_t *p, const img_pull_opts_t *o, void *ctx, char *dg,
+               err_t *err)
+{
+  (void) ctx;
+  return img_pull_locked (c, ref, p, c->auth_file, c->insecure, o, dg, err);
+}
+
+int
+img_pull (img_cache_t *c, const char *ref, const img_pull_opts_t *o, img_t *out, err_t *err)
+{
+  if (img_template_of (ref) != NULL)
+    return img_template_pull (c, ref, o, out, err);
+  img_ref_t p;
+  if (img_ref_parse (ref, &p, err) < 0)
+    return -1;
+  bool reuse = !o->refresh || p.digest[0] != '\0';
+  return img_pull_gated (c, ref, &p, NULL, reuse, registry_pull, NULL, o, out, err);
 }
 
 /* The manifest digests of `dir`'s record files, for a caller's walk. */
@@ -404,8 +499,31 @@ mark_layers (img_cache_t *c, const char *digest, void *ctx)
       if (hex != NULL)
         json_object_set_new (ctx, hex, json_true ());
     }
+  const char *config = json_string_value (json_object_get (doc, "config"));
+  if (config != NULL)
+    json_object_set_new (ctx, config, json_true ());
+  json_object_set_new (ctx, digest + 7, json_true ()); /* its manifest's blob */
   json_decref (doc);
   return 0;
+}
+
+/* Removes the blobs no record names. */
+static void
+sweep_blobs (img_cache_t *c, json_t *keep)
+{
+  char path[PATH_MAX];
+  snprintf (path, sizeof path, "%s/blobs", c->root);
+  DIR *d = opendir (path);
+  struct dirent *e;
+  while (d != NULL && (e = readdir (d)) != NULL)
+    if (strlen (e->d_name) == 64 && json_object_get (keep, e->d_name) == NULL)
+      {
+        char victim[PATH_MAX];
+        snprintf (victim, sizeof victim, "%s/blobs/%s", c->root, e->d_name);
+        unlink (victim);
+      }
+  if (d != NULL)
+    closedir (d);
 }
 
 void
@@ -440,6 +558,7 @@ img_sweep_layers (img_cache_t *c)
     }
   if (d != NULL)
     closedir (d);
+  sweep_blobs (c, keep);
   json_decref (keep);
 }
 

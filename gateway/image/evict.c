@@ -1,6 +1,6 @@
 /* image/evict: the cache budget, SANDBOX_IMAGE_CACHE_MB (see image.h).
  *
- * After each pull, while the unpacked layers on disk pass the budget, the
+ * After each pull, while the layers on disk pass the budget, the
  * image used least recently — its record's modification time, touched by
  * every launch and restore that finds it cached — that no live sandbox
  * runs on, that is not the image just pulled and that no launch used in
@@ -8,7 +8,8 @@
  * mounted its layers yet) loses its record; then
  * every layer no remaining record names is removed. A layer is measured
  * once (its blocks on disk, the walk bounded by the entries its unpack
- * allowed) and its size kept beside it as layers/<hex>.bytes. An image in
+ * allowed) and its size kept beside it as layers/<hex>.bytes; its blob as
+ * fetched (blobs/<hex>, kept for templates) counts too. An image in
  * use is never evicted: while every image over the budget is in use the
  * cache stays over it, and says so in the log.
  *
@@ -50,7 +51,7 @@ add_blocks (const char *path, const struct stat *st, int type, struct FTW *f)
 /* The bytes on disk of layer `hex`: its .bytes file, else measured now and
  * kept there. */
 static uint64_t
-layer_bytes (const img_cache_t *c, const char *hex)
+unpacked_bytes (const img_cache_t *c, const char *hex)
 {
   char path[PATH_MAX], size_path[PATH_MAX];
   snprintf (path, sizeof path, "%s/layers/%s", img_cache_root (c), hex);
@@ -75,6 +76,17 @@ layer_bytes (const img_cache_t *c, const char *hex)
       fclose (f);
     }
   return n;
+}
+
+/* The bytes on disk of layer `hex`: unpacked, and its blob as fetched. */
+static uint64_t
+layer_bytes (const img_cache_t *c, const char *hex)
+{
+  char blob[PATH_MAX];
+  snprintf (blob, sizeof blob, "%s/blobs/%s", img_cache_root (c), hex);
+  struct stat st;
+  uint64_t kept = stat (blob, &st) == 0 ? (uint64_t) st.st_blocks * 512 : 0;
+  return unpacked_bytes (c, hex) + kept;
 }
 
 typedef struct entry_s

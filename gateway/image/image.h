@@ -27,6 +27,7 @@
 
 #include "common/err.h"
 #include "gateway/runtime/runtime.h"
+#include "gateway/store/store.h"
 
 /* Caps on what a registry chooses (named in errors). */
 #define IMG_MANIFEST_MAX (4 * 1024 * 1024) /* a manifest or an index */
@@ -49,6 +50,7 @@ typedef struct img_cache_opts_s
   const char *ca_file;             /* SANDBOX_REGISTRY_CA, or NULL: the system's roots */
   sbx_runtime_t *rt;               /* unpacks layers; lists users */
   long cache_mb;                   /* SANDBOX_IMAGE_CACHE_MB: the layers' budget on disk (evict.c); 0: none */
+  snap_store_t *store;             /* where templates live (template.c); NULL: no templates */
 } img_cache_opts_t;
 
 /* Strings are copied. */
@@ -66,6 +68,10 @@ typedef struct img_s
   char **env;     /* config Env, "K=V", NULL-terminated */
   char *workdir;  /* config WorkingDir, or NULL */
   char *user;     /* config User, or NULL */
+  char gen[48];   /* a template's: the version of its layout in the store; "" for an image */
+  /* A template made on the default image: its one layer is unpacked as
+   * the sandbox's writable layer over SANDBOX_ROOTFS (img_top_layer). */
+  bool on_rootfs;
 } img_t;
 
 void img_release (img_t *img);
@@ -91,7 +97,8 @@ typedef struct img_pull_opts_s
   bool refresh;
 } img_pull_opts_t;
 
-/* Makes `ref` (an OCI reference) available and describes it into *out.
+/* Makes `ref` (an OCI reference, or `template:<name>`) available and
+ * describes it into *out.
  * EINVAL bad reference or hostile image (named), EREMOTEIO the registry
  * refused, ETIMEDOUT, ECANCELED. */
 int img_pull (img_cache_t *c, const char *ref, const img_pull_opts_t *o, img_t *out, err_t *err);
@@ -120,5 +127,68 @@ int img_user_ids (const img_t *img, bool *set, uint32_t *uid, uint32_t *gid, err
  * variable wins. Caller frees (img_env_free). */
 int img_env_merge (const img_t *img, char *const *req, char ***out, err_t *err);
 void img_env_free (char **env);
+
+/* ---- templates (template.c) ----------------------------------------------
+ *
+ * A template is a sandbox's writable layer made a read-only layer on top of
+ * the image the sandbox ran on, stored through the snapshot store as an OCI
+ * image layout under <prefix>templates/<name>/ (oci-layout, index.json,
+ * blobs/sha256/<hex>: the image's own blobs as pulled, the new layer as an
+ * uncompressed tar, a config and a manifest), so that every gateway sharing
+ * the store launches from it (`template:<name>`: pulled from the store like
+ * an image from a registry, every blob verified) and `skopeo copy
+ * oci:<dir>:<name>` takes it anywhere. index.json is written last: a
+ * template is there whole or not at all. A template made on the default
+ * image (SANDBOX_ROOTFS) holds only its own layer, marked
+ * IMG_ANNOTATION_BASE=rootfs, and runs over the default image of the
+ * gateway that launches it: that layer is unpacked as each sandbox's
+ * writable layer, as a restore is (overlayfs refuses a lower layer inside
+ * another, and the cache usually lies inside the default image's tree).
+ * A template of such a sandbox is again one layer over the default
+ * image. */
+
+#define IMG_TEMPLATE_NAME_MAX 63
+#define IMG_MAX_TEMPLATES 10000 /* listed at most */
+#define IMG_TEMPLATE_PREFIX "template:"
+#define IMG_ANNOTATION_BASE "io.sandbox-gateway.base"
+
+typedef struct img_template_s
+{
+  char name[IMG_TEMPLATE_NAME_MAX + 1];
+  char digest[SBX_IMAGE_DIGEST_MAX + 1];      /* its manifest */
+  char base[SBX_IMAGE_REF_MAX + 1];           /* the image it was made on; "" the default */
+  char base_digest[SBX_IMAGE_DIGEST_MAX + 1]; /* that image's manifest; "" the default */
+  char sandbox_id[72];                        /* the sandbox it was made from */
+  int64_t created_ms;
+  uint64_t bytes; /* its layers, as stored */
+  unsigned n_layers;
+} img_template_t;
+
+/* The name of `template:<name>` (NULL when `ref` is not one). */
+const char *img_template_of (const char *ref);
+/* `^[a-z0-9][a-z0-9._-]*$`, at most IMG_TEMPLATE_NAME_MAX. */
+bool img_template_name_valid (const char *name);
+
+/* A file for a template's new layer (an uncompressed tar), under the
+ * cache's tmp/, into path (PATH_MAX): open for writing, -1 with *err. */
+int img_template_tmp (img_cache_t *c, char *path, err_t *err);
+
+/* Makes template `name` from the layer written to `layer_path` (see
+ * img_template_tmp; taken over: gone after the call), `bytes` long, SHA-256
+ * `hex`, on image `base_digest` ("": the default image): stored, then
+ * recorded in the cache with its layer unpacked. EEXIST the name is taken,
+ * ENOENT the base is not cached, EINVAL a bad name. */
+int img_template_create (img_cache_t *c, const char *name, const char *base_digest, const char *layer_path,
+                         uint64_t bytes, const char *hex, const char *sandbox_id, img_template_t *out, err_t *err);
+
+/* Opens the blob of `img`'s top layer (for an on_rootfs template). */
+int img_top_layer (img_cache_t *c, const img_t *img, int *fd, err_t *err);
+
+/* The templates in the store (free the array). */
+int img_template_list (img_cache_t *c, img_template_t **out, size_t *n, err_t *err);
+
+/* Deletes template `name` from the store (index.json first), and its record
+ * from the cache when no live sandbox runs on it. ENOENT none. */
+int img_template_delete (img_cache_t *c, const char *name, err_t *err);
 
 #endif

@@ -2,7 +2,10 @@
  * its linux/amd64 entry), the config, every missing layer; each blob
  * checked against its SHA-256 digest as it streams and used only once it
  * matched, each cap checked before a byte is fetched (declared sizes) and
- * while fetching (actual bytes). Runs under the cache's pull mutex. */
+ * while fetching (actual bytes). The blobs come from a registry or from a
+ * template's layout in the store (template.c): one pull for both. Every
+ * blob is kept as fetched (blobs/<hex>) beside its unpacked layer, for the
+ * templates made on the image. Runs with its reference claimed (gate.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -70,13 +73,15 @@ on_blob (void *ctx, const uint8_t *data, size_t len)
 /* Fetches `kind` `ref` (at most max bytes) into *b and checks it against
  * `want` ("sha256:<hex>", or NULL: none to check). Its digest into got. */
 static int
-fetch (img_reg_t *r, const char *image, const char *kind, const char *ref, const char *want, uint64_t max,
+fetch (const img_src_t *src, const char *image, const char *kind, const char *ref, const char *want, uint64_t max,
        blob_sink_t *b, char *got, char *ctype, err_t *err)
 {
   b->md = EVP_MD_CTX_new ();
   if (b->md == NULL || EVP_DigestInit_ex (b->md, EVP_sha256 (), NULL) != 1)
     return err_make (err, ENOMEM, "out of memory");
-  int rc = img_reg_get (r, kind, ref, kind[0] == 'm' ? ACCEPT_MANIFESTS : NULL, max, on_blob, b, ctype, err);
+  char ignored[IMG_HEADER_MAX];
+  int rc = src->get (src->ctx, kind, ref, kind[0] == 'm' ? ACCEPT_MANIFESTS : NULL, max, on_blob, b,
+                     ctype != NULL ? ctype : ignored, err);
   unsigned char md[32];
   unsigned int n = 0;
   EVP_DigestFinal_ex (b->md, md, &n);
@@ -111,10 +116,11 @@ descriptor (json_t *d, const char *image, const char *what, const char **digest,
 /* The manifest: by tag or digest, through an index to its linux/amd64
  * entry. The manifest's JSON into *out, its digest into dg. */
 static int
-fetch_manifest (img_reg_t *r, const char *ref, const img_ref_t *p, json_t **out, char *dg, err_t *err)
+fetch_manifest (img_cache_t *c, const img_src_t *r, const char *ref, const img_ref_t *p, json_t **out, char *dg,
+                err_t *err)
 {
   const char *want = p->digest[0] != '\0' ? p->digest : NULL;
-  char first[SBX_IMAGE_DIGEST_MAX + 1] = "";
+  char first[SBX_IMAGE_DIGEST_MAX + 1] = "", picked[SBX_IMAGE_DIGEST_MAX + 1];
   for (int depth = 0; depth < 2; depth++)
     {
       blob_sink_t b = {.fd = -1};
@@ -122,15 +128,20 @@ fetch_manifest (img_reg_t *r, const char *ref, const img_ref_t *p, json_t **out,
       int rc = fetch (r, ref, "manifests", want != NULL ? want : p->tag, want, IMG_MANIFEST_MAX, &b, dg, ctype, err);
       json_error_t jerr;
       json_t *doc = rc == 0 ? json_loadb (b.mem != NULL ? b.mem : "", b.len, 0, &jerr) : NULL;
+      json_t *list = json_object_get (doc, "manifests");
+      if (rc == 0 && json_is_object (doc) && list == NULL)
+        rc = img_keep_blob (c, dg, b.mem, b.len, err);
       free (b.mem);
       if (rc < 0)
-        return -1;
+        {
+          json_decref (doc);
+          return -1;
+        }
       if (!json_is_object (doc))
         {
           json_decref (doc);
           return err_make (err, EINVAL, "image `%s`: the manifest is not a JSON object", ref);
         }
-      json_t *list = json_object_get (doc, "manifests");
       if (list == NULL)
         {
           *out = doc;
@@ -154,7 +165,6 @@ fetch_manifest (img_reg_t *r, const char *ref, const img_ref_t *p, json_t **out,
           json_decref (doc);
           return err_make (err, EINVAL, "image `%s`: its index has no linux/amd64 manifest", ref);
         }
-      static char picked[SBX_IMAGE_DIGEST_MAX + 1];
       snprintf (picked, sizeof picked, "%s", pick);
       want = picked;
       json_decref (doc);
@@ -162,9 +172,9 @@ fetch_manifest (img_reg_t *r, const char *ref, const img_ref_t *p, json_t **out,
   return err_make (err, EINVAL, "image `%s`: nested indexes", ref);
 }
 
-/* The config's Env, WorkingDir and User into the record. */
+/* The config's Env, WorkingDir and User, and its digest, into the record. */
 static int
-read_config (img_reg_t *r, const char *ref, json_t *manifest, json_t *record, err_t *err)
+read_config (img_cache_t *c, const img_src_t *r, const char *ref, json_t *manifest, json_t *record, err_t *err)
 {
   const char *digest;
   uint64_t size;
@@ -175,6 +185,8 @@ read_config (img_reg_t *r, const char *ref, json_t *manifest, json_t *record, er
   int rc = fetch (r, ref, "blobs", digest, digest, IMG_CONFIG_MAX, &b, got, NULL, err);
   json_error_t jerr;
   json_t *doc = rc == 0 ? json_loadb (b.mem != NULL ? b.mem : "", b.len, 0, &jerr) : NULL;
+  if (rc == 0 && doc != NULL)
+    rc = img_keep_blob (c, digest, b.mem, b.len, err);
   free (b.mem);
   if (rc < 0)
     return -1;
@@ -197,6 +209,7 @@ read_config (img_reg_t *r, const char *ref, json_t *manifest, json_t *record, er
   const char *user = json_string_value (json_object_get (cfg, "User"));
   json_object_set_new (record, "workdir", json_string (wd != NULL && wd[0] == '/' ? wd : ""));
   json_object_set_new (record, "user", json_string (user != NULL ? user : ""));
+  json_object_set_new (record, "config", json_string (digest + 7));
   json_decref (doc);
   return 0;
 }
@@ -214,16 +227,36 @@ layer_type_ok (const char *t)
   return false;
 }
 
-/* One layer into layers/<hex>: fetched to tmp, verified, unpacked into a
- * temporary directory, renamed in place once whole. */
+/* Blob `digest` into fd (rewound), checked against its digest and size. */
 static int
-make_layer (img_cache_t *c, img_reg_t *r, const char *ref, const char *digest, uint64_t size, err_t *err)
+fetch_to_fd (const img_src_t *r, const char *ref, const char *digest, uint64_t size, int fd, err_t *err)
+{
+  blob_sink_t b = {.fd = fd};
+  char got[SBX_IMAGE_DIGEST_MAX + 1];
+  if (fetch (r, ref, "blobs", digest, digest, size, &b, got, NULL, err) < 0)
+    return -1;
+  if (b.bytes != size)
+    return err_make (err, EINVAL, "image `%s`: layer %s is %llu bytes, its manifest says %llu", ref, digest,
+                     (unsigned long long) b.bytes, (unsigned long long) size);
+  if (lseek (fd, 0, SEEK_SET) < 0)
+    return err_make_sys (err, errno, "rewind the blob of %s", digest);
+  return 0;
+}
+
+/* One layer into layers/<hex> and its blob into blobs/<hex>: fetched to
+ * tmp, verified, unpacked into a temporary directory, each renamed in
+ * place once whole. A layer cached without its blob (a cache older than
+ * kept blobs) gets the blob only. */
+static int
+make_layer (img_cache_t *c, const img_src_t *r, const char *ref, const char *digest, uint64_t size, err_t *err)
 {
   const char *root = img_cache_root (c), *hex = digest + 7;
-  char final[PATH_MAX], blob[PATH_MAX], dir[PATH_MAX];
+  char final[PATH_MAX], kept[PATH_MAX], blob[PATH_MAX], dir[PATH_MAX];
   snprintf (final, sizeof final, "%s/layers/%s", root, hex);
+  snprintf (kept, sizeof kept, "%s/blobs/%s", root, hex);
   struct stat st;
-  if (stat (final, &st) == 0)
+  bool have_layer = stat (final, &st) == 0;
+  if (have_layer && stat (kept, &st) == 0)
     return 0; /* shared with an image pulled before */
   snprintf (blob, sizeof blob, "%s/tmp/%s.blob", root, hex);
   snprintf (dir, sizeof dir, "%s/tmp/%s.dir", root, hex);
@@ -231,30 +264,27 @@ make_layer (img_cache_t *c, img_reg_t *r, const char *ref, const char *digest, u
   cleanup_close int fd = open (blob, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0)
     return err_make_sys (err, errno, "create `%s`", blob);
-  blob_sink_t b = {.fd = fd};
-  char got[SBX_IMAGE_DIGEST_MAX + 1];
-  int rc = fetch (r, ref, "blobs", digest, digest, size, &b, got, NULL, err);
-  if (rc == 0 && b.bytes != size)
-    rc = err_make (err, EINVAL, "image `%s`: layer %s is %llu bytes, its manifest says %llu", ref, digest,
-                   (unsigned long long) b.bytes, (unsigned long long) size);
-  if (rc == 0 && lseek (fd, 0, SEEK_SET) < 0)
-    rc = err_make_sys (err, errno, "rewind `%s`", blob);
-  if (rc == 0 && mkdir (dir, 0755) < 0)
+  int rc = fetch_to_fd (r, ref, digest, size, fd, err);
+  if (rc == 0 && !have_layer && mkdir (dir, 0755) < 0)
     rc = err_make_sys (err, errno, "mkdir `%s`", dir);
-  if (rc == 0 && sbx_unpack_layer (img_cache_runtime (c), fd, dir, IMG_UNPACK_MS, err) < 0)
+  if (rc == 0 && !have_layer && sbx_unpack_layer (img_cache_runtime (c), fd, dir, IMG_UNPACK_MS, err) < 0)
     rc = err_wrap (err, "image `%s`: layer %s", ref, digest);
-  if (rc == 0 && rename (dir, final) < 0)
+  if (rc == 0 && !have_layer && rename (dir, final) < 0)
     rc = err_make_sys (err, errno, "rename `%s`", final);
-  unlink (blob);
+  if (rc == 0 && rename (blob, kept) < 0)
+    rc = err_make_sys (err, errno, "rename `%s`", kept);
   if (rc < 0)
-    sbx_layer_remove (dir);
+    {
+      unlink (blob);
+      sbx_layer_remove (dir);
+    }
   return rc;
 }
 
 /* make_layer with the layer claimed: another pull making it meanwhile is
  * waited for (until this pull's deadline), and then found in place. */
 static int
-pull_layer (img_cache_t *c, img_reg_t *r, const char *ref, const char *digest, uint64_t size,
+pull_layer (img_cache_t *c, const img_src_t *r, const char *ref, const char *digest, uint64_t size,
             const img_pull_opts_t *o, err_t *err)
 {
   char key[80];
@@ -278,7 +308,7 @@ report (const img_pull_opts_t *o, const img_progress_t *p)
 /* The layers of `manifest`, checked, then each pulled; their hex digests
  * into the record (base first). */
 static int
-pull_layers (img_cache_t *c, img_reg_t *r, const char *ref, json_t *manifest, json_t *record,
+pull_layers (img_cache_t *c, const img_src_t *r, const char *ref, json_t *manifest, json_t *record,
              const img_pull_opts_t *o, err_t *err)
 {
   json_t *layers = json_object_get (manifest, "layers");
@@ -288,8 +318,10 @@ pull_layers (img_cache_t *c, img_reg_t *r, const char *ref, json_t *manifest, js
   if (n > IMG_MAX_LAYERS)
     return err_make (err, EINVAL, "image `%s`: %zu layers, more than the cap of %d", ref, n, IMG_MAX_LAYERS);
   img_progress_t p = {.layers_total = (unsigned) n};
-  json_t *hexes = json_array ();
+  json_t *hexes = json_array (), *media = json_array (), *sizes = json_array ();
   json_object_set_new (record, "layers", hexes);
+  json_object_set_new (record, "media", media);
+  json_object_set_new (record, "sizes", sizes);
   for (size_t i = 0; i < n; i++)
     {
       const char *digest;
@@ -305,6 +337,8 @@ pull_layers (img_cache_t *c, img_reg_t *r, const char *ref, json_t *manifest, js
         return err_make (err, EINVAL, "image `%s`: its layers total more than the cap of %llu bytes", ref,
                          (unsigned long long) IMG_TOTAL_MAX);
       json_array_append_new (hexes, json_string (digest + 7));
+      json_array_append_new (media, json_string (json_string_value (json_object_get (l, "mediaType"))));
+      json_array_append_new (sizes, json_integer ((json_int_t) size));
     }
   json_object_set_new (record, "bytes", json_integer ((json_int_t) p.bytes_total));
   report (o, &p);
@@ -353,6 +387,39 @@ credentials_for (const char *auth_file, const char *host)
 }
 
 int
+img_pull_from (img_cache_t *c, const img_src_t *src, const char *ref, const img_ref_t *p, const img_pull_opts_t *o,
+               json_t *record, char *dg, err_t *err)
+{
+  json_t *manifest = NULL;
+  int rc = fetch_manifest (c, src, ref, p, &manifest, dg, err);
+  if (rc == 0)
+    {
+      json_object_set_new (record, "ref", json_string (ref));
+      json_object_set_new (record, "digest", json_string (dg));
+      json_object_set_new (record, "annotations", json_deep_copy (json_object_get (manifest, "annotations")));
+      rc = read_config (c, src, ref, manifest, record, err);
+    }
+  if (rc == 0)
+    rc = pull_layers (c, src, ref, manifest, record, o, err);
+  /* A template made on the default image runs over it (template.c). */
+  const char *base
+      = json_string_value (json_object_get (json_object_get (manifest, "annotations"), IMG_ANNOTATION_BASE));
+  if (rc == 0 && json_is_true (json_object_get (record, "template")) && base != NULL && strcmp (base, "rootfs") == 0)
+    json_object_set_new (record, "on_rootfs", json_true ());
+  if (rc == 0)
+    rc = img_record (c, ref, dg, record, err);
+  json_decref (manifest);
+  return rc;
+}
+
+static int
+registry_get (void *ctx, const char *kind, const char *ref, const char *accept, uint64_t max, img_sink_fn sink,
+              void *sink_ctx, char *ctype, err_t *err)
+{
+  return img_reg_get (ctx, kind, ref, accept, max, sink, sink_ctx, ctype, err);
+}
+
+int
 img_pull_locked (img_cache_t *c, const char *ref, const img_ref_t *p, const char *auth_file, const char *insecure,
                  const img_pull_opts_t *o, char *dg, err_t *err)
 {
@@ -370,19 +437,10 @@ img_pull_locked (img_cache_t *c, const char *ref, const img_ref_t *p, const char
   img_reg_t *r = NULL;
   if (img_reg_new (&ro, &r, err) < 0)
     return -1;
-  json_t *manifest = NULL, *record = json_object ();
-  int rc = record != NULL ? fetch_manifest (r, ref, p, &manifest, dg, err) : err_make (err, ENOMEM, "out of memory");
-  if (rc == 0)
-    {
-      json_object_set_new (record, "ref", json_string (ref));
-      json_object_set_new (record, "digest", json_string (dg));
-      rc = read_config (r, ref, manifest, record, err);
-    }
-  if (rc == 0)
-    rc = pull_layers (c, r, ref, manifest, record, o, err);
-  if (rc == 0)
-    rc = img_record (c, ref, dg, record, err);
-  json_decref (manifest);
+  img_src_t src = {.get = registry_get, .ctx = r};
+  json_t *record = json_object ();
+  int rc = record != NULL ? img_pull_from (c, &src, ref, p, o, record, dg, err)
+                          : err_make (err, ENOMEM, "out of memory");
   json_decref (record);
   img_reg_free (r);
   return rc;

@@ -13,6 +13,7 @@
  */
 #include "gateway/store/local.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -244,6 +245,31 @@ local_stat (snap_store_t *store, const char *object, snap_gen_t *out, err_t *err
   return 1;
 }
 
+static int
+local_list_dirs (snap_store_t *store, const char *dir, size_t max, int (*fn) (void *ctx, const char *name), void *ctx,
+                 err_t *err)
+{
+  char path[PATH_MAX];
+  if (object_path ((local_store_t *) store, dir, path, sizeof path, err) < 0)
+    return -1;
+  DIR *d = opendir (path);
+  if (d == NULL)
+    return errno == ENOENT ? 0 : err_make_sys (err, errno, "open `%s`", path);
+  int rc = 0;
+  size_t n = 0;
+  struct dirent *e;
+  while (rc == 0 && (e = readdir (d)) != NULL)
+    {
+      struct stat st;
+      if (e->d_name[0] == '.' || fstatat (dirfd (d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0
+          || !S_ISDIR (st.st_mode))
+        continue;
+      rc = ++n > max ? err_make (err, E2BIG, "more than %zu entries under `%s`", max, path) : fn (ctx, e->d_name);
+    }
+  closedir (d);
+  return rc;
+}
+
 static void
 local_destroy (snap_store_t *store)
 {
@@ -266,6 +292,7 @@ static const snap_store_ops_t local_ops = {
     .remove = local_remove,
     .exists = local_exists,
     .stat = local_stat,
+    .list_dirs = local_list_dirs,
     .cancel_all = NULL, /* local writes end on their own */
     .destroy = local_destroy,
 };

@@ -58,6 +58,12 @@ typedef struct snap_store_ops_s
   /* As exists, and fills *out with the version that exists (zeroed when
    * none). */
   int (*stat) (snap_store_t *store, const char *object, snap_gen_t *out, err_t *err);
+  /* Calls `fn` with the name of each "directory" right under `dir` (an
+   * object name prefix ending in '/'): the next component of the objects
+   * named `dir`NAME/..., each once, at most `max` of them (E2BIG past it).
+   * `fn` returning -1 stops the walk with its error. */
+  int (*list_dirs) (snap_store_t *store, const char *dir, size_t max, int (*fn) (void *ctx, const char *name),
+                    void *ctx, err_t *err);
   /* Makes every request under way, and every later one, fail within about
    * a second instead of waiting for the network or retrying: for a
    * shutdown whose grace has ended. An upload so failed is never committed.

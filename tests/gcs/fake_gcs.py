@@ -314,6 +314,9 @@ class Handler(BaseHTTPRequestHandler):
         base = parts[1:]
         if base and base[0] == "download":
             base = base[1:]
+        if len(base) == 5 and base[0:2] == ["storage", "v1"] and base[2] == "b" and base[4] == "o" \
+                and self.command == "GET":
+            return self.list_objects(urllib.parse.unquote(base[3]), query, quiet)
         if len(base) >= 6 and base[0:2] == ["storage", "v1"] and base[2] == "b" and base[4] == "o":
             bucket = urllib.parse.unquote(base[3])
             name = urllib.parse.unquote("/".join(base[5:]))
@@ -448,6 +451,34 @@ class Handler(BaseHTTPRequestHandler):
         self.drop()
 
     # -- objects --
+
+    def list_objects(self, bucket, query, quiet):
+        """objects.list with prefix and delimiter: names become "prefixes" up
+        to the delimiter after the prefix; two names a page (pageToken is
+        the index of the next one), so that paging is exercised."""
+        st = self.state
+        self.read_body()
+        prefix = query.get("prefix", [""])[0]
+        delim = query.get("delimiter", [""])[0]
+        with st.lock:
+            names = sorted(n for (b, n) in st.objects if b == bucket and n.startswith(prefix))
+        entries = []
+        for n in names:
+            rest = n[len(prefix):]
+            if delim and delim in rest:
+                p = prefix + rest[:rest.index(delim) + 1]
+                if ("p", p) not in entries:
+                    entries.append(("p", p))
+            else:
+                entries.append(("o", n))
+        start = int(query.get("pageToken", ["0"])[0])
+        page = entries[start:start + 2]
+        body = {"prefixes": [v for k, v in page if k == "p"],
+                "items": [{"name": v} for k, v in page if k == "o"]}
+        if start + 2 < len(entries):
+            body["nextPageToken"] = str(start + 2)
+        if not quiet:
+            self.send(200, body)
 
     def get_object(self, bucket, name, query, fault, quiet):
         st = self.state

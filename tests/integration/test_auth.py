@@ -56,13 +56,17 @@ def _requests(pb2):
         "DeleteContext": lambda: pb2.DeleteContextRequest(sandbox_id=MISSING_ID, context_id="c"),
         "RunCode": lambda: pb2.RunCodeRequest(sandbox_id=MISSING_ID, code="1"),
         "Extend": lambda: pb2.ExtendRequest(sandbox_id=MISSING_ID, idle_ttl_seconds=60),
+        "CreateTemplate": lambda: pb2.CreateTemplateRequest(sandbox_id=MISSING_ID, name="t"),
+        "ListTemplates": lambda: pb2.ListTemplatesRequest(),
+        "DeleteTemplate": lambda: pb2.DeleteTemplateRequest(name="missing"),
     }
 
 
 METHODS = ["Launch", "Restore", "Exec", "Run", "ListProcesses", "SignalProcess", "ExportSnapshot", "PersistSnapshot",
            "Connect", "Delete", "Get", "List", "Status", "ReadFile", "WriteFile", "ListDir", "Stat", "Remove",
            "Rename", "MakeDir", "Watch", "Forward", "ListPorts", "PullImage", "ListImages", "RemoveImage",
-           "CreateContext", "ListContexts", "RestartContext", "DeleteContext", "RunCode", "Extend"]
+           "CreateContext", "ListContexts", "RestartContext", "DeleteContext", "RunCode", "Extend",
+           "CreateTemplate", "ListTemplates", "DeleteTemplate"]
 
 
 def call(gw, sandbox_api, method, metadata=None):

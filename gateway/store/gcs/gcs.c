@@ -74,6 +74,7 @@ static const snap_store_ops_t gcs_ops = {
     .remove = gcs_remove,
     .exists = gcs_exists,
     .stat = gcs_stat,
+    .list_dirs = gcs_list_dirs,
     .cancel_all = gcs_cancel_all,
     .destroy = gcs_destroy,
 };

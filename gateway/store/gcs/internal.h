@@ -90,6 +90,8 @@ void gcs_reader_close (snap_reader_t *sr);
 /* objects.c */
 int gcs_exists (snap_store_t *store, const char *object, err_t *err);
 int gcs_stat (snap_store_t *store, const char *object, snap_gen_t *out, err_t *err);
+int gcs_list_dirs (snap_store_t *store, const char *dir, size_t max, int (*fn) (void *ctx, const char *name),
+                   void *ctx, err_t *err);
 int gcs_remove (snap_store_t *store, const char *object, err_t *err);
 
 #endif

@@ -1,5 +1,6 @@
 /* gcs objects: the store's operations on a whole object — whether it exists
- * and which generation (its metadata) and its deletion — over one shared request helper.
+ * and which generation (its metadata) and its deletion — over one shared
+ * request helper; and the listing of the "directories" under a prefix.
  *
  * Not here: the contents of objects (upload.c, download.c), credentials and
  * retries (request.c).
@@ -12,6 +13,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -138,4 +140,77 @@ gcs_remove (snap_store_t *store, const char *object, err_t *err)
     }
   gcs_resp_clear (&resp);
   return rc;
+}
+
+/* Most pages one listing reads (each up to 1000 names). */
+#define LIST_MAX_PAGES 64
+
+/* One page of the listing of `dir`: its "prefixes" to fn, the next page's
+ * token into *next (freed by the caller; NULL on the last page). */
+static int
+list_page (gcs_store_t *s, const char *dir, const char *token, size_t max, size_t *n,
+           int (*fn) (void *ctx, const char *name), void *ctx, char **next, err_t *err)
+{
+  *next = NULL;
+  cleanup_free char *esc = gcs_escape (dir), *tok = token != NULL ? gcs_escape (token) : NULL;
+  cleanup_free char *url = NULL, *what = gcs_object_what (s, dir);
+  if (esc == NULL || what == NULL || (token != NULL && tok == NULL)
+      || asprintf (&url, "%s/storage/v1/b/%s/o?prefix=%s&delimiter=%%2F&fields=prefixes,nextPageToken%s%s",
+                   s->endpoint, s->bucket_esc, esc, tok != NULL ? "&pageToken=" : "", tok != NULL ? tok : "")
+             < 0)
+    return err_make (err, ENOMEM, "list `%s`: out of memory", dir);
+  CURL *h = curl_easy_init ();
+  if (h == NULL)
+    return err_make (err, ENOMEM, "list `%s`: out of memory", dir);
+  gcs_req_t req = {.method = "GET", .url = url, .timeout_s = SMALL_REQUEST_TIMEOUT_S};
+  gcs_resp_t resp = {0};
+  int rc = gcs_do_with_retry (s, h, &req, &resp, what, "list", NULL, err);
+  curl_easy_cleanup (h);
+  if (rc == 0 && resp.status != 200)
+    rc = gcs_fail_status (&resp, "list", what, err);
+  json_t *j = rc == 0 && resp.body != NULL ? json_loads (resp.body, 0, NULL) : NULL;
+  if (rc == 0 && !json_is_object (j))
+    rc = err_make (err, EPROTO, "list `%s`: the answer is not a JSON object", what);
+  json_t *prefixes = json_object_get (j, "prefixes");
+  size_t len = strlen (dir);
+  for (size_t i = 0; rc == 0 && i < json_array_size (prefixes); i++)
+    {
+      const char *p = json_string_value (json_array_get (prefixes, i));
+      size_t pl = p != NULL ? strlen (p) : 0;
+      if (pl < len + 2 || strncmp (p, dir, len) != 0 || p[pl - 1] != '/')
+        continue;
+      cleanup_free char *name = strndup (p + len, pl - len - 1);
+      if (name == NULL)
+        rc = err_make (err, ENOMEM, "list `%s`: out of memory", what);
+      else
+        rc = ++*n > max ? err_make (err, E2BIG, "list `%s`: more than %zu entries", what, max) : fn (ctx, name);
+    }
+  const char *nt = json_string_value (json_object_get (j, "nextPageToken"));
+  if (rc == 0 && nt != NULL && nt[0] != '\0' && (*next = strdup (nt)) == NULL)
+    rc = err_make (err, ENOMEM, "list `%s`: out of memory", what);
+  json_decref (j);
+  gcs_resp_clear (&resp);
+  return rc;
+}
+
+int
+gcs_list_dirs (snap_store_t *store, const char *dir, size_t max, int (*fn) (void *ctx, const char *name), void *ctx,
+               err_t *err)
+{
+  size_t n = 0;
+  char *token = NULL;
+  for (int page = 0; page < LIST_MAX_PAGES; page++)
+    {
+      char *next = NULL;
+      int rc = list_page ((gcs_store_t *) store, dir, token, max, &n, fn, ctx, &next, err);
+      free (token);
+      token = next;
+      if (rc < 0 || token == NULL)
+        {
+          free (token);
+          return rc;
+        }
+    }
+  free (token);
+  return err_make (err, E2BIG, "list `%s`: more than %d pages", dir, LIST_MAX_PAGES);
 }
