@@ -6,6 +6,7 @@
  * (api/image.c). No state. */
 #include <errno.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -15,6 +16,25 @@
 #include "gateway/api/internal.h"
 #include "gateway/image/image.h"
 #include "gateway/snapshot/session.h"
+
+/* Templates made at once: each holds a copy of a sandbox's layer on disk
+ * while it is stored. */
+#define API_MAX_TEMPLATE_MAKES 4
+/* Listings at once: each reads every template's index.json. */
+#define API_MAX_TEMPLATE_LISTS 4
+
+static atomic_int makes, lists;
+
+/* Takes one of `max` places of `n`; EAGAIN (RESOURCE_EXHAUSTED) when all
+ * are taken. */
+static int
+take_place (atomic_int *n, int max, const char *what, err_t *err)
+{
+  if (atomic_fetch_add (n, 1) < max)
+    return 0;
+  atomic_fetch_sub (n, 1);
+  return err_make (err, EAGAIN, "%d %s under way already: retry later", max, what);
+}
 
 static int
 no_templates (const api_ctx_t *ctx, err_t *err)
@@ -64,22 +84,12 @@ call_gone (void *ctx)
   return rpc_call_cancelled ((rpc_call_t *) ctx);
 }
 
-int
-api_create_template (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+/* The layer of `info`'s sandbox exported into a file, then made a
+ * template and answered. */
+static int
+make (rpc_call_t *call, const api_ctx_t *ctx, const Sandbox__V1__CreateTemplateRequest *req, const sbx_info_t *info,
+      err_t *err)
 {
-  cleanup_message ProtobufCMessage *m = NULL;
-  if (no_templates (ctx, err) < 0
-      || api_recv_request (call, &sandbox__v1__create_template_request__descriptor, &m, err) < 0)
-    return -1;
-  Sandbox__V1__CreateTemplateRequest *req = (Sandbox__V1__CreateTemplateRequest *) m;
-  if (!img_template_name_valid (req->name))
-    return err_make (err, EINVAL,
-                     "invalid template name `%.80s`: names match ^[a-z0-9][a-z0-9._-]*$, at most %d "
-                     "characters",
-                     req->name, IMG_TEMPLATE_NAME_MAX);
-  sbx_info_t info;
-  if (sbx_get (ctx->rt, req->sandbox_id, &info, err) < 0)
-    return -1;
   char path[PATH_MAX];
   int fd = img_template_tmp (ctx->images, path, err);
   if (fd < 0)
@@ -93,7 +103,7 @@ api_create_template (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   close (fd);
   img_template_t t;
   if (rc == 0)
-    rc = img_template_create (ctx->images, req->name, info.image_digest, path, res.total_bytes, res.sha256,
+    rc = img_template_create (ctx->images, req->name, info->image_digest, path, res.total_bytes, res.sha256,
                               req->sandbox_id, &t, err);
   unlink (path); /* when the export failed */
   if (rc < 0)
@@ -108,6 +118,28 @@ api_create_template (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
 }
 
 int
+api_create_template (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
+{
+  cleanup_message ProtobufCMessage *m = NULL;
+  if (no_templates (ctx, err) < 0
+      || api_recv_request (call, &sandbox__v1__create_template_request__descriptor, &m, err) < 0)
+    return -1;
+  Sandbox__V1__CreateTemplateRequest *req = (Sandbox__V1__CreateTemplateRequest *) m;
+  if (!img_template_name_valid (req->name))
+    return err_make (err, EINVAL,
+                     "invalid template name `%.80s`: names match ^[a-z0-9][a-z0-9._-]*$, at most %d "
+                     "characters",
+                     req->name, IMG_TEMPLATE_NAME_MAX);
+  sbx_info_t info;
+  if (sbx_get (ctx->rt, req->sandbox_id, &info, err) < 0
+      || take_place (&makes, API_MAX_TEMPLATE_MAKES, "template creations", err) < 0)
+    return -1;
+  int rc = make (call, ctx, req, &info, err);
+  atomic_fetch_sub (&makes, 1);
+  return rc;
+}
+
+int
 api_list_templates (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
 {
   cleanup_message ProtobufCMessage *m = NULL;
@@ -116,7 +148,11 @@ api_list_templates (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     return -1;
   cleanup_free img_template_t *ts = NULL;
   size_t n = 0;
-  if (img_template_list (ctx->images, &ts, &n, err) < 0)
+  if (take_place (&lists, API_MAX_TEMPLATE_LISTS, "template listings", err) < 0)
+    return -1;
+  int rc = img_template_list (ctx->images, &ts, &n, err);
+  atomic_fetch_sub (&lists, 1);
+  if (rc < 0)
     return -1;
   cleanup_free Sandbox__V1__TemplateInfo *pbs = calloc (n + 1, sizeof *pbs);
   cleanup_free Sandbox__V1__TemplateInfo **ptrs = calloc (n + 1, sizeof *ptrs);

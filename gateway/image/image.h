@@ -148,7 +148,7 @@ void img_env_free (char **env);
  * image. */
 
 #define IMG_TEMPLATE_NAME_MAX 63
-#define IMG_MAX_TEMPLATES 10000 /* listed at most */
+#define IMG_MAX_TEMPLATES 1000 /* listed at most */
 #define IMG_TEMPLATE_PREFIX "template:"
 #define IMG_ANNOTATION_BASE "io.sandbox-gateway.base"
 

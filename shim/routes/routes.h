@@ -79,6 +79,11 @@ struct MHD_Response *route_file_watch (shim_req_t *r, unsigned *status);
 /* ports.c (and proxy.c, through proxy.h) */
 struct MHD_Response *route_ports_list (shim_req_t *r, unsigned *status);
 
+/* templates.c */
+struct MHD_Response *route_template_create (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_templates_list (shim_req_t *r, unsigned *status);
+struct MHD_Response *route_template_delete (shim_req_t *r, unsigned *status);
+
 /* images.c */
 struct MHD_Response *route_images_list (shim_req_t *r, unsigned *status);
 struct MHD_Response *route_image_pull (shim_req_t *r, unsigned *status);

@@ -335,3 +335,35 @@ def test_templates_in_gcs_are_listed_page_by_page_launched_elsewhere_and_deleted
             with pytest.raises(grpc.RpcError) as e:
                 launch(c2, new_id("tgcs3"), "template:gcs-0")
             assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_shim_makes_lists_launches_and_deletes_templates(tgw, image_ref):
+    from tests.lib.shim import running_shim
+    ref, _ = image_ref
+    with running_shim(tgw, check=True) as shim:
+        sid = new_id("tshim")
+        assert shim.request("POST", "/sandboxes", {"sandbox_id": sid, "image": ref}, timeout=120).status == 201
+        r = shim.request("POST", f"/sandboxes/{sid}/exec", {"argv": ["sh", "-c", "echo via-shim > /etc/shim"]})
+        assert r.status == 200, r
+        r = shim.request("POST", "/templates", {"sandbox_id": sid, "name": "tpl-shim"}, timeout=120)
+        assert r.status == 201, r
+        made = r.json()
+        assert made["name"] == "tpl-shim" and made["sandbox_id"] == sid and made["base_image"] == ref
+        assert made["image_digest"].startswith("sha256:") and made["layers"] == 3
+        listed = {t["name"]: t for t in shim.request("GET", "/templates").json()["templates"]}
+        assert listed["tpl-shim"] == made
+        sid2 = new_id("tshim2")
+        r = shim.request("POST", "/sandboxes", {"sandbox_id": sid2, "image": "template:tpl-shim"}, timeout=120)
+        assert r.status == 201, r
+        r = shim.request("POST", f"/sandboxes/{sid2}/exec", {"argv": ["cat", "/etc/shim"]})
+        assert r.status == 200 and base64.b64decode(r.json()["stdout_b64"]) == b"via-shim\n", r
+        assert shim.request("POST", "/templates", {"sandbox_id": sid, "name": "tpl-shim"}).status == 409
+        assert shim.request("POST", "/templates", {"sandbox_id": sid, "name": "Bad/Name"}).status in (400, 422)
+        assert shim.request("POST", "/templates", {"sandbox_id": sid}).status == 422
+        assert shim.request("POST", "/templates", [1]).status == 422
+        assert shim.request("POST", "/templates", {"sandbox_id": "nope", "name": "tpl-x"}).status == 404
+        assert shim.request("DELETE", "/templates/tpl-shim").status == 204
+        assert shim.request("DELETE", "/templates/tpl-shim").status == 404
+        assert "tpl-shim" not in {t["name"] for t in shim.request("GET", "/templates").json()["templates"]}
+        for s in (sid, sid2):
+            shim.request("DELETE", f"/sandboxes/{s}")
