@@ -2,12 +2,13 @@
  * default image made ahead of launches, each with everything a launch
  * makes (user namespace and uid range, namespaces, cgroups, disk, pid 1
  * ready) and no id: a placeholder name ("_pool-N", which no client id can
- * be) for its state directory and groups. A launch of the default image
- * without egress, with the gateway's default resources (a launch asking
- * for other limits makes its own: a pooled sandbox's disk and groups are
- * made with the defaults), claims one: it is renamed to the launch's id (state
- * directory and cgroups, which its pid 1 does not name) and linked into the
- * registry; launches that find the pool empty, name an image, restore a
+ * be) for its state directory and groups, made with the gateway's default
+ * resources (and a group in the cpu hierarchy, unlimited unless the
+ * default limits it). A launch of the default image without egress claims
+ * one: it is renamed to the launch's id (state directory and cgroups,
+ * which its pid 1 does not name) and linked into the registry, and its
+ * limits and disk size become the launch's (pool_shape.c); launches that
+ * find the pool empty, name an image, restore a
  * snapshot or get egress make their own. A pooled sandbox is never in the
  * registry (List and Get do not see it), counts against SANDBOX_MAX beside
  * the live ones, and is never given back: a deleted sandbox is destroyed.
@@ -119,7 +120,7 @@ record_new (sbx_runtime_t *rt, unsigned n, long slot, err_t *err)
   s->disk_fd = -1;
   s->port_spare = -1;
   s->uid_slot = slot;
-  /* The gateway's defaults: a launch asking for others makes its own. */
+  /* The gateway's defaults: a claim changes what its launch asks for. */
   const sbx_config_t *c = &rt->cfg;
   s->res = (sbx_resources_t){
       .memory_mb = c->memory_mb, .cpu_millis = c->cpu_millis, .disk_mb = c->disk_mb, .pids_max = c->pids_max};
