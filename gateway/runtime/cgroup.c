@@ -114,9 +114,15 @@ write_knob (const char *root, const char *id, const char *knob, const char *val,
   char path[SBX_CG_PATH_MAX];
   if (sbx_cg_path (path, sizeof path, root, id, NULL, knob, err) < 0)
     return -1;
-  if (access (path, F_OK) < 0)
+  cleanup_close int fd = open (path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT)
     return 0;
-  return sbx_cg_write_file (path, val, err);
+  if (fd < 0)
+    return err_make_sys (err, errno, "open `%s`", path);
+  size_t len = strlen (val);
+  if (TEMP_FAILURE_RETRY (write (fd, val, len)) != (ssize_t) len)
+    return err_make_sys (err, errno, "write `%s` to `%s`", val, path);
+  return 0;
 }
 
 /* Writes `val` to <root>/<id>/<knob>. */
@@ -252,9 +258,15 @@ sbx_cg_update (const sbx_cg_layout_t *l, const char *id, const sbx_cg_limits_t *
     {
       if (l->cpu < 0)
         return err_make (err, ENOTSUP, "cgroup of `%s`: no cpu hierarchy for a CPU limit", id);
-      if (to->cpu_millis > 0)
+      /* v1: the quota alone; the period is the 100 ms of every group of
+       * ours (the kernel's default, and what set_cpu writes). */
+      if (to->cpu_millis > 0 && l->v2)
         return set_cpu (l, id, to->cpu_millis, err);
-      return write_limit (l->roots[l->cpu], id, l->v2 ? "cpu.max" : "cpu.cfs_quota_us", l->v2 ? "max" : "-1", err);
+      if (to->cpu_millis > 0)
+        snprintf (val, sizeof val, "%ld", to->cpu_millis * 100);
+      else
+        snprintf (val, sizeof val, "%s", l->v2 ? "max" : "-1");
+      return write_limit (l->roots[l->cpu], id, l->v2 ? "cpu.max" : "cpu.cfs_quota_us", val, err);
     }
   return 0;
 }
