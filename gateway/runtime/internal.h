@@ -217,6 +217,7 @@ struct sbx_runtime_s
   size_t pool_n, pool_building, pool_yielded;
   unsigned pool_seq;
   unsigned long pool_fallbacks;
+  int64_t pool_claim_ms; /* monotonic ms of the latest claim */
   pthread_t pool_filler;
   bool pool_filler_running;
   /* The uid pool (userns.c), under mu: the free ranges' slots in the order

@@ -18,7 +18,8 @@
  *
  * Threading: the pool's fields live in the runtime under rt->mu; one
  * filler thread, niced, makes pooled sandboxes one at a time, at most one
- * every SBX_POOL_REFILL_GAP_MS, backing off on failure. Claims and the
+ * every SBX_POOL_REFILL_GAP_MS and SBX_POOL_CLAIM_QUIET_MS after the
+ * latest claim, backing off on failure. Claims and the
  * filler never hold rt->mu across I/O. */
 #include <errno.h>
 #include <signal.h>
@@ -43,6 +44,11 @@
 #define SBX_POOL_BACKOFF_MAX_MS 10000
 /* The filler's nice value (it and the helpers it starts). */
 #define SBX_POOL_NICE 10
+/* How long after a claim the refill it caused starts: the claim's answer
+ * goes out first, not racing the helper for the CPUs and the kernel's
+ * cgroup locks (a claim takes well under a millisecond). Waited once per
+ * refill, so claims in a row cannot keep the pool empty. */
+#define SBX_POOL_CLAIM_QUIET_MS 2
 
 static int
 parse_count (const char *key, const char *val, long *out, err_t *err)
@@ -208,6 +214,7 @@ sbx_pool_filler_main (void *arg)
    * thread starts inherit it. */
   setpriority (PRIO_PROCESS, (id_t) syscall (SYS_gettid), SBX_POOL_NICE);
   int64_t backoff = 0, next = 0;
+  bool quiet_waited = false;
   err_t err = ERR_INIT;
   pthread_mutex_lock (&rt->mu);
   while (!rt->stopping)
@@ -217,11 +224,14 @@ sbx_pool_filler_main (void *arg)
           pthread_cond_wait (&rt->cv, &rt->mu); /* claims, deletes and stop signal it */
           continue;
         }
-      if (sbx_mono_ms () < next)
+      int64_t now = sbx_mono_ms (), quiet = rt->pool_claim_ms + SBX_POOL_CLAIM_QUIET_MS;
+      if (now < next || (!quiet_waited && now < quiet))
         {
-          wait_until_locked (rt, next);
+          quiet_waited = quiet_waited || now >= next;
+          wait_until_locked (rt, now < next ? next : quiet);
           continue;
         }
+      quiet_waited = false;
       int rc = fill_one_locked (rt, &err);
       if (rc == 0)
         backoff = 0;
@@ -323,7 +333,7 @@ sbx_pool_claim (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_
       snprintf (s->id, sizeof s->id, "%s", id);
       snprintf (s->state, sizeof s->state, "%s", new_state);
       s->created_ms = sbx_wall_ms ();
-      s->created_mono_ms = s->last_used_ms = sbx_mono_ms ();
+      s->created_mono_ms = s->last_used_ms = rt->pool_claim_ms = sbx_mono_ms ();
       sbx_link_locked (rt, s); /* not ready: lookups skip it, a second launch of `id` is refused */
     }
   else
