@@ -392,6 +392,9 @@ int sbx_remove_groups (sbx_runtime_t *rt, const char *id, err_t *err);
  * sandbox, given a group in the cpu hierarchy whether or not it has a CPU
  * limit), until its pid 1 is ready; the caller tears down on failure. */
 int sbx_launch_build (sbx_runtime_t *rt, sbx_t *s, err_t *err);
+/* The limit events sandbox `id`'s groups count already (a spare memory
+ * group keeps a deleted sandbox's): what its first exec compares with. */
+void sbx_launch_counters (sbx_runtime_t *rt, const char *id, sbx_cg_events_t *out);
 
 /* pool.c: the warm pool. The filler keeps cfg.warm_pool sandboxes made,
  * niced, until the runtime stops. */

@@ -447,6 +447,13 @@ sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn
   return sbx_launch_on (rt, id, allow_egress, NULL, src, src_ctx, out, err);
 }
 
+void
+sbx_launch_counters (sbx_runtime_t *rt, const char *id, sbx_cg_events_t *out)
+{
+  sbx_cg_counters_t none = {.fds = {{-1, -1}, {-1, -1}}};
+  sbx_cg_counters_read (&rt->cg, id, &none, false, out);
+}
+
 int
 sbx_launch_build (sbx_runtime_t *rt, sbx_t *s, err_t *err)
 {
@@ -522,13 +529,11 @@ sbx_launch_spec (sbx_runtime_t *rt, const char *id, const sbx_spec_t *spec_in, c
     }
   /* A spare memory group may be a deleted sandbox's, whose out-of-memory
    * kills it still counts: what the first exec compares with (a pooled
-   * sandbox's may have such a group too). */
-  sbx_cg_events_t seen = {0};
-  if (nums.spare[0] != '\0' || claimed)
-    {
-      sbx_cg_counters_t none = {.fds = {{-1, -1}, {-1, -1}}};
-      sbx_cg_counters_read (&rt->cg, s->id, &none, false, &seen);
-    }
+   * sandbox's may have such a group too: read when it was made, nothing
+   * has run in it since). */
+  sbx_cg_events_t seen = claimed ? s->cg_seen : (sbx_cg_events_t){0};
+  if (nums.spare[0] != '\0')
+    sbx_launch_counters (rt, s->id, &seen);
   pthread_mutex_lock (&rt->mu);
   s->layers = NULL;
   s->cg_seen = seen;

@@ -185,6 +185,8 @@ fill_one_locked (sbx_runtime_t *rt, err_t *err)
   pthread_mutex_unlock (&rt->mu);
   sbx_t *s = record_new (rt, n, slot, err);
   int rc = s != NULL ? sbx_launch_build (rt, s, err) : -1;
+  if (rc == 0)
+    sbx_launch_counters (rt, s->id, &s->cg_seen); /* read here, not in its claim */
   pthread_mutex_lock (&rt->mu);
   rt->pool_building--;
   if (rc == 0 && !rt->stopping && rt->pool_n < SBX_POOL_MAX)
