@@ -20,7 +20,8 @@ import pytest
 
 from tests.lib.client import SandboxClient, new_id, pb
 from tests.lib.gateway import (POOL_PREFIX, cgroup_pids, gateway_client, gateway_env, gateway_leftovers, holder_pids,
-                               processes_in_group, running_gateway, stop_checked)
+                               leftovers_of, processes_in_group, running_gateway, stop_checked)
+from tests.lib.grpc_clients import rpc_error
 from tests.lib.procs import require_gateway_binary, run_to_completion
 
 POOL = 4
@@ -353,3 +354,44 @@ def test_a_claim_gets_the_disk_size_it_asks_for(shaping):
     shaping.ok(big, "dd if=/dev/zero of=/root/fill bs=1M count=160 2>&1")
     shaping.delete(small)
     shaping.delete(big)
+
+
+def test_a_claim_whose_limits_cannot_be_set_fails_and_is_destroyed_not_pooled(shaping):
+    """The pooled sandboxes lose their v1 cpu groups (their pid 1 moved out
+    first): a claim asking for a CPU limit cannot write its quota. The
+    launch fails naming the file, and the sandbox goes entirely."""
+    cpu = Path("/sys/fs/cgroup/cpu") / shaping.gw.cgroup_group
+    if not cpu.is_dir():
+        pytest.skip("no cgroup v1 cpu hierarchy")
+    assert wait_pooled(shaping, SHAPE_POOL) == SHAPE_POOL
+    names = pooled_dirs(shaping.gw)
+    holders = {}
+    for name in names:
+        (pid,) = cgroup_pids(shaping.gw, name)
+        holders[name] = pid
+        (Path("/sys/fs/cgroup/cpu") / "cgroup.procs").write_text(str(pid))
+        (cpu / name).rmdir()
+    sid = new_id("pool-cpu-fails")
+    e = rpc_error(shaping.stub.Launch, pb.LaunchRequest(sandbox_id=sid, resources=pb.Resources(cpus=0.5)),
+                  metadata=shaping.md, timeout=60)
+    assert e.code() == grpc.StatusCode.INTERNAL, e
+    assert "cpu.cfs_quota_us" in e.details() and sid in e.details(), e.details()
+    assert rpc_error(shaping.get, sid).code() == grpc.StatusCode.NOT_FOUND
+    assert sid not in shaping.ids()
+    assert leftovers_of(shaping.gw, sid) == []
+    gone = [n for n in names if n not in pooled_dirs(shaping.gw)]
+    assert len(gone) == 1, (names, pooled_dirs(shaping.gw))
+    assert not Path(f"/proc/{holders[gone[0]]}").exists(), "its pid 1 lives on"
+    assert leftovers_of(shaping.gw, gone[0]) == []
+    # The pool made a fresh one in its place; the others serve launches
+    # without a CPU limit (and are then deleted, leaving nothing).
+    assert wait_pooled(shaping, SHAPE_POOL) == SHAPE_POOL
+    assert gone[0] not in pooled_dirs(shaping.gw)
+    for name in names:
+        if name == gone[0]:
+            continue
+        other = new_id("pool-cpu-after")
+        shaping.created.append(other)
+        shaping.stub.Launch(pb.LaunchRequest(sandbox_id=other), metadata=shaping.md, timeout=60)
+        shaping.delete(other)
+        assert leftovers_of(shaping.gw, other) == []
