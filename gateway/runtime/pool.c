@@ -8,10 +8,10 @@
  * one: it is renamed to the launch's id (state directory and cgroups,
  * which its pid 1 does not name) and linked into the registry, and its
  * limits and disk size become the launch's (pool_shape.c); launches that
- * find the pool empty, name an image, restore a
- * snapshot or get egress make their own. A pooled sandbox is never in the
- * registry (List and Get do not see it), counts against SANDBOX_MAX beside
- * the live ones, and is never given back: a deleted sandbox is destroyed.
+ * find the pool empty, name an image, restore a snapshot or get egress
+ * make their own. A pooled sandbox is never in the registry (List and Get
+ * do not see it), counts against SANDBOX_MAX beside the live ones, and is
+ * never given back: a deleted sandbox is destroyed.
  *
  * Does not own the launch itself (launch.c builds a pooled sandbox the
  * way it builds any) nor the registry.
@@ -19,8 +19,8 @@
  * Threading: the pool's fields live in the runtime under rt->mu; one
  * filler thread, niced, makes pooled sandboxes one at a time, at most one
  * every SBX_POOL_REFILL_GAP_MS and SBX_POOL_CLAIM_QUIET_MS after the
- * latest claim, backing off on failure. Claims and the
- * filler never hold rt->mu across I/O. */
+ * latest claim, backing off on failure. Claims and the filler never hold
+ * rt->mu across I/O. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
