@@ -391,6 +391,31 @@ bc_launch (rpc_channel_t *ch, const char *id, err_t *err)
 }
 
 int
+bc_launch_with (rpc_channel_t *ch, const char *id, const Sandbox__V1__Resources *res, err_t *err)
+{
+  Sandbox__V1__LaunchRequest req = SANDBOX__V1__LAUNCH_REQUEST__INIT;
+  req.sandbox_id = (char *) id;
+  req.resources = (Sandbox__V1__Resources *) res;
+  return unary (ch, "/sandbox.v1.Sandbox/Launch", &req.base, &sandbox__v1__sandbox_info__descriptor, err);
+}
+
+int
+bc_pooled (rpc_channel_t *ch, long *out, err_t *err)
+{
+  Sandbox__V1__StatusRequest req = SANDBOX__V1__STATUS_REQUEST__INIT;
+  ProtobufCMessage *resp = NULL;
+  rpc_status_t st = RPC_STATUS_INIT;
+  int rc = rpc_client_unary (ch, "/sandbox.v1.Sandbox/Status", 60000, BC_MD, 1, &req.base,
+                             &sandbox__v1__status_response__descriptor, &resp, &st, err);
+  rpc_status_release (&st);
+  if (rc == 0 && resp != NULL)
+    *out = (long) ((Sandbox__V1__StatusResponse *) resp)->pooled;
+  if (resp != NULL)
+    protobuf_c_message_free_unpacked (resp, NULL);
+  return rc;
+}
+
+int
 bc_delete (rpc_channel_t *ch, const char *id, err_t *err)
 {
   Sandbox__V1__DeleteRequest req = SANDBOX__V1__DELETE_REQUEST__INIT;

@@ -22,6 +22,7 @@
 
 #include "common/err.h"
 #include "common/rpc/rpc.h"
+#include "proto/sandbox/v1/sandbox.pb-c.h"
 
 /* CLOCK_MONOTONIC in milliseconds. */
 double bc_now_ms (void);
@@ -107,6 +108,10 @@ rpc_channel_t *bc_channel (const char *prog, const char *target);
 
 /* Launch, Delete and Get of sandbox `id` (60 s deadline, reply dropped). */
 int bc_launch (rpc_channel_t *ch, const char *id, err_t *err);
+/* A Launch with per-request resources (borrowed). */
+int bc_launch_with (rpc_channel_t *ch, const char *id, const Sandbox__V1__Resources *res, err_t *err);
+/* Status.pooled: the gateway's warm pool's ready sandboxes. */
+int bc_pooled (rpc_channel_t *ch, long *out, err_t *err);
 int bc_delete (rpc_channel_t *ch, const char *id, err_t *err);
 int bc_get (rpc_channel_t *ch, const char *id, err_t *err);
 /* List of every live sandbox (60 s deadline, reply dropped). */

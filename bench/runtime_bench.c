@@ -14,7 +14,12 @@
  *      against `dd if=/dev/zero bs=1M count=<MiB> | cat >/dev/null`;
  *   4. memory per idle sandbox: Pss and private memory of every sandbox's
  *      processes and the growth of the kernel's slab, kernel stacks, page
- *      tables and per-CPU allocations over N idle sandboxes.
+ *      tables and per-CPU allocations over N idle sandboxes;
+ *   5. the warm pool, on a second gateway that keeps one (--pool-target):
+ *      a claim against `bwrap` and against a unary Get on the same channel,
+ *      a claim with per-request resources against one without, and the
+ *      sustained launch rate of a client launching back to back (with how
+ *      many launches fell back to a normal launch, from that gateway's log).
  *
  * Ours and the baselines run interleaved, iteration by iteration, so that a
  * noisy neighbour hurts both sides alike; the ratio is the figure to read.
@@ -25,6 +30,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <pthread.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -71,6 +77,11 @@ typedef struct opts_s
   int scale_n;                /* the scale run's sandboxes */
   int list_live;              /* live sandboxes while List is called in a loop */
   int list_execs;             /* execs timed with and without the lister */
+  const char *pool_target;    /* a gateway with SANDBOX_WARM_POOL; NULL: no pool stage */
+  const char *pool_log;       /* its log (JSON lines), for the launches that fell back */
+  int pool_size;              /* its SANDBOX_WARM_POOL count */
+  int pool_n;                 /* claims timed of each kind */
+  int pool_seconds;           /* the sustained run's length */
   pid_t gateway_pid;
   bool hide_cgroup2;
   const char *fork_timer; /* the fork_exec_timer program */
@@ -90,6 +101,9 @@ static opts_t O = {
     .scale_n = 10000,
     .list_live = 3000,
     .list_execs = 200,
+    .pool_size = 8,
+    .pool_n = 50,
+    .pool_seconds = 30,
     .fork_timer = "bazel-bin/bench/fork_exec_timer",
 };
 
@@ -256,6 +270,7 @@ static struct
   bool stop;
   bc_series_t lat;
   int failures;
+  rpc_channel_t *ch; /* the gateway deletes go to (CH unless a stage says) */
   pthread_t threads[POOL_THREADS];
 } P = {.mu = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER};
 
@@ -270,11 +285,12 @@ pool_main (void *unused)
       if (P.head == P.tail)
         break;
       char *id = P.q[P.head++ % POOL_QUEUE];
+      rpc_channel_t *ch = P.ch;
       P.busy++;
       pthread_mutex_unlock (&P.mu);
       err_t err = ERR_INIT;
       double t0 = bc_now_ms ();
-      int rc = bc_delete (CH, id, &err);
+      int rc = bc_delete (ch, id, &err);
       double ms = bc_now_ms () - t0;
       if (rc < 0)
         fprintf (stderr, PROG ": delete %s: %s\n", id, err_msg (&err));
@@ -321,6 +337,26 @@ pool_drain (void)
   pthread_mutex_lock (&P.mu);
   while (P.head != P.tail || P.busy > 0)
     pthread_cond_wait (&P.idle, &P.mu);
+  pthread_mutex_unlock (&P.mu);
+}
+
+/* Waits until fewer than `n` Deletes are queued or running. */
+static void
+pool_wait_below (unsigned n)
+{
+  pthread_mutex_lock (&P.mu);
+  while (P.tail - P.head + (unsigned) P.busy >= n)
+    pthread_cond_wait (&P.idle, &P.mu);
+  pthread_mutex_unlock (&P.mu);
+}
+
+/* Sends later Deletes to `ch`, once every queued one has finished. */
+static void
+pool_set_channel (rpc_channel_t *ch)
+{
+  pool_drain ();
+  pthread_mutex_lock (&P.mu);
+  P.ch = ch;
   pthread_mutex_unlock (&P.mu);
 }
 
@@ -382,6 +418,15 @@ cgroup_pids (const char *path, pid_t *out, int max)
 
 /* ---- the measurements ---------------------------------------------------- */
 
+/* Per-request resources of the "with resources" launches: every field
+ * set, each below the gateway's default (and so within its maximum). */
+static const Sandbox__V1__Resources BENCH_RESOURCES
+    = {PROTOBUF_C_MESSAGE_INIT (&sandbox__v1__resources__descriptor), 1024, 0.5, 1024, 256};
+/* The same without a CPU limit: on cgroup v1 a sandbox without one has no
+ * group in the cpu hierarchy (one cgroup move less). */
+static const Sandbox__V1__Resources BENCH_RESOURCES_NO_CPU
+    = {PROTOBUF_C_MESSAGE_INIT (&sandbox__v1__resources__descriptor), 1024, 0, 1024, 256};
+
 static void
 bench_launch (void)
 {
@@ -411,7 +456,7 @@ bench_launch (void)
   for (int b = 0; b < nb; b++)
     baseline_check_tool (&bl[b]);
 
-  bc_series_t ours = {0};
+  bc_series_t ours = {0}, with_res = {0}, with_res_no_cpu = {0};
   err_t err = ERR_INIT;
   const int warm = 3;
   fprintf (stderr, PROG ": launch: %d warm-up + %d runs of each\n", warm, O.launch_n);
@@ -424,8 +469,28 @@ bench_launch (void)
         bc_die (PROG, "launch", &err);
       double ms = bc_now_ms () - t0;
       pool_delete (id);
+      /* Each launch with resources starts, as the plain one does (its
+       * Delete ran during the baselines), with no Delete running. */
+      pool_drain ();
+      snprintf (id, sizeof id, "%s-launch-res-%d", O.prefix, i);
+      t0 = bc_now_ms ();
+      if (bc_launch_with (CH, id, &BENCH_RESOURCES, &err) < 0)
+        bc_die (PROG, "launch with resources", &err);
+      double res_ms = bc_now_ms () - t0;
+      pool_delete (id);
+      pool_drain ();
+      snprintf (id, sizeof id, "%s-launch-rnc-%d", O.prefix, i);
+      t0 = bc_now_ms ();
+      if (bc_launch_with (CH, id, &BENCH_RESOURCES_NO_CPU, &err) < 0)
+        bc_die (PROG, "launch with resources", &err);
+      double res_nc_ms = bc_now_ms () - t0;
+      pool_delete (id);
       if (i >= warm)
-        bc_series_add (&ours, ms);
+        {
+          bc_series_add (&ours, ms);
+          bc_series_add (&with_res, res_ms);
+          bc_series_add (&with_res_no_cpu, res_nc_ms);
+        }
       for (int b = 0; b < nb; b++)
         baseline_run (&bl[b], i, i >= warm);
     }
@@ -435,6 +500,8 @@ bench_launch (void)
       snprintf (name, sizeof name, "%s", bl[b].name);
       bc_row_add ("launch", "ms", &ours, 99, name, &bl[b].s);
     }
+  bc_row_add ("launch, per-request resources", "ms", &with_res, 99, "launch without", &ours);
+  bc_row_add ("launch, per-request resources but cpus", "ms", &with_res_no_cpu, 99, "launch without", &ours);
   pool_drain ();
 }
 
@@ -1230,6 +1297,173 @@ bench_list (void)
   fprintf (stderr, PROG ": list: %d deleted in %.1f s\n", live, (bc_now_ms () - t0) / 1e3);
 }
 
+/* ---- the warm pool ------------------------------------------------------- */
+
+/* Waits (untimed) until the pool gateway's pool holds O.pool_size again. */
+static void
+pool_wait_full (rpc_channel_t *ch)
+{
+  err_t err = ERR_INIT;
+  long n = 0;
+  for (double until = bc_now_ms () + 10000; bc_now_ms () < until; usleep (2000))
+    {
+      if (bc_pooled (ch, &n, &err) < 0)
+        bc_die (PROG, "pool: Status", &err);
+      if (n >= O.pool_size)
+        return;
+    }
+  fprintf (stderr, PROG ": pool: %ld of %d pooled after 10 s\n", n, O.pool_size);
+}
+
+/* Launches of ids starting with `prefix` the pool gateway logged as not
+ * served by the pool ("pooled": false on "sandbox launched"); -1 when its
+ * log cannot be read. */
+static long
+pool_fallbacks (const char *prefix)
+{
+  FILE *f = O.pool_log != NULL ? fopen (O.pool_log, "re") : NULL;
+  if (f == NULL)
+    return -1;
+  char line[2048], key[128];
+  snprintf (key, sizeof key, "\"sandbox_id\":\"%s", prefix);
+  long n = 0;
+  while (fgets (line, sizeof line, f) != NULL)
+    if (strstr (line, "\"sandbox launched\"") != NULL && strstr (line, key) != NULL
+        && strstr (line, "\"pooled\":false") != NULL)
+      n++;
+  fclose (f);
+  return n;
+}
+
+/* One timed Launch on `ch` (with `res`, or none) of `id`, deleted in the
+ * background; ms. */
+static double
+pool_timed_launch (rpc_channel_t *ch, const char *id, const Sandbox__V1__Resources *res)
+{
+  err_t err = ERR_INIT;
+  double t0 = bc_now_ms ();
+  if ((res != NULL ? bc_launch_with (ch, id, res, &err) : bc_launch (ch, id, &err)) < 0)
+    bc_die (PROG, "pool: launch", &err);
+  double ms = bc_now_ms () - t0;
+  pool_delete (id);
+  return ms;
+}
+
+/* Makes the next claim's conditions the same for every kind: the Deletes
+ * before it finished, the pool full again, and the refill's helper given
+ * 20 ms to be gone (a claim right after a refill ends pays for the
+ * kernel's deferred part of it). */
+static void
+pool_settle (rpc_channel_t *ch)
+{
+  pool_drain ();
+  pool_wait_full (ch);
+  usleep (20 * 1000);
+}
+
+/* Claims from a full pool (pool_settle), interleaved with their
+ * baselines: `bwrap` and a Get on the same channel (after as long a
+ * pause as a claim). */
+static void
+pool_claims (rpc_channel_t *ch)
+{
+  baseline_t bw
+      = {.name = "bwrap",
+         .tool = "bwrap",
+         .words = {"bwrap", "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "/bin/true"}};
+  baseline_check_tool (&bw);
+  char get_id[80], id[80];
+  snprintf (get_id, sizeof get_id, "%s-poolget", O.prefix);
+  err_t err = ERR_INIT;
+  if (bc_launch (ch, get_id, &err) < 0)
+    bc_die (PROG, "pool: launch", &err);
+  bc_series_t claim = {0}, claim_res = {0}, get = {0};
+  const int warm = 3;
+  fprintf (stderr, PROG ": pool: %d warm-up + %d claims of each kind\n", warm, O.pool_n);
+  for (int i = 0; i < warm + O.pool_n; i++)
+    {
+      bool rec = i >= warm;
+      pool_settle (ch);
+      snprintf (id, sizeof id, "%s-poolclaim-%d", O.prefix, i);
+      double ms = pool_timed_launch (ch, id, NULL);
+      pool_settle (ch);
+      snprintf (id, sizeof id, "%s-poolres-%d", O.prefix, i);
+      double res_ms = pool_timed_launch (ch, id, &BENCH_RESOURCES);
+      usleep (20 * 1000); /* as cold as the claims */
+      double g0 = bc_now_ms ();
+      if (bc_get (ch, get_id, &err) < 0)
+        bc_die (PROG, "pool: get", &err);
+      double get_ms = bc_now_ms () - g0;
+      if (rec)
+        {
+          bc_series_add (&claim, ms);
+          bc_series_add (&claim_res, res_ms);
+          bc_series_add (&get, get_ms);
+        }
+      baseline_run (&bw, i, rec);
+    }
+  pool_delete (get_id);
+  pool_drain ();
+  char what[80];
+  snprintf (what, sizeof what, "launch from the pool (%d ready)", O.pool_size);
+  bc_row_add (what, "ms", &claim, 99, "bwrap", &bw.s);
+  bc_row_add (what, "ms", &claim, 99, "unary Get, same channel", &get);
+  bc_row_add ("launch from the pool, per-request resources", "ms", &claim_res, 99, "from the pool without", &claim);
+  char pa[64], pb[64];
+  snprintf (pa, sizeof pa, "%s-poolclaim-", O.prefix);
+  snprintf (pb, sizeof pb, "%s-poolres-", O.prefix);
+  fprintf (stderr, PROG ": pool: of the claims, %ld and %ld (with resources) fell back to a normal launch\n",
+           pool_fallbacks (pa), pool_fallbacks (pb));
+}
+
+/* One client launching back to back for O.pool_seconds, each sandbox
+ * deleted in the background (at most 128 Deletes behind). */
+static void
+pool_sustained (rpc_channel_t *ch)
+{
+  pool_drain ();
+  pool_wait_full (ch);
+  char prefix[64], id[96];
+  snprintf (prefix, sizeof prefix, "%s-poolrun-", O.prefix);
+  bc_series_t lat = {0};
+  long n = 0;
+  double t0 = bc_now_ms (), end = t0 + O.pool_seconds * 1000.0;
+  while (bc_now_ms () < end)
+    {
+      snprintf (id, sizeof id, "%s%ld", prefix, n++);
+      bc_series_add (&lat, pool_timed_launch (ch, id, NULL));
+      pool_wait_below (128);
+    }
+  double secs = (bc_now_ms () - t0) / 1e3;
+  pool_drain ();
+  usleep (500 * 1000); /* the gateway's log written */
+  long fell = pool_fallbacks (prefix);
+  fprintf (stderr, PROG ": pool: %ld launches in %.1f s, %ld fell back\n", n, secs, fell);
+  char what[96];
+  snprintf (what, sizeof what, "sustained launches, pool of %d, %d s", O.pool_size, O.pool_seconds);
+  bc_row_add_values (what, "launches/s", n / secs, NAN, NULL, NAN, NAN);
+  bc_row_add_values ("of them, fell back to a normal launch", "launches", fell >= 0 ? (double) fell : NAN, NAN, NULL,
+                     NAN, NAN);
+  snprintf (what, sizeof what, "sustained launches: latency");
+  bc_row_add (what, "ms", &lat, 99, NULL, NULL);
+}
+
+static void
+bench_pool (void)
+{
+  if (O.pool_target == NULL)
+    {
+      fprintf (stderr, PROG ": pool: no --pool-target; skipped\n");
+      return;
+    }
+  rpc_channel_t *ch = bc_channel (PROG, O.pool_target);
+  pool_set_channel (ch);
+  pool_claims (ch);
+  pool_sustained (ch);
+  pool_set_channel (CH);
+  rpc_channel_destroy (ch);
+}
+
 /* ---- main ---------------------------------------------------------------- */
 
 static void
@@ -1249,13 +1483,19 @@ usage (FILE *f)
               "  --exec N                exec runs (default 300), --exec-warmup N (default 30)\n"
               "  --tput N                throughput runs (default 3), --tput-mib N (default 1024)\n"
               "  --sandboxes N           idle sandboxes for the memory test (default 200; 0 skips)\n"
-              "  --only LIST             comma-separated subset of launch,exec,run,tput,mem,density,list,scale\n"
+              "  --only LIST             comma-separated subset of launch,exec,run,tput,mem,density,list,pool,\n"
+              "                          scale\n"
               "                          (default: all but scale)\n"
               "  --density LIST          live sandboxes at which launch is timed (default 10,1000,3000)\n"
               "  --density-launches N    launches timed at each of them (default 60)\n"
               "  --scale N               the scale run: N sandboxes, exec in 100, delete all (default 10000)\n"
               "  --list-live N           the list run: exec while another client calls List, N live (default 3000)\n"
               "  --list-execs N          execs timed with and without the lister (default 200)\n"
+              "  --pool-target HOST:PORT a gateway with SANDBOX_WARM_POOL for the pool stage (else skipped)\n"
+              "  --pool-log FILE         its log, for the launches that fell back\n"
+              "  --pool-size N           its SANDBOX_WARM_POOL count (default 8)\n"
+              "  --pool-launches N       claims timed of each kind (default 50)\n"
+              "  --pool-seconds N        the sustained launches' run (default 30)\n"
               "  --fork-timer PATH       the fork_exec_timer program (default bazel-bin/bench/fork_exec_timer)\n"
               "  --markdown FILE         also write the table to FILE in Markdown\n");
 }
@@ -1284,11 +1524,16 @@ main (int argc, char **argv)
       {"only", required_argument, 0, 'o'},
       {"markdown", required_argument, 0, 'm'},
       {"fork-timer", required_argument, 0, 'F'},
+      {"pool-target", required_argument, 0, 'P'},
+      {"pool-log", required_argument, 0, 'G'},
+      {"pool-size", required_argument, 0, 'Z'},
+      {"pool-launches", required_argument, 0, 'C'},
+      {"pool-seconds", required_argument, 0, 'U'},
       {"hide-cgroup2", no_argument, 0, 'H'},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0},
   };
-  const char *only = "launch,exec,run,tput,mem,density,list";
+  const char *only = "launch,exec,run,tput,mem,density,list,pool";
   int ch;
   while ((ch = getopt_long (argc, argv, "h", lo, NULL)) != -1)
     switch (ch)
@@ -1313,6 +1558,11 @@ main (int argc, char **argv)
       case 'o': only = optarg; break;
       case 'm': O.markdown = optarg; break;
       case 'F': O.fork_timer = optarg; break;
+      case 'P': O.pool_target = optarg; break;
+      case 'G': O.pool_log = optarg; break;
+      case 'Z': O.pool_size = atoi (optarg); break;
+      case 'C': O.pool_n = atoi (optarg); break;
+      case 'U': O.pool_seconds = atoi (optarg); break;
       case 'H': O.hide_cgroup2 = true; break;
       case 'h': usage (stdout); return 0;
       default: usage (stderr); return 2;
@@ -1346,6 +1596,7 @@ main (int argc, char **argv)
 
   rpc_init ();
   CH = bc_channel (PROG, O.target);
+  P.ch = CH;
   /* This program's table has always had these widths. */
   bc_table_widths (42, 16);
 
@@ -1356,9 +1607,9 @@ main (int argc, char **argv)
   {
     const char *name;
     void (*fn) (void);
-  } stages[]
-      = {{"launch", bench_launch}, {"exec", bench_exec},       {"tput", bench_throughput}, {"run", bench_run},
-         {"mem", bench_memory},    {"density", bench_density}, {"list", bench_list},       {"scale", bench_scale}};
+  } stages[] = {{"launch", bench_launch}, {"exec", bench_exec},  {"tput", bench_throughput},
+                {"run", bench_run},       {"mem", bench_memory}, {"density", bench_density},
+                {"list", bench_list},     {"pool", bench_pool},  {"scale", bench_scale}};
   for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++)
     {
       char key[32];

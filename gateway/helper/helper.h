@@ -39,6 +39,9 @@ typedef struct helper_opts_s
   long disk_mb;
   long disk_inodes;
   sbx_cg_limits_t limits;
+  /* A group in the v1 cpu hierarchy even without a CPU limit (unlimited
+   * until the gateway sets one: a pooled sandbox's, for its claim). */
+  bool cpu_group;
   bool egress;          /* the sandbox gets user-mode networking */
   bool restore;         /* first unpack the tar on stdin into the layer */
   long max_entries;     /* restore: most tar entries accepted */
@@ -63,7 +66,7 @@ typedef struct helper_opts_s
 
 /* options.c: the defaults of what the command line leaves out. */
 #define HELPER_DEFAULT_DISK_MB 2048
-#define HELPER_DEFAULT_INODES_PER_MB 128 /* --disk-inodes: this many per MiB of --disk-mb */
+#define HELPER_DEFAULT_INODES_PER_MB SBX_DISK_INODES_PER_MB /* --disk-inodes: this many per MiB of --disk-mb */
 #define HELPER_DEFAULT_MAX_ENTRIES 1000000
 /* Fills *o from the options after the subcommand (argv[2] on); o->volumes,
  * masks and blocked must have room for argc entries each. Defaults for

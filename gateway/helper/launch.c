@@ -146,7 +146,7 @@ make_layer (const helper_opts_t *o, sbx_cg_layout_t *cg, err_t *err)
   /* The user namespace is made by a child while this does the rest. */
   if (o->uid_range > 0 && helper_userns_start (o, err) < 0)
     return -1;
-  if (sbx_cg_detect (o->cgroup_mount, o->cgroup_group, o->limits.cpu_millis > 0, cg, err) < 0
+  if (sbx_cg_detect (o->cgroup_mount, o->cgroup_group, o->limits.cpu_millis > 0 || o->cpu_group, cg, err) < 0
       || sbx_cg_prepare (cg, err) < 0 || sbx_cg_create (cg, o->id, o->memcg_spare, &o->limits, err) < 0)
     return -1;
   /* Entries of the state directory (the host's file system) are made

@@ -48,6 +48,7 @@ helper_opts_parse (int argc, char **argv, helper_opts_t *o)
       {"pids", required_argument, NULL, 'p'},
       {"memory-mb", required_argument, NULL, 'm'},
       {"cpu-millis", required_argument, NULL, 'u'},
+      {"cpu-group", no_argument, NULL, 'C'}, /* a cpu group without a limit: helper.h */
       {"volume", required_argument, NULL, 'v'},
       {"hostname", required_argument, NULL, 'h'},
       {"egress", no_argument, NULL, 'e'},
@@ -81,6 +82,7 @@ helper_opts_parse (int argc, char **argv, helper_opts_t *o)
       case 'p': o->limits.pids_max = num (optarg); break;
       case 'm': o->limits.memory_mb = num (optarg); break;
       case 'u': o->limits.cpu_millis = num (optarg); break;
+      case 'C': o->cpu_group = true; break;
       case 'h': o->hostname = optarg; break;
       case 'e': o->egress = true; break;
       case 'G': o->cgroup_group = optarg; break;

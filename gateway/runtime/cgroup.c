@@ -114,9 +114,15 @@ write_knob (const char *root, const char *id, const char *knob, const char *val,
   char path[SBX_CG_PATH_MAX];
   if (sbx_cg_path (path, sizeof path, root, id, NULL, knob, err) < 0)
     return -1;
-  if (access (path, F_OK) < 0)
+  cleanup_close int fd = open (path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT)
     return 0;
-  return sbx_cg_write_file (path, val, err);
+  if (fd < 0)
+    return err_make_sys (err, errno, "open `%s`", path);
+  size_t len = strlen (val);
+  if (TEMP_FAILURE_RETRY (write (fd, val, len)) != (ssize_t) len)
+    return err_make_sys (err, errno, "write `%s` to `%s`", val, path);
+  return 0;
 }
 
 /* Writes `val` to <root>/<id>/<knob>. */
@@ -154,6 +160,11 @@ set_memory (const sbx_cg_layout_t *l, const char *id, long memory_mb, err_t *err
   char val[64];
   snprintf (val, sizeof val, "%lld", (long long) memory_mb * 1024 * 1024);
   const char *root = l->roots[l->memory];
+  /* v1 keeps the limit at or below memsw's: a spare group that was a
+   * sandbox's with a smaller limit needs memsw raised first (a fresh
+   * group refuses that until its limit is set: the write after does it). */
+  if (!l->v2)
+    write_limit (root, id, "memory.memsw.limit_in_bytes", val, NULL);
   if (write_limit (root, id, l->v2 ? "memory.max" : "memory.limit_in_bytes", val, err) < 0)
     return -1;
   /* cgroup v1 does not charge socket buffers to the memory limit unless
@@ -200,6 +211,63 @@ sbx_cg_create (const sbx_cg_layout_t *l, const char *id, const char *spare, cons
     return -1;
   if (l->cpu >= 0 && lim->cpu_millis > 0 && set_cpu (l, id, lim->cpu_millis, err) < 0)
     return -1;
+  return 0;
+}
+
+/* Memory of an existing group from `from_mb` to `to_mb`. On v1 the
+ * limit may never exceed memsw's, so a raise writes memsw first and a cut
+ * writes it last; a cut below what the group holds fails (EBUSY). */
+static int
+update_memory (const sbx_cg_layout_t *l, const char *id, long from_mb, long to_mb, err_t *err)
+{
+  if (l->v2)
+    return set_memory (l, id, to_mb, err);
+  char val[64];
+  snprintf (val, sizeof val, "%lld", (long long) to_mb * 1024 * 1024);
+  const char *root = l->roots[l->memory];
+  bool raise = to_mb > from_mb;
+  if ((raise && write_knob (root, id, "memory.memsw.limit_in_bytes", val, err) < 0)
+      || write_limit (root, id, "memory.limit_in_bytes", val, err) < 0
+      || (!raise && write_knob (root, id, "memory.memsw.limit_in_bytes", val, err) < 0))
+    return -1;
+  return write_knob (root, id, "memory.kmem.tcp.limit_in_bytes", val, err);
+}
+
+int
+sbx_cg_update (const sbx_cg_layout_t *l, const char *id, const sbx_cg_limits_t *from, const sbx_cg_limits_t *to,
+               err_t *err)
+{
+  char val[64];
+  if (to->pids_max != from->pids_max)
+    {
+      if (to->pids_max > 0)
+        snprintf (val, sizeof val, "%ld", to->pids_max);
+      else
+        snprintf (val, sizeof val, "max");
+      if (write_limit (l->roots[0], id, "pids.max", val, err) < 0)
+        return -1;
+    }
+  if (to->memory_mb != from->memory_mb)
+    {
+      if (l->memory < 0 || to->memory_mb <= 0)
+        return err_make (err, ENOTSUP, "cgroup of `%s`: no memory limit to change", id);
+      if (update_memory (l, id, from->memory_mb, to->memory_mb, err) < 0)
+        return -1;
+    }
+  if (to->cpu_millis != from->cpu_millis)
+    {
+      if (l->cpu < 0)
+        return err_make (err, ENOTSUP, "cgroup of `%s`: no cpu hierarchy for a CPU limit", id);
+      /* v1: the quota alone; the period is the 100 ms of every group of
+       * ours (the kernel's default, and what set_cpu writes). */
+      if (to->cpu_millis > 0 && l->v2)
+        return set_cpu (l, id, to->cpu_millis, err);
+      if (to->cpu_millis > 0)
+        snprintf (val, sizeof val, "%ld", to->cpu_millis * 100);
+      else
+        snprintf (val, sizeof val, "%s", l->v2 ? "max" : "-1");
+      return write_limit (l->roots[l->cpu], id, l->v2 ? "cpu.max" : "cpu.cfs_quota_us", val, err);
+    }
   return 0;
 }
 

@@ -16,7 +16,8 @@
  * Limits are hierarchical, so they bind the whole sandbox.
  *
  * Creation, limits and joining happen in the single-threaded helper; the
- * gateway only reads counters and kills. No state beyond the detected
+ * gateway reads counters, kills, and changes the limits of a claimed
+ * pooled sandbox before it runs anything (sbx_cg_update). No state beyond the detected
  * layout, which is computed once (sbx_cg_detect) and read-only after.
  */
 #ifndef SBX_GATEWAY_CGROUP_H
@@ -85,6 +86,14 @@ int sbx_cg_prepare (const sbx_cg_layout_t *l, err_t *err);
  * of a spare memory group (below) to take as the sandbox's, by renaming it;
  * when that fails, one is made as in the other hierarchies. */
 int sbx_cg_create (const sbx_cg_layout_t *l, const char *id, const char *spare, const sbx_cg_limits_t *lim,
+                   err_t *err);
+
+/* Changes the limits of sandbox `id`'s existing groups from `from` (what
+ * they were made with) to `to`, writing only what differs (a claimed
+ * pooled sandbox: the gateway's threads, no process of the sandbox's has
+ * run yet). A CPU limit needs the sandbox's group in the cpu hierarchy
+ * (on v1, made with one: helper --cpu-group). Any failed write fails. */
+int sbx_cg_update (const sbx_cg_layout_t *l, const char *id, const sbx_cg_limits_t *from, const sbx_cg_limits_t *to,
                    err_t *err);
 
 /* Spare memory groups, <memory root>/<group>/.spare-<n>, made ahead of

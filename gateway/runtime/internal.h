@@ -5,6 +5,7 @@
  *   registry.c  ids, the registry, acquire/release, get/list/delete, layers
  *   runtime.c   new/stop/destroy
  *   launch.c    launch and restore (through sandbox-helper)
+ *   pool.c      the warm pool; pool_shape.c a claim's resources
  *   exec.c      running a command through the sandbox's pid 1
  *   files.c     the file API, through a child of the sandbox's pid 1
  *   net.c       egress: the host's addresses, slirp4netns
@@ -216,6 +217,7 @@ struct sbx_runtime_s
   size_t pool_n, pool_building, pool_yielded;
   unsigned pool_seq;
   unsigned long pool_fallbacks;
+  int64_t pool_claim_ms; /* monotonic ms of the latest claim */
   pthread_t pool_filler;
   bool pool_filler_running;
   /* The uid pool (userns.c), under mu: the free ranges' slots in the order
@@ -387,8 +389,12 @@ void *sbx_spare_maker_main (void *arg);
 int sbx_remove_groups (sbx_runtime_t *rt, const char *id, err_t *err);
 
 /* launch.c: runs sandbox-helper for record `s`, in no list (a pooled
- * sandbox), until its pid 1 is ready; the caller tears down on failure. */
+ * sandbox, given a group in the cpu hierarchy whether or not it has a CPU
+ * limit), until its pid 1 is ready; the caller tears down on failure. */
 int sbx_launch_build (sbx_runtime_t *rt, sbx_t *s, err_t *err);
+/* The limit events sandbox `id`'s groups count already (a spare memory
+ * group keeps a deleted sandbox's): what its first exec compares with. */
+void sbx_launch_counters (sbx_runtime_t *rt, const char *id, sbx_cg_events_t *out);
 
 /* pool.c: the warm pool. The filler keeps cfg.warm_pool sandboxes made,
  * niced, until the runtime stops. */
@@ -399,6 +405,11 @@ void *sbx_pool_filler_main (void *arg);
  * with *err (EIO) when the claim failed. */
 int sbx_pool_claim (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_image_t *img, bool restore,
                     sbx_t **out, err_t *err);
+/* pool_shape.c: gives claimed `s` (linked, not ready, made with s->res)
+ * the resources `res`, changing its cgroup limits and disk size in place;
+ * s->res = *res on success. -1 (EIO) when a change fails: the caller
+ * destroys the sandbox. */
+int sbx_pool_shape (sbx_runtime_t *rt, sbx_t *s, const sbx_resources_t *res, err_t *err);
 /* Destroys one pooled sandbox when the pool's and the live ones fill
  * SANDBOX_MAX, keeping its place for the launch that asked: true when it
  * did (that launch's reserve then takes the place). */

@@ -447,12 +447,23 @@ sbx_restore (sbx_runtime_t *rt, const char *id, bool allow_egress, sbx_source_fn
   return sbx_launch_on (rt, id, allow_egress, NULL, src, src_ctx, out, err);
 }
 
+void
+sbx_launch_counters (sbx_runtime_t *rt, const char *id, sbx_cg_events_t *out)
+{
+  sbx_cg_counters_t none = {.fds = {{-1, -1}, {-1, -1}}};
+  sbx_cg_counters_read (&rt->cg, id, &none, false, out);
+}
+
 int
 sbx_launch_build (sbx_runtime_t *rt, sbx_t *s, err_t *err)
 {
   launch_numbers_t nums;
   argv_t argv = {0};
   int rc = helper_argv (rt, s, false, &nums, &argv, err);
+  /* Its claim may set a CPU limit: the group that needs is made now. */
+  argv_add (&argv, "--cpu-group");
+  if (rc == 0 && argv.oom)
+    rc = err_make (err, ENOMEM, "launch: out of memory");
   if (rc == 0)
     rc = run_helper (rt, s, (char *const *) argv.v, NULL, NULL, err);
   free (argv.v);
@@ -467,23 +478,14 @@ sbx_launch_on (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_i
   return sbx_launch_spec (rt, id, &spec, img, src, src_ctx, out, err);
 }
 
-/* Whether `res` are the limits pooled sandboxes are made with (the
- * gateway's defaults): only then may a launch claim one. */
-static bool
-pool_limits (const sbx_runtime_t *rt, const sbx_resources_t *res)
-{
-  const sbx_config_t *c = &rt->cfg;
-  return res->memory_mb == c->memory_mb && res->cpu_millis == c->cpu_millis && res->disk_mb == c->disk_mb
-         && res->pids_max == c->pids_max;
-}
-
-/* Gives claimed `s` the spec's resources, environment and labels (it is
- * linked but not ready: no one else reads them yet). */
+/* Gives claimed `s` the spec's resources (its limits and disk changed
+ * from the defaults it was made with), environment and labels (it is
+ * linked but not ready: no one else reads them yet). A failure destroys
+ * it. */
 static int
 adopt_spec (sbx_runtime_t *rt, sbx_t *s, const sbx_spec_t *spec, const sbx_resources_t *res, err_t *err)
 {
-  s->res = *res;
-  if (take_spec (s, spec, err) < 0)
+  if (sbx_pool_shape (rt, s, res, err) < 0 || take_spec (s, spec, err) < 0)
     {
       abandon (rt, s, false, err);
       return -1;
@@ -504,9 +506,9 @@ sbx_launch_spec (sbx_runtime_t *rt, const char *id, const sbx_spec_t *spec_in, c
   if (sbx_spec_check (rt, spec, &res, &life, err) < 0)
     return -1;
   bool allow_egress = spec->allow_egress;
-  /* Claim from the warm pool when its sandboxes have the limits asked
-   * for, else create. */
-  int claimed = pool_limits (rt, &res) ? sbx_pool_claim (rt, id, allow_egress, img, src != NULL, &s, err) : 0;
+  /* Claim from the warm pool (given the resources asked for), else
+   * create. */
+  int claimed = sbx_pool_claim (rt, id, allow_egress, img, src != NULL, &s, err);
   if (claimed < 0 || (claimed == 1 && adopt_spec (rt, s, spec, &res, err) < 0))
     return -1;
   if (claimed == 0)
@@ -527,13 +529,11 @@ sbx_launch_spec (sbx_runtime_t *rt, const char *id, const sbx_spec_t *spec_in, c
     }
   /* A spare memory group may be a deleted sandbox's, whose out-of-memory
    * kills it still counts: what the first exec compares with (a pooled
-   * sandbox's may have such a group too). */
-  sbx_cg_events_t seen = {0};
-  if (nums.spare[0] != '\0' || claimed)
-    {
-      sbx_cg_counters_t none = {.fds = {{-1, -1}, {-1, -1}}};
-      sbx_cg_counters_read (&rt->cg, s->id, &none, false, &seen);
-    }
+   * sandbox's may have such a group too: read when it was made, nothing
+   * has run in it since). */
+  sbx_cg_events_t seen = claimed ? s->cg_seen : (sbx_cg_events_t){0};
+  if (nums.spare[0] != '\0')
+    sbx_launch_counters (rt, s->id, &seen);
   pthread_mutex_lock (&rt->mu);
   s->layers = NULL;
   s->cg_seen = seen;

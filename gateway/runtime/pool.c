@@ -2,23 +2,25 @@
  * default image made ahead of launches, each with everything a launch
  * makes (user namespace and uid range, namespaces, cgroups, disk, pid 1
  * ready) and no id: a placeholder name ("_pool-N", which no client id can
- * be) for its state directory and groups. A launch of the default image
- * without egress, with the gateway's default resources (a launch asking
- * for other limits makes its own: a pooled sandbox's disk and groups are
- * made with the defaults), claims one: it is renamed to the launch's id (state
- * directory and cgroups, which its pid 1 does not name) and linked into the
- * registry; launches that find the pool empty, name an image, restore a
- * snapshot or get egress make their own. A pooled sandbox is never in the
- * registry (List and Get do not see it), counts against SANDBOX_MAX beside
- * the live ones, and is never given back: a deleted sandbox is destroyed.
+ * be) for its state directory and groups, made with the gateway's default
+ * resources (and a group in the cpu hierarchy, unlimited unless the
+ * default limits it). A launch of the default image without egress claims
+ * one: it is renamed to the launch's id (state directory and cgroups,
+ * which its pid 1 does not name) and linked into the registry, and its
+ * limits and disk size become the launch's (pool_shape.c); launches that
+ * find the pool empty, name an image, restore a snapshot or get egress
+ * make their own. A pooled sandbox is never in the registry (List and Get
+ * do not see it), counts against SANDBOX_MAX beside the live ones, and is
+ * never given back: a deleted sandbox is destroyed.
  *
  * Does not own the launch itself (launch.c builds a pooled sandbox the
  * way it builds any) nor the registry.
  *
  * Threading: the pool's fields live in the runtime under rt->mu; one
  * filler thread, niced, makes pooled sandboxes one at a time, at most one
- * every SBX_POOL_REFILL_GAP_MS, backing off on failure. Claims and the
- * filler never hold rt->mu across I/O. */
+ * every SBX_POOL_REFILL_GAP_MS and SBX_POOL_CLAIM_QUIET_MS after the
+ * latest claim, backing off on failure. Claims and the filler never hold
+ * rt->mu across I/O. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -42,6 +44,11 @@
 #define SBX_POOL_BACKOFF_MAX_MS 10000
 /* The filler's nice value (it and the helpers it starts). */
 #define SBX_POOL_NICE 10
+/* How long after a claim the refill it caused starts: the claim's answer
+ * goes out first, not racing the helper for the CPUs and the kernel's
+ * cgroup locks (a claim takes well under a millisecond). Waited once per
+ * refill, so claims in a row cannot keep the pool empty. */
+#define SBX_POOL_CLAIM_QUIET_MS 2
 
 static int
 parse_count (const char *key, const char *val, long *out, err_t *err)
@@ -119,7 +126,7 @@ record_new (sbx_runtime_t *rt, unsigned n, long slot, err_t *err)
   s->disk_fd = -1;
   s->port_spare = -1;
   s->uid_slot = slot;
-  /* The gateway's defaults: a launch asking for others makes its own. */
+  /* The gateway's defaults: a claim changes what its launch asks for. */
   const sbx_config_t *c = &rt->cfg;
   s->res = (sbx_resources_t){
       .memory_mb = c->memory_mb, .cpu_millis = c->cpu_millis, .disk_mb = c->disk_mb, .pids_max = c->pids_max};
@@ -178,6 +185,8 @@ fill_one_locked (sbx_runtime_t *rt, err_t *err)
   pthread_mutex_unlock (&rt->mu);
   sbx_t *s = record_new (rt, n, slot, err);
   int rc = s != NULL ? sbx_launch_build (rt, s, err) : -1;
+  if (rc == 0)
+    sbx_launch_counters (rt, s->id, &s->cg_seen); /* read here, not in its claim */
   pthread_mutex_lock (&rt->mu);
   rt->pool_building--;
   if (rc == 0 && !rt->stopping && rt->pool_n < SBX_POOL_MAX)
@@ -207,6 +216,7 @@ sbx_pool_filler_main (void *arg)
    * thread starts inherit it. */
   setpriority (PRIO_PROCESS, (id_t) syscall (SYS_gettid), SBX_POOL_NICE);
   int64_t backoff = 0, next = 0;
+  bool quiet_waited = false;
   err_t err = ERR_INIT;
   pthread_mutex_lock (&rt->mu);
   while (!rt->stopping)
@@ -216,11 +226,14 @@ sbx_pool_filler_main (void *arg)
           pthread_cond_wait (&rt->cv, &rt->mu); /* claims, deletes and stop signal it */
           continue;
         }
-      if (sbx_mono_ms () < next)
+      int64_t now = sbx_mono_ms (), quiet = rt->pool_claim_ms + SBX_POOL_CLAIM_QUIET_MS;
+      if (now < next || (!quiet_waited && now < quiet))
         {
-          wait_until_locked (rt, next);
+          quiet_waited = quiet_waited || now >= next;
+          wait_until_locked (rt, now < next ? next : quiet);
           continue;
         }
+      quiet_waited = false;
       int rc = fill_one_locked (rt, &err);
       if (rc == 0)
         backoff = 0;
@@ -322,7 +335,7 @@ sbx_pool_claim (sbx_runtime_t *rt, const char *id, bool allow_egress, const sbx_
       snprintf (s->id, sizeof s->id, "%s", id);
       snprintf (s->state, sizeof s->state, "%s", new_state);
       s->created_ms = sbx_wall_ms ();
-      s->created_mono_ms = s->last_used_ms = sbx_mono_ms ();
+      s->created_mono_ms = s->last_used_ms = rt->pool_claim_ms = sbx_mono_ms ();
       sbx_link_locked (rt, s); /* not ready: lookups skip it, a second launch of `id` is refused */
     }
   else

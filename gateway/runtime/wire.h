@@ -34,6 +34,10 @@
 #define SBX_VOLUME_FD0 6
 /* Most host volumes (SANDBOX_VOLUME_MOUNTS). */
 #define SBX_MAX_VOLUMES 32
+/* A sandbox disk's inode cap per MiB of its size, when a launch names
+ * none: the helper's at creation, the gateway's when it resizes a claimed
+ * pooled sandbox's disk. */
+#define SBX_DISK_INODES_PER_MB 128
 
 /* Most descriptors one datagram carries (SCM_RIGHTS): a sender refuses
  * more (EINVAL), a receiver's control buffer holds no more (a datagram

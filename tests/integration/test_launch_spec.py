@@ -31,8 +31,8 @@ def client(gateway_secret):
         "SANDBOX_MAX_CPUS": MAX_CPUS,
         "SANDBOX_DISK_MB": str(DEFAULT_DISK_MB), "SANDBOX_MAX_DISK_MB": str(MAX_DISK_MB),
         "SANDBOX_PIDS_MAX": str(DEFAULT_PIDS), "SANDBOX_MAX_PIDS": str(MAX_PIDS),
-        # A pool of sandboxes with the defaults: launches asking for other
-        # limits must not be served from it.
+        # A pool of sandboxes made with the defaults: a launch asking for
+        # other limits may claim one and gets its own limits set on it.
         "SANDBOX_WARM_POOL": "default=2",
     }
     with gateway_client(env, secret=gateway_secret, check_leftovers=True) as c:
@@ -122,7 +122,7 @@ def test_over_the_maximum_is_refused_naming_the_field_and_nothing_is_made(client
     assert rpc_error(client.get, sid).code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_a_launch_at_the_defaults_may_come_from_the_pool_and_others_do_not(client):
+def test_launches_at_and_off_the_defaults_get_the_limits_asked_for(client):
     # Both answer with the limits asked for, pooled or not.
     a = launch(client, resources=pb.Resources(memory_mb=DEFAULT_MEMORY_MB))
     b = launch(client, resources=pb.Resources(memory_mb=300))

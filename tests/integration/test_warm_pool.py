@@ -1,7 +1,8 @@
 """The warm pool (SANDBOX_WARM_POOL): sandboxes of the default image made
 ahead of launches. A launch claims one (its pid 1 was started before the
-call), gets the requested id and the gateway's limits, and never anything
-of an earlier tenant; List and Get never show pooled ones, Status counts
+call), gets the requested id and the limits its launch asks for (set on
+the claimed sandbox's groups and disk), and never anything of an earlier
+tenant; List and Get never show pooled ones, Status counts
 them; the pool refills after a burst, yields to real launches at
 SANDBOX_MAX, and SIGTERM leaves nothing of it behind."""
 
@@ -19,7 +20,8 @@ import pytest
 
 from tests.lib.client import SandboxClient, new_id, pb
 from tests.lib.gateway import (POOL_PREFIX, cgroup_pids, gateway_client, gateway_env, gateway_leftovers, holder_pids,
-                               processes_in_group, running_gateway, stop_checked)
+                               leftovers_of, processes_in_group, running_gateway, stop_checked)
+from tests.lib.grpc_clients import rpc_error
 from tests.lib.procs import require_gateway_binary, run_to_completion
 
 POOL = 4
@@ -114,8 +116,9 @@ def test_a_claimed_sandbox_has_the_requested_id_limits_and_egress(client):
     # No network but loopback, as any sandbox without egress.
     out = client.sh_out(sid, "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '")
     assert out.split() == ["lo"], out
-    # The placeholder name is nowhere in its groups any more (a sandbox
-    # without a CPU limit has no group in the v1 cpu hierarchy).
+    # The placeholder name is nowhere in its groups any more (the v1 cpu
+    # hierarchy is left out: a sandbox launched without a CPU limit has no
+    # group there).
     for root in Path("/sys/fs/cgroup").iterdir():
         g = root / group / sid
         if (root / group).is_dir() and root.name not in ("cpu", "cpu,cpuacct", "cpuacct"):
@@ -247,3 +250,148 @@ def test_the_error_says_why(gateway_secret):
     assert "templates" in run_to_completion([require_gateway_binary()], env, timeout=10).stderr
     env = gateway_env({"SANDBOX_WARM_POOL": "default=65"}, secret="s")
     assert "[0, 64]" in run_to_completion([require_gateway_binary()], env, timeout=10).stderr
+
+
+# --- a claim takes the launch's resources ----------------------------------------
+
+SHAPE_POOL = 3
+SHAPE_MEMORY_MB = 128
+SHAPE_DISK_MB = 128
+SHAPE_PIDS = 256
+ALLOC = "b = b'x' * ({mib} << 20); print('allocated', len(b) >> 20)"
+
+
+@pytest.fixture(scope="module")
+def shaping(gateway_secret):
+    """A pool made with one set of defaults, and maxima above and below
+    them for launches to ask for."""
+    env = {"SANDBOX_WARM_POOL": f"default={SHAPE_POOL}",
+           "SANDBOX_MEMORY_MB": str(SHAPE_MEMORY_MB), "SANDBOX_MAX_MEMORY_MB": "512",
+           "SANDBOX_MAX_CPUS": "2",
+           "SANDBOX_DISK_MB": str(SHAPE_DISK_MB), "SANDBOX_MAX_DISK_MB": "256",
+           "SANDBOX_PIDS_MAX": str(SHAPE_PIDS), "SANDBOX_MAX_PIDS": "512"}
+    with gateway_client(env, secret=gateway_secret, check_leftovers=True) as c:
+        yield c
+
+
+def claim(client, prefix: str, resources) -> str:
+    """Launches with `resources` and checks it was a claim: logged as
+    pooled, its pid 1 started before the call."""
+    assert wait_pooled(client, SHAPE_POOL) == SHAPE_POOL
+    time.sleep(0.3)  # past the clock's tick: a pid 1 made by the call starts after call_start
+    sid = new_id(prefix)
+    client.created.append(sid)
+    call_start = time.clock_gettime(time.CLOCK_BOOTTIME)
+    client.stub.Launch(pb.LaunchRequest(sandbox_id=sid, resources=resources), metadata=client.md, timeout=60)
+    assert wait_record(client.gw, sid).get("pooled") is True, "not served by the pool"
+    assert start_ticks_s(holder_pids(client.gw, sid)[sid]) < call_start - 0.1, "its pid 1 was started by the call"
+    return sid
+
+
+def group_file(client, controller: str, sid: str, name: str) -> str:
+    return (Path("/sys/fs/cgroup") / controller / client.gw.cgroup_group / sid / name).read_text().strip()
+
+
+def test_a_claim_with_64_mib_is_oom_killed_past_it_while_a_256_mib_neighbour_survives(shaping):
+    small = claim(shaping, "pool-mem64", pb.Resources(memory_mb=64))  # below the pool's 128
+    big = claim(shaping, "pool-mem256", pb.Resources(memory_mb=256))  # above it
+    assert group_file(shaping, "memory", small, "memory.limit_in_bytes") == str(64 << 20)
+    assert group_file(shaping, "memory", big, "memory.limit_in_bytes") == str(256 << 20)
+    code = ALLOC.format(mib=128)
+    res = shaping.py(small, code, timeout_seconds=60, rpc_timeout=90)
+    assert "allocated" not in res.out and res.code != 0, res.describe()
+    assert res.exit.oom_killed or "MemoryError" in res.err, res.describe()
+    ok = shaping.py(big, code, timeout_seconds=60, rpc_timeout=90)
+    assert ok.code == 0 and "allocated 128" in ok.out, ok.describe()
+    assert shaping.sh_out(small, "echo alive").strip() == "alive"  # its pid 1 was not the one killed
+    assert (shaping.get(small).resources.memory_mb, shaping.get(big).resources.memory_mb) == (64, 256)
+    shaping.delete(small)
+    shaping.delete(big)
+    # Their memory groups become spares for the refill, made with the
+    # pool's 128 MiB from a group that had 64 (v1's memsw raised first).
+    assert wait_pooled(shaping, SHAPE_POOL) == SHAPE_POOL
+    failed = list(shaping.gw.logs.find(lambda r: "make a pooled sandbox" in r.get("message", "")))
+    assert failed == [], failed
+
+
+def test_a_claim_with_half_a_cpu_has_that_quota_and_its_commands_run_under_it(shaping):
+    sid = claim(shaping, "pool-cpu", pb.Resources(cpus=0.5))
+    assert group_file(shaping, "cpu", sid, "cpu.cfs_period_us") == "100000"
+    assert group_file(shaping, "cpu", sid, "cpu.cfs_quota_us") == "50000"
+    assert shaping.get(sid).resources.cpus == pytest.approx(0.5)
+    res = shaping.sh(sid, "sleep 5 & echo $!; grep -E ':cpu[,:]' /proc/self/cgroup")
+    lines = res.out.split()
+    assert int(lines[0]) > 0
+    # Inside, the group is the root of its cgroup namespace: no host path, no id.
+    assert sid not in res.out and shaping.gw.cgroup_group not in res.out, res.out
+    tasks = group_file(shaping, "cpu", sid, "tasks").split()
+    assert len(tasks) >= 2, tasks  # its pid 1 and the background sleep
+    shaping.delete(sid)
+
+
+def test_a_claim_with_pids_max_40_cannot_fork_past_it(shaping):
+    sid = claim(shaping, "pool-pids", pb.Resources(pids_max=40))
+    assert group_file(shaping, "pids", sid, "pids.max") == "40"
+    res = shaping.sh(sid, "for i in $(seq 60); do sleep 30 & done 2>&1; echo started; "
+                          "ls /proc | grep -c '^[0-9]'", timeout_seconds=20, rpc_timeout=60)
+    assert "fork" in res.out.lower() or "resource temporarily unavailable" in res.out.lower(), res.describe()
+    assert int(group_file(shaping, "pids", sid, "pids.current")) <= 40
+    assert shaping.get(sid).resources.pids_max == 40
+    shaping.delete(sid)
+    raised = claim(shaping, "pool-pids-up", pb.Resources(pids_max=400))
+    assert group_file(shaping, "pids", raised, "pids.max") == "400"
+    shaping.delete(raised)
+
+
+def test_a_claim_gets_the_disk_size_it_asks_for(shaping):
+    small = claim(shaping, "pool-disk32", pb.Resources(disk_mb=32))
+    info = shaping.get(small)
+    assert info.resources.disk_mb == 32 and 30 << 20 <= info.disk_limit_bytes <= 33 << 20, info
+    res = shaping.sh(small, "dd if=/dev/zero of=/root/fill bs=1M count=64 2>&1; echo rc=$?")
+    assert "No space left" in res.out, res.describe()
+    big = claim(shaping, "pool-disk200", pb.Resources(disk_mb=200, memory_mb=512))  # its pages are memory
+    assert 198 << 20 <= shaping.get(big).disk_limit_bytes <= 201 << 20
+    shaping.ok(big, "dd if=/dev/zero of=/root/fill bs=1M count=160 2>&1")
+    shaping.delete(small)
+    shaping.delete(big)
+
+
+def test_a_claim_whose_limits_cannot_be_set_fails_and_is_destroyed_not_pooled(shaping):
+    """The pooled sandboxes lose their v1 cpu groups (their pid 1 moved out
+    first): a claim asking for a CPU limit cannot write its quota. The
+    launch fails naming the file, and the sandbox goes entirely."""
+    cpu = Path("/sys/fs/cgroup/cpu") / shaping.gw.cgroup_group
+    if not cpu.is_dir():
+        pytest.skip("no cgroup v1 cpu hierarchy")
+    assert wait_pooled(shaping, SHAPE_POOL) == SHAPE_POOL
+    names = pooled_dirs(shaping.gw)
+    holders = {}
+    for name in names:
+        (pid,) = cgroup_pids(shaping.gw, name)
+        holders[name] = pid
+        (Path("/sys/fs/cgroup/cpu") / "cgroup.procs").write_text(str(pid))
+        (cpu / name).rmdir()
+    sid = new_id("pool-cpu-fails")
+    e = rpc_error(shaping.stub.Launch, pb.LaunchRequest(sandbox_id=sid, resources=pb.Resources(cpus=0.5)),
+                  metadata=shaping.md, timeout=60)
+    assert e.code() == grpc.StatusCode.INTERNAL, e
+    assert "cpu.cfs_quota_us" in e.details() and sid in e.details(), e.details()
+    assert rpc_error(shaping.get, sid).code() == grpc.StatusCode.NOT_FOUND
+    assert sid not in shaping.ids()
+    assert leftovers_of(shaping.gw, sid) == []
+    gone = [n for n in names if n not in pooled_dirs(shaping.gw)]
+    assert len(gone) == 1, (names, pooled_dirs(shaping.gw))
+    assert not Path(f"/proc/{holders[gone[0]]}").exists(), "its pid 1 lives on"
+    assert leftovers_of(shaping.gw, gone[0]) == []
+    # The pool made a fresh one in its place; the others serve launches
+    # without a CPU limit (and are then deleted, leaving nothing).
+    assert wait_pooled(shaping, SHAPE_POOL) == SHAPE_POOL
+    assert gone[0] not in pooled_dirs(shaping.gw)
+    for name in names:
+        if name == gone[0]:
+            continue
+        other = new_id("pool-cpu-after")
+        shaping.created.append(other)
+        shaping.stub.Launch(pb.LaunchRequest(sandbox_id=other), metadata=shaping.md, timeout=60)
+        shaping.delete(other)
+        assert leftovers_of(shaping.gw, other) == []

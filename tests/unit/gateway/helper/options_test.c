@@ -73,6 +73,7 @@ test_parse_reads_every_launch_option (void **state)
                                      "256",
                                      "--cpu-millis",
                                      "500",
+                                     "--cpu-group",
                                      "--hostname",
                                      "h1",
                                      "--egress",
@@ -102,6 +103,7 @@ test_parse_reads_every_launch_option (void **state)
   assert_int_equal (o->limits.pids_max, 128);
   assert_int_equal (o->limits.memory_mb, 256);
   assert_int_equal (o->limits.cpu_millis, 500);
+  assert_true (o->cpu_group);
   assert_string_equal (o->hostname, "h1");
   assert_true (o->egress);
   assert_true (o->restore);
@@ -129,6 +131,7 @@ test_parse_defaults_follow_the_disk_size (void **state)
   assert_int_equal (p.o.max_entries, HELPER_DEFAULT_MAX_ENTRIES);
   assert_false (p.o.egress);
   assert_false (p.o.restore);
+  assert_false (p.o.cpu_group);
   assert_int_equal (p.o.uid_range, 0);
 
   /* Inodes follow --disk-mb when not given, and a zero or negative count
