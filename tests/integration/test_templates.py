@@ -367,3 +367,21 @@ def test_the_shim_makes_lists_launches_and_deletes_templates(tgw, image_ref):
         assert "tpl-shim" not in {t["name"] for t in shim.request("GET", "/templates").json()["templates"]}
         for s in (sid, sid2):
             shim.request("DELETE", f"/sandboxes/{s}")
+
+
+def test_files_a_sandbox_names_like_whiteouts_stay_files_in_its_template(c, image_ref):
+    """Names that look like OCI whiteouts, made by the sandbox, are its
+    files: they travel escaped and come back as they were, hiding nothing
+    of the image below."""
+    ref, _ = image_ref
+    sid = new_id("twh")
+    launch(c, sid, ref)
+    c.ok(sid, "mkdir -p /etc/sub && echo a > /etc/.wh.greeting && echo b > /etc/sub/.wh..wh..opq && "
+              "echo c > /etc/sub/kept && rm /etc/doomed")
+    create(c, sid, "tpl-wh")
+    new = new_id("twh2")
+    launch(c, new, "template:tpl-wh")
+    r = c.sh(new, "cat /etc/.wh.greeting /etc/sub/.wh..wh..opq /etc/sub/kept /etc/greeting; "
+                  "test -e /etc/doomed || echo gone")
+    assert r.code == 0, r.describe()
+    assert r.out == "a\nb\nc\nhello\ngone\n"
