@@ -66,6 +66,23 @@ void img_leave_claimed (img_cache_t *c, const char *ref, const char *keep);
 /* img_pull of `template:<name>`: from the store (template.c). */
 int img_template_pull (img_cache_t *c, const char *ref, const img_pull_opts_t *o, img_t *out, err_t *err);
 
+/* ---- shared by template.c and template_make.c ---- */
+
+/* The annotations of a template's index.json. */
+#define IMG_TPL_ANNOTATION(k) "io.sandbox-gateway.template." k
+/* EINVAL naming `name` and the syntax of template names. */
+int img_tpl_bad_name (const char *name, err_t *err);
+/* The cache's store; NULL with ENOSYS when it has none. */
+snap_store_t *img_tpl_store (img_cache_t *c, err_t *err);
+/* "<prefix>templates/<name>/<rest>", and a blob's object in that layout
+ * (`digest` checked by the caller); the caller frees, NULL out of memory. */
+char *img_tpl_object (const snap_store_t *st, const char *name, const char *rest);
+char *img_tpl_blob_object (const snap_store_t *st, const char *name, const char *digest);
+/* Which version of template `name` the store has: 1 and *gen, 0 none. */
+int img_tpl_gen (snap_store_t *st, const char *name, snap_gen_t *gen, err_t *err);
+/* A template's description from its index.json. */
+void img_tpl_describe (json_t *index, const char *name, img_template_t *t);
+
 /* The pull itself, inside the gate with its reference claimed: every blob fetched,
  * verified, unpacked; the record written last. The manifest digest into
  * dg. */
