@@ -11,6 +11,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,34 +260,42 @@ img_template_tmp (img_cache_t *c, char *path, err_t *err)
   return fd >= 0 ? fd : err_make_sys (err, errno, "create `%s`", path);
 }
 
-/* The new layer into layers/<hex> (unpacked) and blobs/<hex> (the file). */
-static int
-take_layer (img_cache_t *c, const char *layer_path, const char *hex, err_t *err)
+/* The new layer's unpack into layers/<hex>, from its blob, on a thread of
+ * its own while the blobs are stored. */
+typedef struct unpack_s
 {
+  img_cache_t *c;
+  const char *hex;
+  int rc;
+  err_t err;
+} unpack_t;
+
+static void *
+unpack_main (void *arg)
+{
+  unpack_t *u = arg;
   char final[PATH_MAX], dir[PATH_MAX], kept[PATH_MAX];
-  snprintf (final, sizeof final, "%s/layers/%s", img_cache_root (c), hex);
-  snprintf (dir, sizeof dir, "%s/tmp/%s.dir", img_cache_root (c), hex);
-  snprintf (kept, sizeof kept, "%s/blobs/%s", img_cache_root (c), hex);
+  const char *root = img_cache_root (u->c);
+  snprintf (final, sizeof final, "%s/layers/%s", root, u->hex);
+  snprintf (dir, sizeof dir, "%s/tmp/%s.dir", root, u->hex);
+  snprintf (kept, sizeof kept, "%s/blobs/%s", root, u->hex);
   struct stat st;
-  int rc = 0;
-  if (stat (final, &st) < 0)
-    {
-      cleanup_close int fd = open (layer_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-      sbx_layer_remove (dir);
-      if (fd < 0)
-        rc = err_make_sys (err, errno, "open `%s`", layer_path);
-      else if (mkdir (dir, 0755) < 0)
-        rc = err_make_sys (err, errno, "mkdir `%s`", dir);
-      else if (sbx_unpack_layer (img_cache_runtime (c), fd, dir, IMG_UNPACK_MS, err) < 0)
-        rc = err_wrap (err, "the template's layer");
-      else if (rename (dir, final) < 0)
-        rc = err_make_sys (err, errno, "rename `%s`", final);
-      if (rc < 0)
-        sbx_layer_remove (dir);
-    }
-  if (rc == 0 && rename (layer_path, kept) < 0)
-    rc = err_make_sys (err, errno, "rename `%s`", kept);
-  return rc;
+  if (stat (final, &st) == 0)
+    return NULL; /* the same layer made before */
+  cleanup_close int fd = open (kept, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  sbx_layer_remove (dir);
+  err_t *err = &u->err;
+  if (fd < 0)
+    u->rc = err_make_sys (err, errno, "open `%s`", kept);
+  else if (mkdir (dir, 0755) < 0)
+    u->rc = err_make_sys (err, errno, "mkdir `%s`", dir);
+  else if (sbx_unpack_layer (img_cache_runtime (u->c), fd, dir, IMG_UNPACK_MS, err) < 0)
+    u->rc = err_wrap (err, "the template's layer");
+  else if (rename (dir, final) < 0)
+    u->rc = err_make_sys (err, errno, "rename `%s`", final);
+  if (u->rc < 0)
+    sbx_layer_remove (dir);
+  return NULL;
 }
 
 /* What a template's creation builds and writes. */
@@ -301,10 +310,9 @@ typedef struct made_s
   json_t *manifest, *index;
 } made_t;
 
-/* Config and manifest made and kept; every blob, oci-layout, then
- * index.json, stored. */
+/* Config and manifest made and kept; every blob, then oci-layout, stored. */
 static int
-store_layout (img_cache_t *c, snap_store_t *st, made_t *m, err_t *err)
+store_blobs (img_cache_t *c, snap_store_t *st, made_t *m, err_t *err)
 {
   json_t *cfg = make_config (c, m->base, m->hex, m->sandbox_id, err);
   if (cfg == NULL)
@@ -326,20 +334,53 @@ store_layout (img_cache_t *c, snap_store_t *st, made_t *m, err_t *err)
   cleanup_free char *lo = rc == 0 ? img_tpl_object (st, m->name, "oci-layout") : NULL;
   if (rc == 0)
     rc = upload_bytes (st, lo, layout, sizeof layout - 1, err);
+  return rc;
+}
+
+/* index.json, last: from here on the template is there. */
+static int
+store_index (snap_store_t *st, made_t *m, err_t *err)
+{
   char mdg[72];
   snprintf (mdg, sizeof mdg, "sha256:%s", m->man_hex);
   uint64_t total = m->bytes;
   json_t *sizes = json_object_get (m->base, "sizes");
   for (size_t i = 0; i < json_array_size (sizes); i++)
     total += (uint64_t) json_integer_value (json_array_get (sizes, i));
-  m->index = rc == 0 ? make_index (m->name, mdg, m->man_len, m->base, m->base_digest, m->sandbox_id, total,
-                                   json_array_size (layers) + 1)
-                     : NULL;
+  m->index = make_index (m->name, mdg, m->man_len, m->base, m->base_digest, m->sandbox_id, total,
+                         json_array_size (sizes) + 1);
   cleanup_free char *text = m->index != NULL ? json_dumps (m->index, JSON_COMPACT) : NULL;
-  cleanup_free char *io = rc == 0 ? img_tpl_object (st, m->name, "index.json") : NULL;
-  if (rc == 0)
-    rc = text == NULL ? err_make (err, ENOMEM, "out of memory") : upload_bytes (st, io, text, strlen (text), err);
-  return rc;
+  cleanup_free char *io = img_tpl_object (st, m->name, "index.json");
+  return text == NULL || io == NULL ? err_make (err, ENOMEM, "out of memory")
+                                    : upload_bytes (st, io, text, strlen (text), err);
+}
+
+/* The layer kept as blobs/<hex>, unpacked into layers/ while every blob is
+ * stored (side by side: the unpack reads from disk, the store writes), and
+ * index.json stored once both are done. */
+static int
+store_layout (img_cache_t *c, snap_store_t *st, made_t *m, const char *layer_path, err_t *err)
+{
+  char kept[PATH_MAX];
+  snprintf (kept, sizeof kept, "%s/blobs/%s", img_cache_root (c), m->hex);
+  if (rename (layer_path, kept) < 0)
+    return err_make_sys (err, errno, "rename `%s`", kept);
+  unpack_t u = {.c = c, .hex = m->hex, .err = ERR_INIT};
+  pthread_t th;
+  bool threaded = pthread_create (&th, NULL, unpack_main, &u) == 0;
+  if (!threaded)
+    unpack_main (&u);
+  int rc = store_blobs (c, st, m, err);
+  if (threaded)
+    pthread_join (th, NULL);
+  if (rc == 0 && u.rc < 0)
+    {
+      *err = u.err;
+      u.err = (err_t) ERR_INIT;
+      rc = -1;
+    }
+  err_release (&u.err);
+  return rc < 0 ? -1 : store_index (st, m, err);
 }
 
 /* The cache's record of the template made: the base's defaults, its
@@ -395,7 +436,7 @@ create_claimed (img_cache_t *c, snap_store_t *st, made_t *m, const char *layer_p
       m->base_digest = "";
     }
   m->on_rootfs = m->base == NULL;
-  if (take_layer (c, layer_path, m->hex, err) < 0 || store_layout (c, st, m, err) < 0)
+  if (store_layout (c, st, m, layer_path, err) < 0)
     return -1;
   return record_made (c, st, m, err);
 }
