@@ -29,6 +29,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <pthread.h>
@@ -85,6 +86,7 @@ typedef struct opts_s
   pid_t gateway_pid;
   bool hide_cgroup2;
   const char *fork_timer; /* the fork_exec_timer program */
+  const char *list_loop;  /* the list_loop program */
 } opts_t;
 
 static opts_t O = {
@@ -105,6 +107,7 @@ static opts_t O = {
     .pool_n = 50,
     .pool_seconds = 30,
     .fork_timer = "bazel-bin/bench/fork_exec_timer",
+    .list_loop = "bazel-bin/bench/list_loop",
 };
 
 /* ---- processes ----------------------------------------------------------- */
@@ -1195,55 +1198,58 @@ bench_scale (void)
 
 /* ---- list: exec while another client lists every sandbox ----------------- */
 
+/* The lister: list_loop in a process of its own at nice 19 (it stands
+ * for a client on another machine; see list_loop.c), told over a pipe
+ * when to list. */
 static struct
 {
-  pthread_mutex_t mu;
-  bool on;   /* the lister lists */
-  bool stop; /* the lister ends */
-  long lists;
-  err_t err;
-  rpc_channel_t *ch; /* its own channel: another client */
-} LISTER = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  pid_t pid;
+  int ctl; /* '1' lists, '0' pauses; closed: it ends */
+  int out; /* its count of Lists at the end */
+} LISTER = {.pid = -1, .ctl = -1, .out = -1};
 
-static void *
-lister_main (void *unused)
+static void
+lister_start (void)
 {
-  (void) unused;
-  /* The lister stands for a client on another machine: its own decoding
-   * runs at the lowest priority, so that what the exec's times show is the
-   * gateway's side (its List, at API_BULK_NICE), not this client's CPU. */
-  setpriority (PRIO_PROCESS, (id_t) syscall (SYS_gettid), 19);
-  for (;;)
-    {
-      pthread_mutex_lock (&LISTER.mu);
-      bool stop = LISTER.stop, on = LISTER.on;
-      pthread_mutex_unlock (&LISTER.mu);
-      if (stop)
-        return NULL;
-      if (!on)
-        {
-          usleep (1000);
-          continue;
-        }
-      err_t err = ERR_INIT;
-      int rc = bc_list (LISTER.ch, &err);
-      pthread_mutex_lock (&LISTER.mu);
-      if (rc < 0 && LISTER.err.msg == NULL)
-        LISTER.err = err;
-      else
-        err_release (&err);
-      LISTER.lists += rc == 0;
-      pthread_mutex_unlock (&LISTER.mu);
-    }
+  int in[2], out[2];
+  if (pipe2 (in, O_CLOEXEC) < 0 || pipe2 (out, O_CLOEXEC) < 0)
+    bc_die (PROG, "list: pipe", NULL);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init (&fa);
+  posix_spawn_file_actions_adddup2 (&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2 (&fa, out[1], 1);
+  char *argv[] = {"/usr/bin/nice", "-n", "19", (char *) O.list_loop, (char *) O.target, NULL};
+  int rc = posix_spawn (&LISTER.pid, argv[0], &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy (&fa);
+  close (in[0]);
+  close (out[1]);
+  if (rc != 0)
+    bc_die (PROG, "list: spawn list_loop (--list-loop)", NULL);
+  LISTER.ctl = in[1];
+  LISTER.out = out[0];
 }
 
 static void
 lister_set (bool on)
 {
-  pthread_mutex_lock (&LISTER.mu);
-  LISTER.on = on;
-  pthread_mutex_unlock (&LISTER.mu);
+  if (write (LISTER.ctl, on ? "1" : "0", 1) != 1)
+    bc_die (PROG, "list: the lister is gone", NULL);
   usleep (20 * 1000); /* a List in flight ends or one starts */
+}
+
+/* Ends the lister: its count of Lists, -1 when one failed. */
+static long
+lister_stop (void)
+{
+  close (LISTER.ctl);
+  char buf[32] = "";
+  ssize_t n = read (LISTER.out, buf, sizeof buf - 1);
+  close (LISTER.out);
+  int status = 0;
+  waitpid (LISTER.pid, &status, 0);
+  if (n <= 0 || !WIFEXITED (status) || WEXITSTATUS (status) != 0)
+    return -1;
+  return strtol (buf, NULL, 10);
 }
 
 /* With O.list_live sandboxes live, Exec of /bin/true in one of them is
@@ -1259,10 +1265,7 @@ bench_list (void)
   if (live == 0)
     bc_die (PROG, "list: no sandbox launched", NULL);
   usleep (2000 * 1000); /* the kernel's deferred part of the fill */
-  LISTER.ch = bc_channel (PROG, O.target);
-  pthread_t th;
-  if (pthread_create (&th, NULL, lister_main, NULL) != 0)
-    bc_die (PROG, "list: thread", NULL);
+  lister_start ();
   char id[80];
   snprintf (id, sizeof id, "%s-list-%05d", O.prefix, live / 2);
   char *argv[] = {"/bin/true"};
@@ -1281,14 +1284,10 @@ bench_list (void)
       if (i >= warm)
         bc_series_add (listing ? &with : &without, ms);
     }
-  pthread_mutex_lock (&LISTER.mu);
-  LISTER.stop = true;
-  pthread_mutex_unlock (&LISTER.mu);
-  pthread_join (th, NULL);
-  if (LISTER.err.msg != NULL)
-    bc_die (PROG, "list: List", &LISTER.err);
-  fprintf (stderr, PROG ": list: %ld List calls of %d sandboxes while timed\n", LISTER.lists, live);
-  rpc_channel_destroy (LISTER.ch);
+  long lists = lister_stop ();
+  if (lists < 0)
+    bc_die (PROG, "list: a List failed (see list_loop's message)", NULL);
+  fprintf (stderr, PROG ": list: %ld List calls of %d sandboxes while timed\n", lists, live);
   char what[96];
   snprintf (what, sizeof what, "exec round trip, List in a loop, %d live", live);
   bc_row_add (what, "ms", &with, 99, "without the lister", &without);
@@ -1497,6 +1496,7 @@ usage (FILE *f)
               "  --pool-launches N       claims timed of each kind (default 50)\n"
               "  --pool-seconds N        the sustained launches' run (default 30)\n"
               "  --fork-timer PATH       the fork_exec_timer program (default bazel-bin/bench/fork_exec_timer)\n"
+              "  --list-loop PATH        the list_loop program (default bazel-bin/bench/list_loop)\n"
               "  --markdown FILE         also write the table to FILE in Markdown\n");
 }
 
@@ -1524,6 +1524,7 @@ main (int argc, char **argv)
       {"only", required_argument, 0, 'o'},
       {"markdown", required_argument, 0, 'm'},
       {"fork-timer", required_argument, 0, 'F'},
+      {"list-loop", required_argument, 0, 'J'},
       {"pool-target", required_argument, 0, 'P'},
       {"pool-log", required_argument, 0, 'G'},
       {"pool-size", required_argument, 0, 'Z'},
@@ -1558,6 +1559,7 @@ main (int argc, char **argv)
       case 'o': only = optarg; break;
       case 'm': O.markdown = optarg; break;
       case 'F': O.fork_timer = optarg; break;
+      case 'J': O.list_loop = optarg; break;
       case 'P': O.pool_target = optarg; break;
       case 'G': O.pool_log = optarg; break;
       case 'Z': O.pool_size = atoi (optarg); break;
