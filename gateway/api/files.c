@@ -27,6 +27,15 @@ api_call_gone (void *ctx)
 }
 #define call_gone api_call_gone
 
+int
+api_file_start (const api_ctx_t *ctx, const sbx_file_req_t *req, rpc_call_t *call, sbx_file_t **out, err_t *err)
+{
+  sbx_file_req_t r = *req;
+  if (api_image_user (ctx, req->id, &r.as_user, &r.uid, &r.gid, err) < 0)
+    return -1;
+  return sbx_file_start (ctx->rt, &r, api_call_gone, call, out, err);
+}
+
 /* Receives one request message like api_recv_request, and refuses one
  * whose strings hold a NUL byte: protobuf-c ends a string at its first
  * NUL, which would make "a\0b" mean "a". Such a message re-encodes
@@ -133,7 +142,7 @@ reply_info_of (rpc_call_t *call, const api_ctx_t *ctx, const sbx_file_req_t *req
 {
   cleanup_file sbx_file_t *f = NULL;
   sbx_file_msg_t msg;
-  if (sbx_file_start (ctx->rt, req, call_gone, call, &f, err) < 0)
+  if (api_file_start (ctx, req, call, &f, err) < 0)
     return -1;
   int rc = sbx_file_next (f, &msg, err);
   if (rc < 0)
@@ -200,7 +209,7 @@ api_remove (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     return -1;
   cleanup_file sbx_file_t *f = NULL;
   sbx_file_msg_t msg;
-  if (sbx_file_start (ctx->rt, &req, call_gone, call, &f, err) < 0)
+  if (api_file_start (ctx, &req, call, &f, err) < 0)
     return -1;
   int rc = sbx_file_next (f, &msg, err);
   if (rc < 0)
@@ -224,7 +233,7 @@ api_read_file (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     return -1;
   cleanup_file sbx_file_t *f = NULL;
   sbx_file_msg_t msg;
-  if (sbx_file_start (ctx->rt, &req, call_gone, call, &f, err) < 0)
+  if (api_file_start (ctx, &req, call, &f, err) < 0)
     return -1;
   int rc = sbx_file_next (f, &msg, err);
   if (rc < 0)
@@ -309,7 +318,7 @@ api_write_file (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     return -1;
   cleanup_file sbx_file_t *f = NULL;
   sbx_file_msg_t msg;
-  if (sbx_file_start (ctx->rt, &req, call_gone, call, &f, err) < 0)
+  if (api_file_start (ctx, &req, call, &f, err) < 0)
     return -1;
   rpc_call_recv_ahead (call);
   if (write_contents (call, f, err) < 0)
@@ -351,7 +360,7 @@ api_watch (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     return -1;
   cleanup_file sbx_file_t *f = NULL;
   sbx_file_msg_t msg;
-  if (sbx_file_start (ctx->rt, &req, call_gone, call, &f, err) < 0)
+  if (api_file_start (ctx, &req, call, &f, err) < 0)
     return -1;
   /* Until the client cancels (ECANCELED), or the watch fails. */
   for (;;)

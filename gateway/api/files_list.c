@@ -193,8 +193,7 @@ api_list_dir (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   bool more;
   {
     cleanup_file sbx_file_t *f = NULL;
-    if (sbx_file_start (ctx->rt, &req, api_call_gone, call, &f, err) < 0
-        || fill_page (f, r, paged, &pg, &more, err) < 0)
+    if (api_file_start (ctx, &req, call, &f, err) < 0 || fill_page (f, r, paged, &pg, &more, err) < 0)
       return -1;
   } /* the walk is stopped before the page is sent */
   if (more)

@@ -149,6 +149,25 @@ api_restore_recorded (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bo
 }
 
 int
+api_image_user (const api_ctx_t *ctx, const char *id, bool *as_user, uint32_t *uid, uint32_t *gid, err_t *err)
+{
+  *as_user = false;
+  sbx_info_t info;
+  err_t ignored = ERR_INIT;
+  if (ctx->images == NULL || sbx_get (ctx->rt, id, &info, &ignored) < 0 || info.image_digest[0] == '\0')
+    {
+      err_release (&ignored); /* the call itself reports an unknown sandbox */
+      return 0;
+    }
+  img_t img;
+  if (img_get (ctx->images, info.image_digest, &img, err) < 0)
+    return err_wrap (err, "sandbox `%s`: its image", id);
+  int rc = img_user_ids (&img, as_user, uid, gid, err);
+  img_release (&img);
+  return rc;
+}
+
+int
 api_image_defaults (const api_ctx_t *ctx, const char *id, char *const *env, char ***env_out, char **cwd_out,
                     sbx_exec_req_t *user_out, err_t *err)
 {

@@ -49,6 +49,9 @@ int api_launch_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id,
 /* The same with the writable layer unpacked from `src` (a Restore). */
 int api_restore_on_image (rpc_call_t *call, const api_ctx_t *ctx, const char *id, const sbx_spec_t *spec,
                           const char *ref, sbx_source_fn src, void *src_ctx, sbx_info_t *info, err_t *err);
+/* The ids a file call in sandbox `id` acts as: its image's User (*as_user
+ * false: the sandbox's root). */
+int api_image_user (const api_ctx_t *ctx, const char *id, bool *as_user, uint32_t *uid, uint32_t *gid, err_t *err);
 /* Restores `id` from `src` on the image a stored snapshot was taken on
  * (`ref`, pinned to `digest`: the cached image, else pulled by digest). */
 int api_restore_recorded (rpc_call_t *call, const api_ctx_t *ctx, const char *id, bool egress, const char *ref,
@@ -102,6 +105,9 @@ int api_run_code (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 void api_cleanup_file_fn (sbx_file_t **f);
 #define cleanup_file __attribute__ ((cleanup (api_cleanup_file_fn)))
 bool api_call_gone (void *ctx);
+/* sbx_file_start for a call: the operation acts as the sandbox's image
+ * User (api_image_user), the call's going polled. */
+int api_file_start (const api_ctx_t *ctx, const sbx_file_req_t *req, rpc_call_t *call, sbx_file_t **out, err_t *err);
 int api_recv_checked (rpc_call_t *call, const ProtobufCMessageDescriptor *desc, ProtobufCMessage **out, err_t *err);
 const char *api_request_path (const char *text, ProtobufCBinaryData bytes, char *buf, err_t *err);
 typedef struct api_names_s

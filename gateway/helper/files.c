@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <ftw.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -540,6 +541,16 @@ helper_file_child (const sbx_confine_t *confine, char *buf, size_t len, const in
   if (sbx_file_decode (buf, len, &h, &path, &path2) < 0)
     {
       file_send_error (EINVAL, "malformed file request");
+      _exit (1);
+    }
+  /* An image's User, as its commands run: those ids, no supplementary
+   * groups, and with a non-zero uid no capability left. */
+  if ((h.flags & SBX_FILE_F_USER) != 0
+      && ((setgroups (0, NULL) < 0 && (errno != EPERM || getgroups (0, NULL) != 0))
+          || setresgid (h.gid, h.gid, h.gid) < 0 || setresuid (h.uid, h.uid, h.uid) < 0))
+    {
+      int e = errno;
+      file_send_error (e, "switch to the image's User (%u:%u): %s", h.uid, h.gid, strerror (e));
       _exit (1);
     }
   _exit (dispatch (&h, path, path2) < 0 ? 1 : 0);

@@ -87,7 +87,9 @@ send_request (sbx_file_t *f, const sbx_file_req_t *req, const char *state, err_t
 {
   char msg[sizeof (sbx_file_hdr_t) + 2 * SBX_FILE_PATH_MAX];
   sbx_file_hdr_t h = {.op = req->op,
-                      .flags = req->flags,
+                      .flags = req->flags | (req->as_user ? SBX_FILE_F_USER : 0),
+                      .uid = req->uid,
+                      .gid = req->gid,
                       .mode = req->mode,
                       .depth = req->depth == 0 ? 1 : req->depth,
                       .limit = SBX_WATCH_MAX_DIRS,

@@ -503,6 +503,10 @@ typedef struct sbx_file_req_s
   uint32_t mode;           /* write, mkdir: permission bits (07777), 0 the default */
   uint32_t depth;          /* list */
   uint64_t offset, length; /* read; list: offset = entries to skip (earlier pages) */
+  /* An image's User: the operation runs as uid:gid (the sandbox's own ids,
+   * no supplementary groups); else as the sandbox's root. */
+  bool as_user;
+  uint32_t uid, gid;
 } sbx_file_req_t;
 
 /* An answer of the operation, valid until the next call on it. Strings are

@@ -214,6 +214,7 @@ typedef enum sbx_file_op_e
 #define SBX_FILE_F_APPEND 2u    /* write: append in place instead of replacing */
 #define SBX_FILE_F_RECURSIVE 4u /* remove, watch: the whole tree */
 #define SBX_FILE_F_OVERWRITE 8u /* rename: replace an existing destination */
+#define SBX_FILE_F_USER 16u     /* the operation runs as uid:gid of the header (an image's User) */
 
 typedef struct sbx_file_hdr_s
 {
@@ -225,6 +226,7 @@ typedef struct sbx_file_hdr_s
   uint32_t limit;               /* watch: most directories watched at once */
   uint64_t offset;              /* read: where to start; list: entries to skip */
   uint64_t length;              /* read: 0 to the end */
+  uint32_t uid, gid;            /* with SBX_FILE_F_USER: the sandbox's own ids it runs as */
   uint32_t path_len, path2_len; /* their NULs included */
 } sbx_file_hdr_t;
 

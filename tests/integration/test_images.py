@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import json
 import os
 import time
@@ -530,6 +531,44 @@ def test_the_image_user_runs_exec_and_run_with_its_ids_and_no_capabilities(c, re
         got = b"".join(ev.stdout for ev in c.stub.Run(iter([start]), metadata=c.md, timeout=60)
                        if ev.WhichOneof("event") == "stdout")
         assert got.decode().strip() == ids.split()[0], got
+    finally:
+        c.delete(sid)
+
+
+def test_file_calls_act_as_the_image_user(c, reg, base):
+    """File calls on an image with a User act as it, as its commands do:
+    what WriteFile and MakeDir make is its own, and a root-only file or
+    directory refuses it."""
+    import tarfile as tf
+    buf = io.BytesIO()
+    with tf.open(fileobj=buf, mode="w", format=tf.PAX_FORMAT) as t:
+        for name, mode in (("tmp", 0o1777), ("etc", 0o755)):
+            info = tf.TarInfo(name)
+            info.type, info.mode = tf.DIRTYPE, mode
+            t.addfile(info)
+        for name, data, mode in (("etc/passwd", b"root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/tmp:/bin/sh\n", 0o644),
+                                 ("etc/secret", b"root only\n", 0o600)):
+            info = tf.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            t.addfile(info, io.BytesIO(data))
+    img = make_image([base, gzip.compress(buf.getvalue(), mtime=0)], user="app")
+    ref = reg.push(img, "test/fileuser", "v1")
+    sid = new_id("ifuser")
+    launch(c, sid, ref)
+    try:
+        c.write_file(sid, "/tmp/made", b"mine")
+        st = c.stat(sid, "/tmp/made")
+        assert (st.uid, st.gid) == (1000, 1001), st
+        c.stub.MakeDir(pb.MakeDirRequest(sandbox_id=sid, path="/tmp/d"), metadata=c.md, timeout=30)
+        assert (c.stat(sid, "/tmp/d").uid, c.stat(sid, "/tmp/d").gid) == (1000, 1001)
+        with pytest.raises(grpc.RpcError) as e:
+            c.read_file(sid, "/etc/secret")
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            c.write_file(sid, "/etc/planted", b"x")
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, e.value.details()
+        # The command side agrees.
+        assert c.sh(sid, "busybox stat -c '%u %g' /tmp/made").out == "1000 1001\n"
     finally:
         c.delete(sid)
 
