@@ -392,7 +392,7 @@ def test_a_hostile_image_record_fails_the_connect_and_makes_nothing(c, igw, reg,
         found = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(igw.state_dir, "snapshots"))
                  for f in fs if f == f"{sid}.tar.image"]
         assert len(found) == 1, found
-        for bad in [b"{", json.dumps({"ref": ref, "digest": "sha256:zz"}).encode(), b" " * 5000,
+        for bad in [b"{", json.dumps({"ref": ref, "digest": "sha256:zz"}).encode(), b" " * 5000, b" " * 102400,
                     json.dumps({"ref": "x" * 300, "digest": img.digest}).encode()]:
             with open(found[0], "wb") as f:
                 f.write(bad)
@@ -569,6 +569,28 @@ def test_file_calls_act_as_the_image_user(c, reg, base):
         assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, e.value.details()
         # The command side agrees.
         assert c.sh(sid, "busybox stat -c '%u %g' /tmp/made").out == "1000 1001\n"
+    finally:
+        c.delete(sid)
+
+
+def test_a_100_mib_passwd_is_read_only_up_to_its_cap(c, igw, reg, base):
+    """An image whose /etc/passwd is 100 MiB (100 times the 1 MiB read)
+    with its User named only at the end: the command fails naming the
+    User, the gateway reads no more than the cap (its memory barely
+    moves), and a command on another image goes on."""
+    filler = b"x:x:1:1::/:/bin/sh\n" * (100 * 1024 * 1024 // 19)
+    etc = gzip.compress(tar_bytes([("file", "etc/passwd", filler + b"late:x:1234:1234::/:/bin/sh\n")]), 1,
+                        mtime=0)
+    ref = reg.push(make_image([base, etc], user="late"), "test/bigpasswd", "v1")
+    sid = new_id("ibigpw")
+    launch(c, sid, ref)
+    rss0 = igw.vm_rss_kib()
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            c.sh(sid, "true")
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "late" in e.value.details(), e.value.details()
+        assert igw.vm_rss_kib() - rss0 < 32 * 1024
     finally:
         c.delete(sid)
 
