@@ -89,14 +89,6 @@ img_release (img_t *img)
   memset (img, 0, sizeof *img);
 }
 
-void
-img_env_free (char **env)
-{
-  for (size_t i = 0; env != NULL && env[i] != NULL; i++)
-    free (env[i]);
-  free (env);
-}
-
 /* The hex SHA-256 of `s`, into hex (65 bytes). */
 static void
 sha256_hex (const void *data, size_t len, char *hex)
@@ -591,36 +583,4 @@ img_remove (img_cache_t *c, const char *ref, err_t *err)
     img_sweep_layers (c);
   img_gate_end (&c->gate);
   return rc;
-}
-
-int
-img_env_merge (const img_t *img, char *const *req, char ***out, err_t *err)
-{
-  size_t ni = 0, nr = 0;
-  while (img != NULL && img->env != NULL && img->env[ni] != NULL)
-    ni++;
-  while (req != NULL && req[nr] != NULL)
-    nr++;
-  char **env = calloc (ni + nr + 1, sizeof *env);
-  if (env == NULL)
-    return err_make (err, ENOMEM, "out of memory");
-  size_t n = 0;
-  for (size_t i = 0; i < ni; i++)
-    {
-      const char *eq = strchr (img->env[i], '=');
-      size_t kl = eq != NULL ? (size_t) (eq - img->env[i]) : strlen (img->env[i]);
-      bool overridden = false;
-      for (size_t j = 0; j < nr && !overridden; j++)
-        overridden = strncmp (req[j], img->env[i], kl) == 0 && req[j][kl] == '=';
-      if (!overridden && eq != NULL && (env[n++] = strdup (img->env[i])) == NULL)
-        goto oom;
-    }
-  for (size_t j = 0; j < nr; j++)
-    if ((env[n++] = strdup (req[j])) == NULL)
-      goto oom;
-  *out = env;
-  return 0;
-oom:
-  img_env_free (env);
-  return err_make (err, ENOMEM, "out of memory");
 }

@@ -1,4 +1,5 @@
-/* image/user: an image's config User as ids (see image.h). The names of
+/* image/user: what an image's config gives its commands (see image.h):
+ * its Env beneath a request's own, and its User as ids. The names of
  * `user[:group]` are looked up in the image's own /etc/passwd and
  * /etc/group: the file of the topmost layer that has one, opened inside
  * that layer (RESOLVE_IN_ROOT: a link in it cannot lead out), at most
@@ -117,4 +118,44 @@ img_user_ids (const img_t *img, bool *set, uint32_t *uid, uint32_t *gid, err_t *
   *gid = (uint32_t) g;
   *set = u != 0 || g != 0;
   return 0;
+}
+
+void
+img_env_free (char **env)
+{
+  for (size_t i = 0; env != NULL && env[i] != NULL; i++)
+    free (env[i]);
+  free (env);
+}
+
+int
+img_env_merge (const img_t *img, char *const *req, char ***out, err_t *err)
+{
+  size_t ni = 0, nr = 0;
+  while (img != NULL && img->env != NULL && img->env[ni] != NULL)
+    ni++;
+  while (req != NULL && req[nr] != NULL)
+    nr++;
+  char **env = calloc (ni + nr + 1, sizeof *env);
+  if (env == NULL)
+    return err_make (err, ENOMEM, "out of memory");
+  size_t n = 0;
+  for (size_t i = 0; i < ni; i++)
+    {
+      const char *eq = strchr (img->env[i], '=');
+      size_t kl = eq != NULL ? (size_t) (eq - img->env[i]) : strlen (img->env[i]);
+      bool overridden = false;
+      for (size_t j = 0; j < nr && !overridden; j++)
+        overridden = strncmp (req[j], img->env[i], kl) == 0 && req[j][kl] == '=';
+      if (!overridden && eq != NULL && (env[n++] = strdup (img->env[i])) == NULL)
+        goto oom;
+    }
+  for (size_t j = 0; j < nr; j++)
+    if ((env[n++] = strdup (req[j])) == NULL)
+      goto oom;
+  *out = env;
+  return 0;
+oom:
+  img_env_free (env);
+  return err_make (err, ENOMEM, "out of memory");
 }
