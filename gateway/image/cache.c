@@ -181,8 +181,11 @@ read_record (img_cache_t *c, const char *digest, img_t *out, err_t *err)
     {
       const char *hex = json_string_value (json_array_get (layers, i));
       struct stat st;
+      char kept[PATH_MAX];
       snprintf (path, sizeof path, "%s/layers/%s", c->root, hex != NULL ? hex : "");
-      if (hex == NULL || strlen (hex) != 64 || stat (path, &st) < 0)
+      /* A template made on the default image keeps only its layer's blob. */
+      snprintf (kept, sizeof kept, "%s/blobs/%s", c->root, hex != NULL ? hex : "");
+      if (hex == NULL || strlen (hex) != 64 || stat (on_rootfs ? kept : path, &st) < 0)
         rc = err_make (err, ENOENT, "image `%s`: a layer is no longer cached", digest);
       else
         {

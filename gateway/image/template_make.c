@@ -367,8 +367,10 @@ store_layout (img_cache_t *c, snap_store_t *st, made_t *m, const char *layer_pat
     return err_make_sys (err, errno, "rename `%s`", kept);
   unpack_t u = {.c = c, .hex = m->hex, .err = ERR_INIT};
   pthread_t th;
-  bool threaded = pthread_create (&th, NULL, unpack_main, &u) == 0;
-  if (!threaded)
+  /* On the default image the layer is unpacked at each launch instead
+   * (image.h): only its blob is kept. */
+  bool threaded = !m->on_rootfs && pthread_create (&th, NULL, unpack_main, &u) == 0;
+  if (!threaded && !m->on_rootfs)
     unpack_main (&u);
   int rc = store_blobs (c, st, m, err);
   if (threaded)

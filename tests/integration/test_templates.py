@@ -276,6 +276,10 @@ def make_wheel(name: str = "agentpkg", version: str = "1.0") -> tuple[str, bytes
     return f"{name}-{version}-py3-none-any.whl", buf.getvalue()
 
 
+def c_state_dir(c) -> str:
+    return c.gw.state_dir
+
+
 def test_a_package_installed_once_is_imported_at_once_by_every_sandbox_of_the_template(c, reg, store,
                                                                                         gateway_secret):
     """The default image: pip installs a local wheel (no index, no network)
@@ -290,6 +294,13 @@ def test_a_package_installed_once_is_imported_at_once_by_every_sandbox_of_the_te
     assert r.code == 0, r.describe()
     t = create(c, src, "py-agent")
     assert t.base_image == "" and t.layers == 1
+    # Its one layer is kept as a blob, never unpacked as a lower layer.
+    manifest = json.load(open(os.path.join(layout_dir(store, "py-agent"), "blobs", "sha256", t.image_digest[7:])))
+    top = manifest["layers"][0]["digest"][7:]
+    assert manifest["annotations"]["io.sandbox-gateway.base"] == "rootfs"
+    images = os.path.join(c_state_dir(c), "images")
+    assert os.path.exists(os.path.join(images, "blobs", top))
+    assert not os.path.exists(os.path.join(images, "layers", top))
     for i in range(20):
         sid = new_id(f"tpy{i}")
         info = launch(c, sid, "template:py-agent")
