@@ -20,7 +20,7 @@ static const char usage[] = "Usage: sandbox-gateway [--help]\n\n"
                             "output, snapshots), grpc.health.v1.Health and gRPC server reflection.\n"
                             "Configuration comes from the environment only.";
 
-#define N_VARS 66
+#define N_VARS 67
 
 /* The table of variables, with targets in *c. */
 static void
@@ -204,6 +204,11 @@ vars_of (gw_config_t *c, cfg_var_t vars[N_VARS])
        "PEM roots that registries' TLS certificates are verified against (a private registry's CA); unset: the "
        "system's",
        0, 0, &c->registry_ca, NULL, false},
+      {"SANDBOX_REGISTRY_GOOGLE_HOSTS", CFG_STRING, "*-docker.pkg.dev,gcr.io,*.gcr.io",
+       "registries (fnmatch patterns, comma-separated) that SANDBOX_REGISTRY_AUTH_FILE has no entry for and that "
+       "are logged in to as `oauth2accesstoken` with a Google access token (GOOGLE_APPLICATION_CREDENTIALS, else "
+       "the metadata server): Artifact Registry",
+       0, 0, &c->registry_google_hosts, NULL, false},
       {"SANDBOX_INSECURE_REGISTRIES", CFG_STRING, NULL,
        "registries (host:port, comma-separated) pulled from over plain HTTP; every other one over verified TLS", 0, 0,
        &c->insecure_registries, NULL, false},

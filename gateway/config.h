@@ -76,8 +76,9 @@ typedef struct gw_config_s
   char *snapshot_prefix;
   long snapshot_max_entries;
   long image_layer_max_mb;
-  long image_cache_mb; /* SANDBOX_IMAGE_CACHE_MB */
-  char *registry_ca;   /* SANDBOX_REGISTRY_CA, or NULL */
+  long image_cache_mb;         /* SANDBOX_IMAGE_CACHE_MB */
+  char *registry_ca;           /* SANDBOX_REGISTRY_CA, or NULL */
+  char *registry_google_hosts; /* SANDBOX_REGISTRY_GOOGLE_HOSTS */
   long freeze_max_seconds;
   bool userns;
   long uid_base;

@@ -36,6 +36,7 @@
 #include "gateway/snapshot/drain.h"
 #include "gateway/snapshot/expire.h"
 #include "gateway/image/image.h"
+#include "gateway/store/gcs/gcs.h"
 #include "gateway/store/open.h"
 
 extern const unsigned char gateway_descriptor_set[];
@@ -69,7 +70,14 @@ typedef struct gateway_s
   int port;
   rpc_server_t *health_server; /* SANDBOX_HEALTH_LISTEN, or NULL */
   int health_port;
+  gcs_tokens_t *google; /* Google credentials for the registries that want them */
 } gateway_t;
+
+static int
+google_token (void *ctx, char **token, err_t *err)
+{
+  return gcs_tokens_get (ctx, token, err);
+}
 
 /* Process-wide settings made before any thread starts. */
 static void
@@ -159,13 +167,23 @@ start (gateway_t *g, err_t *err)
     return -1;
   /* An expired sandbox to persist first goes to the store, then goes. */
   sbx_set_expire_hook (g->rt, snap_expire, g->store);
+  /* The same Google credentials as GCS, for Artifact Registry: no request
+   * is made until a pull from one of its hosts asks for a token. */
+  err_t gerr = ERR_INIT;
+  if (gcs_tokens_new (c->gcs_credentials, c->gcs_metadata_host, &g->google, &gerr) < 0)
+    err_warn_release (&gerr, "SANDBOX_REGISTRY_GOOGLE_HOSTS: no Google credentials (their registries are pulled "
+                             "anonymously)");
   img_cache_opts_t io = {.state_dir = c->state_dir,
                          .auth_file = c->registry_auth_file,
                          .insecure_registries = c->insecure_registries,
                          .ca_file = c->registry_ca,
                          .rt = g->rt,
                          .cache_mb = c->image_cache_mb,
-                         .store = g->store};
+                         .store = g->store,
+                         .google_hosts = c->registry_google_hosts,
+                         .google_token = g->google != NULL ? google_token : NULL,
+                         .google_token_put = gcs_tokens_put,
+                         .google_ctx = g->google};
   if (img_cache_new (&io, &g->images, err) < 0)
     return err_wrap (err, "the image cache");
   rpc_opts_t opts = {
@@ -209,6 +227,7 @@ stop (gateway_t *g)
   api_free (g->api);
   sbx_runtime_destroy (g->rt);
   img_cache_free (g->images);
+  gcs_tokens_free (g->google);
   if (g->store != NULL)
     g->store->ops->destroy (g->store);
   reflection_release ();

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <jansson.h>
 #include <limits.h>
 #include <openssl/evp.h>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/cleanup.h"
+#include "common/log.h"
 #include "gateway/image/gate.h"
 #include "gateway/image/image.h"
 #include "gateway/image/internal.h"
@@ -31,6 +33,10 @@ struct img_cache_s
   uint64_t budget; /* SANDBOX_IMAGE_CACHE_MB in bytes; 0: none */
   img_gate_t gate; /* pulls side by side, removals alone (gate.h) */
   snap_store_t *store;
+  char *google_hosts;
+  int (*google_token) (void *ctx, char **token, err_t *err);
+  void (*google_token_put) (char *token);
+  void *google_ctx;
 };
 
 static const char *const subdirs[] = {"", "/blobs", "/layers", "/manifests", "/refs", "/tmp"};
@@ -58,6 +64,10 @@ img_cache_new (const img_cache_opts_t *o, img_cache_t **out, err_t *err)
   c->ca_file = o->ca_file != NULL ? strdup (o->ca_file) : NULL;
   c->rt = o->rt;
   c->store = o->store;
+  c->google_hosts = o->google_hosts != NULL ? strdup (o->google_hosts) : NULL;
+  c->google_token = o->google_token;
+  c->google_token_put = o->google_token_put;
+  c->google_ctx = o->google_ctx;
   c->budget = (uint64_t) o->cache_mb << 20;
   /* Before any thread pulls (curl's own lazy set-up is not thread-safe). */
   if (curl_global_init (CURL_GLOBAL_DEFAULT) != CURLE_OK)
@@ -76,6 +86,7 @@ img_cache_free (img_cache_t *c)
   free (c->auth_file);
   free (c->insecure);
   free (c->ca_file);
+  free (c->google_hosts);
   free (c);
 }
 
@@ -289,6 +300,37 @@ const char *
 img_cache_ca_file (const img_cache_t *c)
 {
   return c->ca_file;
+}
+
+char *
+img_cache_google_basic (img_cache_t *c, const char *host)
+{
+  if (c->google_token == NULL || c->google_hosts == NULL)
+    return NULL;
+  bool listed = false;
+  cleanup_free char *list = strdup (c->google_hosts);
+  char *save = NULL;
+  for (char *p = list != NULL ? strtok_r (list, ",", &save) : NULL; p != NULL && !listed;
+       p = strtok_r (NULL, ",", &save))
+    listed = fnmatch (p, host, 0) == 0;
+  if (!listed)
+    return NULL;
+  char *token = NULL;
+  err_t err = ERR_INIT;
+  if (c->google_token (c->google_ctx, &token, &err) < 0)
+    {
+      err_warn_release (&err, "registry `%s`: no Google credentials; pulling anonymously", host);
+      return NULL;
+    }
+  cleanup_free char *plain = NULL;
+  char *out = NULL;
+  int n = asprintf (&plain, "oauth2accesstoken:%s", token);
+  c->google_token_put (token);
+  if (n > 0 && (out = malloc (4 * ((size_t) n / 3 + 1) + 1)) != NULL)
+    EVP_EncodeBlock ((unsigned char *) out, (const unsigned char *) plain, n);
+  if (plain != NULL)
+    OPENSSL_cleanse (plain, strlen (plain));
+  return out;
 }
 
 img_gate_t *

@@ -51,6 +51,14 @@ typedef struct img_cache_opts_s
   sbx_runtime_t *rt;               /* unpacks layers; lists users */
   long cache_mb;                   /* SANDBOX_IMAGE_CACHE_MB: the layers' budget on disk (evict.c); 0: none */
   snap_store_t *store;             /* where templates live (template.c); NULL: no templates */
+  /* SANDBOX_REGISTRY_GOOGLE_HOSTS: registries (fnmatch patterns, comma
+   * separated) that SANDBOX_REGISTRY_AUTH_FILE has no entry for and that
+   * get Google credentials instead — user `oauth2accesstoken`, an access
+   * token from `google_token` as the password (Artifact Registry's login). */
+  const char *google_hosts;
+  int (*google_token) (void *ctx, char **token, err_t *err); /* NULL: none */
+  void (*google_token_put) (char *token);
+  void *google_ctx;
 } img_cache_opts_t;
 
 /* Strings are copied. */

@@ -14,6 +14,11 @@ const char *img_cache_root (const img_cache_t *c);
 sbx_runtime_t *img_cache_runtime (const img_cache_t *c);
 /* SANDBOX_REGISTRY_CA, or NULL. */
 const char *img_cache_ca_file (const img_cache_t *c);
+/* The Basic credentials (base64) of `oauth2accesstoken` and a Google
+ * access token for `host` when it is one of SANDBOX_REGISTRY_GOOGLE_HOSTS
+ * (caller frees), else NULL; a token that cannot be had is logged and NULL
+ * (the pull goes on anonymously). */
+char *img_cache_google_basic (img_cache_t *c, const char *host);
 /* Where templates live, or NULL. */
 snap_store_t *img_cache_store (const img_cache_t *c);
 /* Who may touch the cache at once (gate.h). */

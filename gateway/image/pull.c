@@ -424,6 +424,8 @@ img_pull_locked (img_cache_t *c, const char *ref, const img_ref_t *p, const char
                  const img_pull_opts_t *o, char *dg, err_t *err)
 {
   cleanup_free char *basic = credentials_for (auth_file, p->host);
+  if (basic == NULL)
+    basic = img_cache_google_basic (c, p->host);
   img_reg_opts_t ro = {.host = p->host,
                        .repo = p->repo,
                        .insecure = img_reg_host_listed (insecure, p->host),

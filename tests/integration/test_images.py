@@ -676,3 +676,40 @@ def test_a_layer_is_unpacked_in_a_cgroup_of_its_own_with_limits_and_it_goes_afte
     assert seen.get("pids") == "16", seen
     assert not glob.glob("/sys/fs/cgroup/*/*/.unpack-*"), glob.glob("/sys/fs/cgroup/*/*/.unpack-*")
     c.stub.RemoveImage(pb.RemoveImageRequest(image=ref), metadata=c.md, timeout=60)
+
+
+def test_google_hosts_are_logged_in_to_with_the_google_credentials(base, gateway_secret):
+    """A registry of SANDBOX_REGISTRY_GOOGLE_HOSTS (Artifact Registry's
+    hosts by default) that wants Basic credentials gets `oauth2accesstoken`
+    and an access token from the metadata server (a fake, as GCE's); one
+    not listed is pulled anonymously and refused."""
+    import base64
+    from tests.lib.peers import running_fake_gcs
+    raw = RawRegistry()
+    given = []
+
+    def check(b64: str) -> bool:
+        user, _, token = base64.b64decode(b64).decode().partition(":")
+        given.append((user, token))
+        return user == "oauth2accesstoken" and token.startswith("fake-")
+
+    raw.basic_check = check
+    img = make_image([base, layer([("file", "etc/ar", b"from artifact registry\n")])])
+    ref = raw.add("proj/repo/tool", "v1", img)
+    try:
+        with running_fake_gcs() as gcs:
+            env = {"SANDBOX_INSECURE_REGISTRIES": raw.host, "GCE_METADATA_HOST": gcs.host,
+                   "SANDBOX_REGISTRY_GOOGLE_HOSTS": f"*-docker.pkg.dev,{raw.host}"}
+            with running_gateway(env, secret=gateway_secret, check=True) as gw, sandbox_client(gw) as c:
+                sid = new_id("iar")
+                launch(c, sid, ref)
+                assert c.sh(sid, "cat /etc/ar").out == "from artifact registry\n"
+                assert given and all(u == "oauth2accesstoken" for u, _ in given), given
+                assert gcs.control("/_control/stats")["metadata_grants"] >= 1
+            env["SANDBOX_REGISTRY_GOOGLE_HOSTS"] = "*-docker.pkg.dev"
+            with running_gateway(env, secret=gateway_secret, check=True) as gw, sandbox_client(gw) as c:
+                with pytest.raises(grpc.RpcError) as e:
+                    launch(c, new_id("iar2"), ref)
+                assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
+    finally:
+        raw.close()

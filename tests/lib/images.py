@@ -222,6 +222,8 @@ class RawRegistry:
         # whose realm is this server's /token (which wants `basic` when set).
         self.basic: Optional[str] = None
         self.bearer: Optional[str] = None
+        # Or: a check of the Basic credentials (base64) given.
+        self.basic_check = None
         # Blobs answered with a redirect to this host:port instead.
         self.redirect_to: Optional[str] = None
         self.authorizations: list[tuple[str, Optional[str]]] = []
@@ -252,6 +254,10 @@ class RawRegistry:
                                                f'Bearer realm="{realm}",service="test",scope="repository:x:pull"')])
                     return False
                 if reg.basic is not None and got != f"Basic {reg.basic}":
+                    self.answer(401, headers=[("WWW-Authenticate", 'Basic realm="test"')])
+                    return False
+                if reg.basic_check is not None and not (got or "").startswith("Basic ") \
+                        or reg.basic_check is not None and not reg.basic_check(got[6:]):
                     self.answer(401, headers=[("WWW-Authenticate", 'Basic realm="test"')])
                     return False
                 return True

@@ -48,6 +48,7 @@ struct gcs_auth_s
   EVP_PKEY *key;
   /* Metadata server. */
   char *metadata_url;
+  const char *scope; /* of a service account's tokens: GCS_AUTH_SCOPE unless set */
   /* The cache. */
   pthread_mutex_t mu;
   char *token;         /* NULL when none */
@@ -267,8 +268,9 @@ make_jwt (const gcs_auth_t *a, char **out, err_t *err)
   time_t now = time (NULL);
   json_t *hdr = a->key_id != NULL ? json_pack ("{s:s, s:s, s:s}", "alg", "RS256", "typ", "JWT", "kid", a->key_id)
                                   : json_pack ("{s:s, s:s}", "alg", "RS256", "typ", "JWT");
-  json_t *claims = json_pack ("{s:s, s:s, s:s, s:I, s:I}", "iss", a->client_email, "scope", GCS_AUTH_SCOPE, "aud",
-                              a->token_uri, "iat", (json_int_t) now, "exp", (json_int_t) now + 3600);
+  json_t *claims = json_pack ("{s:s, s:s, s:s, s:I, s:I}", "iss", a->client_email, "scope",
+                              a->scope != NULL ? a->scope : GCS_AUTH_SCOPE, "aud", a->token_uri, "iat",
+                              (json_int_t) now, "exp", (json_int_t) now + 3600);
   cleanup_free char *h64 = b64_json (hdr);
   cleanup_free char *c64 = b64_json (claims);
   cleanup_free char *input = NULL;
@@ -490,4 +492,10 @@ gcs_auth_invalidate (gcs_auth_t *auth)
   free_secret (auth->token);
   auth->token = NULL;
   pthread_mutex_unlock (&auth->mu);
+}
+
+void
+gcs_auth_set_scope (gcs_auth_t *auth, const char *scope)
+{
+  auth->scope = scope;
 }

@@ -49,6 +49,10 @@ void gcs_auth_invalidate (gcs_auth_t *auth);
  * "metadata server `host`". The string is owned by `auth`. */
 const char *gcs_auth_describe (const gcs_auth_t *auth);
 
+/* The scope a service account's tokens are asked for (a static string;
+ * GCS_AUTH_SCOPE until set). Before the first token. */
+void gcs_auth_set_scope (gcs_auth_t *auth, const char *scope);
+
 void gcs_auth_free (gcs_auth_t *auth);
 
 #endif

@@ -62,4 +62,17 @@ typedef struct gcs_config_s
  * out->ops->destroy); -1 with *err: EINVAL for a bad setting or key file. */
 int gcs_store_new (const gcs_config_t *cfg, snap_store_t **out, err_t *err);
 
+/* Google credentials for other Google APIs (Artifact Registry's
+ * `oauth2accesstoken` login): OAuth2 access tokens of the service account
+ * of `credentials_file` (scope cloud-platform), else of the metadata server
+ * at `metadata_host` (NULL: metadata.google.internal), cached like the
+ * store's. Makes no request until a token is asked for. */
+typedef struct gcs_tokens_s gcs_tokens_t;
+int gcs_tokens_new (const char *credentials_file, const char *metadata_host, gcs_tokens_t **out, err_t *err);
+/* A valid access token (free with gcs_tokens_put): -1 with *err when the
+ * credentials could not give one. Any thread. */
+int gcs_tokens_get (gcs_tokens_t *t, char **token, err_t *err);
+void gcs_tokens_put (char *token);
+void gcs_tokens_free (gcs_tokens_t *t);
+
 #endif
