@@ -31,6 +31,7 @@
 #include "gateway/api/api.h"
 #include "gateway/api/health.h"
 #include "gateway/api/reflection.h"
+#include "gateway/code/kernel.h"
 #include "gateway/config.h"
 #include "gateway/runtime/runtime.h"
 #include "gateway/snapshot/drain.h"
@@ -159,6 +160,8 @@ start (gateway_t *g, err_t *err)
     return -1;
   /* An expired sandbox to persist first goes to the store, then goes. */
   sbx_set_expire_hook (g->rt, snap_expire, g->store);
+  /* A sandbox's code contexts end with it, however it ends. */
+  code_attach (g->rt);
   img_cache_opts_t io = {.state_dir = c->state_dir,
                          .auth_file = c->registry_auth_file,
                          .insecure_registries = c->insecure_registries,

@@ -23,8 +23,9 @@
  * signature-checked before it is parsed, and every wait has a deadline.
  *
  * Contexts are the gateway's bookkeeping of kernels: they die with their
- * sandbox (Delete, the idle reaper; a relaunched id has new ones) and a
- * snapshot does not carry them.
+ * sandbox however it ends (the runtime's end hook: Delete, an expiry, its
+ * pid 1 dying; a relaunched id has new ones) and a snapshot does not carry
+ * them.
  *
  * Threading: any thread. A registry mutex guards the list; each context has
  * a run mutex held while one call (a cell, a restart) uses its kernel.
@@ -66,8 +67,11 @@ int code_list (sbx_runtime_t *rt, const char *sid, code_info_t **out, size_t *n,
                err_t *err);
 int code_restart (sbx_runtime_t *rt, const char *sid, const char *cid, code_info_t *out, err_t *err);
 int code_delete (sbx_runtime_t *rt, const char *sid, const char *cid, err_t *err);
-/* Forgets every context of sandbox `sid` (it was deleted). */
-void code_forget_sandbox (sbx_runtime_t *rt, const char *sid);
+/* Has the runtime tell the code layer of every sandbox that ends (its end
+ * hook: deleted for any reason, expired, or dead), so that its contexts,
+ * their kernels' ZMQ sockets and threads go with it at once. Once, before
+ * any sandbox exists. */
+void code_attach (sbx_runtime_t *rt);
 /* How many contexts sandbox `sid` (created at `created_ms`) has. */
 size_t code_count (const char *sid, int64_t created_ms);
 

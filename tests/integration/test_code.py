@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import struct
 import threading
 import time
 import zlib
+from pathlib import Path
 
 import grpc
 import pytest
 
 from tests.lib import code
-from tests.lib.client import sandbox_client
-from tests.lib.gateway import running_gateway
+from tests.lib.client import LAUNCH_TIMEOUT_S, new_id, pb, sandbox_client
+from tests.lib.gateway import holder_pids, running_gateway
+from tests.lib.procs import wait_until
 from tests.lib.shim import running_shim
 
 MAX_CONTEXTS = 4
@@ -299,6 +303,79 @@ def test_the_total_cap_spans_sandboxes_and_deleting_one_frees_its_share(gateway_
         cell = code.run(c, third, "6 * 7")
         assert cell.main is not None and cell.main.text == "42"
         assert c.get(third).context_count == 1
+
+
+def zmq_threads(pid: int) -> int:
+    """The gateway's libzmq threads (ZMQbg/IO/0 and ZMQbg/Reaper: two per
+    context)."""
+    n = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            n += (task / "comm").read_text().startswith("ZMQbg")
+        except OSError:
+            pass  # the thread ended meanwhile
+    return n
+
+
+def fds(pid: int) -> list[str]:
+    """What the gateway's descriptors are (readlink of /proc/<pid>/fd/*)."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass  # closed meanwhile
+    return sorted(out)
+
+
+def zmq_kinds(links: list[str]) -> list[str]:
+    """Of `links`, the kinds a ZMQ context and its sockets hold (TCP sockets,
+    its mailboxes' eventfds, its poller's epoll): a dead sandbox keeps its
+    disk and its processes' pidfds until it is deleted, not these."""
+    return [x for x in links if x.startswith(("socket:", "anon_inode:[eventfd]", "anon_inode:[eventpoll]"))]
+
+
+def ends_by_idle(client, gw, sid):
+    """Its idle TTL (3 s) passes; only List is polled (Get renews it)."""
+    assert wait_until(lambda: sid not in client.ids(), 15, interval=0.2), f"{sid} did not expire"
+
+
+def ends_by_holder_death(client, gw, sid):
+    """Its pid 1 is killed from the host: the sandbox is dead until deleted."""
+    os.kill(holder_pids(gw, expect=sid)[sid], signal.SIGKILL)
+    assert wait_until(lambda: client.get(sid).dead, 10, interval=0.2), f"{sid} is not dead"
+
+
+@pytest.mark.parametrize("ends", [ends_by_idle, ends_by_holder_death], ids=["idle_ttl", "holder_died"])
+def test_contexts_end_at_once_with_their_sandbox_however_it_ends(gwc, client, ends):
+    """Not only Delete: a sandbox that idles out or whose pid 1 dies takes
+    its contexts (their kernels' ZMQ sockets and threads) with it, without
+    waiting for another context to be made."""
+    client.ids()  # the client's connection is made before the count
+    threads, links = zmq_threads(gwc.pid), fds(gwc.pid)
+    sid = new_id("ctx-end")
+    client.created.append(sid)
+    ttl = 3 if ends is ends_by_idle else 0
+    client.stub.Launch(pb.LaunchRequest(sandbox_id=sid, idle_ttl_seconds=ttl,
+                                        persist_on_expiry=pb.PERSIST_ON_EXPIRY_NO),
+                       metadata=client.md, timeout=LAUNCH_TIMEOUT_S)
+    try:
+        code.create(client, sid)
+        assert code.run(client, sid, "1 + 1").main.text == "2"  # a second, default context
+        assert client.get(sid).context_count == 2
+        assert zmq_threads(gwc.pid) == threads + 4
+        ends(client, gwc, sid)
+        # The reaper and the idler look once a second.
+        assert wait_until(lambda: zmq_threads(gwc.pid) == threads, 5, interval=0.1), (threads, zmq_threads(gwc.pid))
+        assert wait_until(lambda: len(zmq_kinds(fds(gwc.pid))) <= len(zmq_kinds(links)), 5, interval=0.1), \
+            (zmq_kinds(links), zmq_kinds(fds(gwc.pid)))
+        if sid in client.ids():
+            assert client.get(sid).context_count == 0
+            client.delete(sid)
+        assert wait_until(lambda: len(fds(gwc.pid)) <= len(links), 5, interval=0.1), (links, fds(gwc.pid))
+    finally:
+        if sid in client.ids():
+            client.delete(sid)
 
 
 # --- REST (sandbox-shim) --------------------------------------------------------
