@@ -32,6 +32,11 @@ struct code_ctx_s
   /* The kernel (run_mu). */
   sbx_proc_t *proc;
   void *zctx, *shell, *control, *iopub;
+  /* Monitors of shell's and iopub's connections (CODE_LINK_*), and when
+   * each was last seen dropped with no reconnect yet (monotonic; 0: it
+   * holds). */
+  void *link_mon[2];
+  int64_t link_dropped_ms[2];
   char key[JMSG_KEY_MAX + 1];
   char session[37];
   bool interrupt_message;   /* interrupt_mode "message" */
@@ -43,8 +48,19 @@ struct code_ctx_s
 int code_ctx_for_run (sbx_runtime_t *rt, const char *sid, const char *cid, const char *lang, code_ctx_t **out,
                       err_t *err);
 void code_ctx_unref (code_ctx_t *c, sbx_runtime_t *rt);
+/* How long a dropped connection to the kernel may wait for libzmq's
+ * reconnect (or the kernel's exit) before it counts as dropped for good. */
+#define CODE_LINK_GRACE_MS 300
 /* With run_mu held: */
 int code_kernel_start (sbx_runtime_t *rt, code_ctx_t *c, err_t *err);
+/* Whether the kernel's shell and iopub connections hold: -1 with *err
+ * (EMSGSIZE) once libzmq has dropped one without reconnecting for
+ * CODE_LINK_GRACE_MS — what it does to a connection whose peer sent a
+ * frame over JMSG_FRAME_MAX (ZMQ_MAXMSGSIZE) or bytes that are not ZMTP —
+ * with c->restart_reason saying so: the kernel can no longer be reached
+ * and is to be closed. A peer that closed its end is reconnected to and
+ * counts as holding (its exit is code_kernel_exited's). */
+int code_kernel_links (code_ctx_t *c, err_t *err);
 void code_kernel_close (sbx_runtime_t *rt, code_ctx_t *c);
 bool code_kernel_exited (sbx_runtime_t *rt, code_ctx_t *c);
 int64_t code_mono_ms (void);

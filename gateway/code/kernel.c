@@ -56,8 +56,39 @@ zsock (void *zctx, int type)
   return s;
 }
 
+/* The connections code_kernel_links watches, by index of link_mon. */
+static const char *const link_names[2] = {"shell", "iopub"};
+/* The most monitor events read per look (a reconnecting socket makes one
+ * per retry, ZMQ_RECONNECT_IVL apart). */
+#define CODE_LINK_EVENTS_MAX 16
+
+/* A PAIR socket told when `sock`'s connection drops and when libzmq
+ * reconnects it; NULL on failure (errno). */
+static void *
+link_monitor (void *zctx, void *sock, int i)
+{
+  char ep[32];
+  snprintf (ep, sizeof ep, "inproc://link-%d", i);
+  if (zmq_socket_monitor (sock, ep, ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED) < 0)
+    return NULL;
+  void *m = zmq_socket (zctx, ZMQ_PAIR);
+  if (m == NULL)
+    return NULL;
+  int zero = 0;
+  zmq_setsockopt (m, ZMQ_LINGER, &zero, sizeof zero);
+  if (zmq_connect (m, ep) < 0)
+    {
+      int e = errno;
+      zmq_close (m);
+      errno = e;
+      return NULL;
+    }
+  return m;
+}
+
 /* On a thread inside the sandbox's network namespace: the ZMQ context (its
- * I/O thread starts here, so it stays in the namespace) and the sockets. */
+ * I/O thread starts here, so it stays in the namespace), the sockets and
+ * the monitors of shell's and iopub's connections. */
 static void
 zjob_main (void *arg)
 {
@@ -79,6 +110,13 @@ zjob_main (void *arg)
       return;
     }
   zmq_setsockopt (c->iopub, ZMQ_SUBSCRIBE, "", 0);
+  void *watched[2] = {c->shell, c->iopub};
+  for (int i = 0; i < 2; i++)
+    if ((c->link_mon[i] = link_monitor (c->zctx, watched[i], i)) == NULL)
+      {
+        j->error = errno;
+        return;
+      }
   char ep[64];
   void *socks[] = {c->shell, c->iopub, NULL, c->control};
   for (int i = 0; i < 4; i++)
@@ -105,18 +143,79 @@ code_kernel_close (sbx_runtime_t *rt, code_ctx_t *c)
       sbx_proc_put (rt, c->proc);
       c->proc = NULL;
     }
-  void **socks[] = {&c->shell, &c->control, &c->iopub};
-  for (int i = 0; i < 3; i++)
+  void **socks[] = {&c->shell, &c->control, &c->iopub, &c->link_mon[0], &c->link_mon[1]};
+  for (size_t i = 0; i < sizeof socks / sizeof socks[0]; i++)
     if (*socks[i] != NULL)
       {
         zmq_close (*socks[i]);
         *socks[i] = NULL;
       }
+  c->link_dropped_ms[0] = c->link_dropped_ms[1] = 0;
   if (c->zctx != NULL)
     {
       zmq_ctx_term (c->zctx);
       c->zctx = NULL;
     }
+}
+
+/* The next event on monitor `m` without waiting: ZMQ_EVENT_*, 0 when none
+ * is there. An event is two frames: (event, value) in 6 bytes, then the
+ * endpoint. */
+static unsigned
+link_event (void *m)
+{
+  unsigned ev = 0;
+  bool more = true;
+  for (int part = 0; more; part++)
+    {
+      zmq_msg_t msg;
+      zmq_msg_init (&msg);
+      if (zmq_msg_recv (&msg, m, ZMQ_DONTWAIT) < 0)
+        {
+          zmq_msg_close (&msg);
+          return ev;
+        }
+      if (part == 0 && zmq_msg_size (&msg) >= 2)
+        {
+          uint16_t v;
+          memcpy (&v, zmq_msg_data (&msg), sizeof v);
+          ev = v;
+        }
+      more = zmq_msg_more (&msg);
+      zmq_msg_close (&msg);
+    }
+  return ev;
+}
+
+int
+code_kernel_links (code_ctx_t *c, err_t *err)
+{
+  int64_t now = code_mono_ms ();
+  for (int i = 0; i < 2; i++)
+    {
+      if (c->link_mon[i] == NULL)
+        continue;
+      for (int k = 0; k < CODE_LINK_EVENTS_MAX; k++)
+        {
+          unsigned ev = link_event (c->link_mon[i]);
+          if (ev == 0)
+            break;
+          if (ev == ZMQ_EVENT_DISCONNECTED && c->link_dropped_ms[i] == 0)
+            c->link_dropped_ms[i] = now;
+          else if (ev == ZMQ_EVENT_CONNECT_RETRIED)
+            c->link_dropped_ms[i] = 0; /* the peer closed its end: libzmq reconnects */
+        }
+      if (c->link_dropped_ms[i] != 0 && now - c->link_dropped_ms[i] >= CODE_LINK_GRACE_MS)
+        {
+          snprintf (c->restart_reason, sizeof c->restart_reason,
+                    "the kernel's `%s` connection was dropped: it sent a frame over the gateway's %d MiB cap "
+                    "(JMSG_FRAME_MAX) or bytes that are not ZMTP",
+                    link_names[i], JMSG_FRAME_MAX >> 20);
+          return err_make (err, EMSGSIZE, "%s; the kernel was stopped and the context's next cell starts a new one",
+                           c->restart_reason);
+        }
+    }
+  return 0;
 }
 
 /* The last non-empty line of what the exited kernel wrote to stderr (a
@@ -245,8 +344,8 @@ pick_ports (unsigned ports[5])
 }
 
 /* Waits for a message on `sock` answering `parent` of type `type`
- * (other messages are dropped), until `deadline`; checks the kernel's exit
- * and the context's closing. */
+ * (other messages are dropped), until `deadline`; checks the kernel's exit,
+ * its connections and the context's closing. */
 static int
 await_reply (sbx_runtime_t *rt, code_ctx_t *c, void *sock, const char *parent, const char *type, int64_t deadline,
              jmsg_t *out, err_t *err)
@@ -260,6 +359,8 @@ await_reply (sbx_runtime_t *rt, code_ctx_t *c, void *sock, const char *parent, c
         return err_make (err, ECANCELED, "the context is being deleted");
       if (code_kernel_exited (rt, c))
         return err_make (err, EIO, "%s", c->restart_reason);
+      if (code_kernel_links (c, err) < 0)
+        return -1;
       zmq_pollitem_t it = {.socket = sock, .events = ZMQ_POLLIN};
       int r = zmq_poll (&it, 1, left < CODE_POLL_MS ? (long) left : CODE_POLL_MS);
       if (r < 0 && errno != EINTR)

@@ -19,8 +19,11 @@
  * elsewhere, as Forward does, so the I/O thread itself must be inside.)
  *
  * Nothing the kernel sends is trusted: frames are bounded (ZMQ_MAXMSGSIZE,
- * JMSG_FRAME_MAX), queues are bounded (ZMQ_RCVHWM), every message is
- * signature-checked before it is parsed, and every wait has a deadline.
+ * JMSG_FRAME_MAX: libzmq drops the connection of a kernel that sends a
+ * bigger one, which a monitor of the connection notices, and the call
+ * fails at once with EMSGSIZE), queues are bounded (ZMQ_RCVHWM), every
+ * message is signature-checked before it is parsed, and every wait has a
+ * deadline.
  *
  * Contexts are the gateway's bookkeeping of kernels: they die with their
  * sandbox however it ends (the runtime's end hook: Delete, an expiry, its

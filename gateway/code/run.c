@@ -4,8 +4,10 @@
  * and the timeout interrupt the kernel (SIGINT to its process group, or
  * interrupt_request on control when its kernelspec says
  * interrupt_mode "message"); a kernel that does not stop within
- * CODE_INTERRUPT_GRACE_MS is restarted. State: per call, on the caller's
- * thread, with the context's run mutex held. */
+ * CODE_INTERRUPT_GRACE_MS is restarted. A kernel whose connection libzmq
+ * dropped (a frame over JMSG_FRAME_MAX) fails the call at once and is
+ * stopped; the next cell starts a new one. State: per call, on the
+ * caller's thread, with the context's run mutex held. */
 #include <errno.h>
 #include <openssl/evp.h>
 #include <signal.h>
@@ -272,6 +274,13 @@ cell_run (cell_t *cl, const code_run_req_t *req, outcome_t *o, err_t *err)
           o->died = true;
           snprintf (o->message, sizeof o->message, "%s; the context's next cell restarts it", c->restart_reason);
           return 0;
+        }
+      if (code_kernel_links (c, err) < 0)
+        {
+          /* Unreachable now: the next cell starts a new kernel and says
+           * why (restart_reason). */
+          code_kernel_close (cl->rt, c);
+          return -1;
         }
       if (drain (cl, err) < 0)
         return -1;

@@ -173,6 +173,26 @@ def test_a_kernel_killed_by_the_memory_limit_is_a_clear_error_and_restarts(clien
         code.delete(client, sid, cid)
 
 
+def test_output_over_the_frame_cap_fails_the_cell_at_once_and_the_next_cell_says_it_restarted(client, sid):
+    """One stream message of 20 MiB is over JMSG_FRAME_MAX (8 MiB): libzmq
+    drops the iopub connection for good, the call fails then (not at its
+    timeout), and the next cell runs on a new kernel and says why."""
+    cid = code.create(client, sid).context_id
+    try:
+        code.run(client, sid, "kept = 1", context_id=cid)
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as e:
+            code.run(client, sid, "print('x' * (20 << 20))", context_id=cid, timeout_seconds=60)
+        assert time.monotonic() - t0 < 10
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "`iopub` connection was dropped" in e.value.details() and "JMSG_FRAME_MAX" in e.value.details()
+        cell = code.run(client, sid, "kept", context_id=cid)
+        assert cell.error is not None and cell.error.name == "NameError"
+        assert cell.end.restarted and "JMSG_FRAME_MAX" in cell.end.message, cell.end.message
+    finally:
+        code.delete(client, sid, cid)
+
+
 ECHO_KERNEL = '''
 from ipykernel.kernelapp import IPKernelApp
 from ipykernel.kernelbase import Kernel

@@ -1,13 +1,14 @@
 """Hostile kernels: a kernelspec whose program speaks ZMQ badly (wrong
 signatures, frames over the gateway's cap, an endless iopub flood, no
-answer at all). Each call ends cleanly with a clear error or a restart,
-the gateway's memory stays bounded, and another sandbox's code runs
-meanwhile."""
+answer at all). Each call ends cleanly with a clear error or a restart
+(a frame over the cap at once, not at a timeout), the gateway's memory
+stays bounded, and another sandbox's code runs meanwhile."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 
 import grpc
 import pytest
@@ -43,7 +44,8 @@ def frames(msg_type, parent, content, good=True):
 def handle(idents, parts):
     header = json.loads(parts[parts.index(b"<IDS|MSG>") + 2])
     if header["msg_type"] == "kernel_info_request":
-        shell.send_multipart(idents + frames("kernel_info_reply", header, {"status": "ok"}))
+        big = {"banner": "b" * (20 << 20)} if mode == "oversized-info" else {}
+        shell.send_multipart(idents + frames("kernel_info_reply", header, {"status": "ok", **big}))
         iopub.send_multipart(frames("status", header, {"execution_state": "idle"}))
     elif header["msg_type"] == "execute_request":
         if mode == "badsig":
@@ -67,7 +69,7 @@ while True:
         handle(parts[:d], parts)
 '''
 
-MODES = ["badsig", "oversized", "flood", "garbage", "silent"]
+MODES = ["badsig", "oversized", "oversized-info", "flood", "garbage", "silent"]
 SPEC_DIR = "/root/.local/share/jupyter/kernels"
 
 
@@ -107,11 +109,43 @@ def test_a_kernel_sending_garbage_fails_the_call_only(client, sid):
     assert "not a Jupyter message" in e.value.details() or "signature" in e.value.details()
 
 
-@pytest.mark.parametrize("mode", ["oversized", "silent"])
-def test_a_kernel_that_never_answers_in_bounds_times_out_and_is_restarted(client, sid, mode):
-    cell = code.run(client, sid, "1", language=f"fake-{mode}", timeout_seconds=2, timeout=60)
+def test_a_kernel_that_never_answers_times_out_and_is_restarted(client, sid):
+    cell = code.run(client, sid, "1", language="fake-silent", timeout_seconds=2, timeout=60)
     assert cell.end.restarted and "did not stop" in cell.end.message
     assert cell.stdout == ""
+
+
+def oversized_refused(e: grpc.RpcError, link: str) -> bool:
+    return (e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and f"`{link}` connection was dropped" in e.details()
+            and "8 MiB cap (JMSG_FRAME_MAX)" in e.details())
+
+
+def test_a_frame_over_the_cap_fails_the_cell_at_once_and_the_next_cell_restarts_the_kernel(client, sid):
+    """libzmq drops the connection of a peer that sends a frame over
+    ZMQ_MAXMSGSIZE without a word; the gateway notices the drop and fails the
+    call then, not at the cell's timeout (60 s here)."""
+    cid = code.create(client, sid, language="fake-oversized").context_id
+    try:
+        for _ in range(2):  # the second cell starts a new kernel first
+            t0 = time.monotonic()
+            with pytest.raises(grpc.RpcError) as e:
+                code.run(client, sid, "1", context_id=cid, timeout_seconds=60, timeout=90)
+            took = time.monotonic() - t0
+            assert oversized_refused(e.value, "iopub"), e.value.details()
+            assert took < 10, took
+        assert cid in [c.context_id for c in code.contexts(client, sid).contexts]
+    finally:
+        code.delete(client, sid, cid)
+
+
+def test_a_frame_over_the_cap_at_start_fails_the_start_at_once(client, sid):
+    t0 = time.monotonic()
+    with pytest.raises(grpc.RpcError) as e:
+        code.create(client, sid, language="fake-oversized-info", timeout=90)
+    took = time.monotonic() - t0
+    assert oversized_refused(e.value, "shell"), e.value.details()
+    assert took < 10, took  # not the start's 60 s (CODE_START_MS)
+    assert [c for c in code.contexts(client, sid).contexts if c.language == "fake-oversized-info"] == []
 
 
 def test_an_endless_iopub_flood_costs_bounded_memory_and_other_sandboxes_run(gwh, client, sid):
