@@ -21,6 +21,15 @@ context_to_proto (const code_info_t *in, Sandbox__V1__CodeContext *out)
   out->is_default = in->is_default;
 }
 
+/* Whether the client left (cancelled, or its deadline passed): what stops a
+ * kernel's start and interrupts a cell (code_cancel_t, code_sink_t). */
+static bool
+call_cancelled (void *vcall)
+{
+  rpc_call_t *call = vcall;
+  return rpc_call_cancelled (call) || rpc_call_deadline_ms_left (call) <= 0;
+}
+
 static int
 reply_context (rpc_call_t *call, const code_info_t *info, err_t *err)
 {
@@ -40,7 +49,8 @@ api_create_context (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   if (api_env_from_context (req->env, req->n_env, &env, err) < 0)
     return -1;
   code_info_t info;
-  int rc = code_create (ctx->rt, req->sandbox_id, req->language, req->cwd, env, &info, err);
+  code_cancel_t cancel = {.cancelled = call_cancelled, .arg = call};
+  int rc = code_create (ctx->rt, req->sandbox_id, req->language, req->cwd, env, &cancel, &info, err);
   api_env_free (env);
   if (rc < 0)
     return -1;
@@ -94,7 +104,8 @@ api_restart_context (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     return -1;
   const Sandbox__V1__RestartContextRequest *req = (const Sandbox__V1__RestartContextRequest *) m;
   code_info_t info;
-  if (code_restart (ctx->rt, req->sandbox_id, req->context_id, &info, err) < 0)
+  code_cancel_t cancel = {.cancelled = call_cancelled, .arg = call};
+  if (code_restart (ctx->rt, req->sandbox_id, req->context_id, &cancel, &info, err) < 0)
     return -1;
   return reply_context (call, &info, err);
 }
@@ -201,13 +212,6 @@ send_event (void *vcall, const code_event_t *ev, err_t *err)
   return rpc_call_send (call, &pb.base, err);
 }
 
-static bool
-run_cancelled (void *vcall)
-{
-  rpc_call_t *call = vcall;
-  return rpc_call_cancelled (call) || rpc_call_deadline_ms_left (call) <= 0;
-}
-
 int
 api_run_code (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
 {
@@ -220,6 +224,6 @@ api_run_code (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
                       .language = req->language,
                       .code = req->code,
                       .timeout_seconds = req->timeout_seconds};
-  code_sink_t sink = {.event = send_event, .cancelled = run_cancelled, .ctx = call};
+  code_sink_t sink = {.event = send_event, .cancelled = call_cancelled, .ctx = call};
   return code_run (ctx->rt, &r, &sink, err);
 }

@@ -218,7 +218,7 @@ ctx_remove (sbx_runtime_t *rt, code_ctx_t *c)
 
 static int
 create_started (sbx_runtime_t *rt, const char *sid, const char *lang, const char *cwd, char *const *env,
-                bool is_default, code_ctx_t **out, err_t *err)
+                bool is_default, const code_cancel_t *cancel, code_ctx_t **out, err_t *err)
 {
   int64_t created;
   if (sandbox_checked (rt, sid, &created, err) < 0)
@@ -227,7 +227,7 @@ create_started (sbx_runtime_t *rt, const char *sid, const char *lang, const char
   if (ctx_new (rt, sid, created, lang, cwd, env, is_default, &c, err) < 0)
     return -1;
   pthread_mutex_lock (&c->run_mu);
-  int rc = code_kernel_start (rt, c, err);
+  int rc = code_kernel_start (rt, c, cancel, err);
   pthread_mutex_unlock (&c->run_mu);
   if (rc < 0)
     {
@@ -241,10 +241,10 @@ create_started (sbx_runtime_t *rt, const char *sid, const char *lang, const char
 
 int
 code_create (sbx_runtime_t *rt, const char *sid, const char *language, const char *cwd, char *const *env,
-             code_info_t *out, err_t *err)
+             const code_cancel_t *cancel, code_info_t *out, err_t *err)
 {
   code_ctx_t *c = NULL;
-  if (create_started (rt, sid, language && language[0] ? language : "python3", cwd, env, false, &c, err) < 0)
+  if (create_started (rt, sid, language && language[0] ? language : "python3", cwd, env, false, cancel, &c, err) < 0)
     return -1;
   *out = c->info;
   code_ctx_unref (c, rt);
@@ -292,14 +292,15 @@ ctx_get (sbx_runtime_t *rt, const char *sid, const char *cid, code_ctx_t **out, 
 }
 
 int
-code_restart (sbx_runtime_t *rt, const char *sid, const char *cid, code_info_t *out, err_t *err)
+code_restart (sbx_runtime_t *rt, const char *sid, const char *cid, const code_cancel_t *cancel, code_info_t *out,
+              err_t *err)
 {
   code_ctx_t *c = NULL;
   if (ctx_get (rt, sid, cid, &c, err) < 0)
     return -1;
   pthread_mutex_lock (&c->run_mu);
   code_kernel_close (rt, c);
-  int rc = code_kernel_start (rt, c, err);
+  int rc = code_kernel_start (rt, c, cancel, err);
   pthread_mutex_unlock (&c->run_mu);
   *out = c->info;
   code_ctx_unref (c, rt);
@@ -351,7 +352,8 @@ code_attach (sbx_runtime_t *rt)
 }
 
 int
-code_ctx_for_run (sbx_runtime_t *rt, const char *sid, const char *cid, const char *lang, code_ctx_t **out, err_t *err)
+code_ctx_for_run (sbx_runtime_t *rt, const char *sid, const char *cid, const char *lang, const code_cancel_t *cancel,
+                  code_ctx_t **out, err_t *err)
 {
   if (cid != NULL && cid[0] != '\0')
     return ctx_get (rt, sid, cid, out, err);
@@ -361,5 +363,5 @@ code_ctx_for_run (sbx_runtime_t *rt, const char *sid, const char *cid, const cha
   *out = ctx_find (sid, "", lang);
   if (*out != NULL)
     return 0;
-  return create_started (rt, sid, lang, NULL, NULL, true, out, err);
+  return create_started (rt, sid, lang, NULL, NULL, true, cancel, out, err);
 }

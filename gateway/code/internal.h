@@ -45,14 +45,17 @@ struct code_ctx_s
 
 /* The context a cell runs in, held (made, with its kernel, for a default
  * one on first use). */
-int code_ctx_for_run (sbx_runtime_t *rt, const char *sid, const char *cid, const char *lang, code_ctx_t **out,
-                      err_t *err);
+int code_ctx_for_run (sbx_runtime_t *rt, const char *sid, const char *cid, const char *lang,
+                      const code_cancel_t *cancel, code_ctx_t **out, err_t *err);
 void code_ctx_unref (code_ctx_t *c, sbx_runtime_t *rt);
 /* How long a dropped connection to the kernel may wait for libzmq's
  * reconnect (or the kernel's exit) before it counts as dropped for good. */
 #define CODE_LINK_GRACE_MS 300
 /* With run_mu held: */
-int code_kernel_start (sbx_runtime_t *rt, code_ctx_t *c, err_t *err);
+/* ECANCELED when `cancel` (may be NULL) says so while it waits: the
+ * kernel is then stopped, restart_reason says so, and the next cell starts
+ * one. */
+int code_kernel_start (sbx_runtime_t *rt, code_ctx_t *c, const code_cancel_t *cancel, err_t *err);
 /* Whether the kernel's shell and iopub connections hold: -1 with *err
  * (EMSGSIZE) once libzmq has dropped one without reconnecting for
  * CODE_LINK_GRACE_MS — what it does to a connection whose peer sent a

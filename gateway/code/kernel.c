@@ -345,10 +345,11 @@ pick_ports (unsigned ports[5])
 
 /* Waits for a message on `sock` answering `parent` of type `type`
  * (other messages are dropped), until `deadline`; checks the kernel's exit,
- * its connections and the context's closing. */
+ * its connections, the context's closing and the caller's cancellation
+ * (`cancel`, may be NULL). */
 static int
 await_reply (sbx_runtime_t *rt, code_ctx_t *c, void *sock, const char *parent, const char *type, int64_t deadline,
-             jmsg_t *out, err_t *err)
+             const code_cancel_t *cancel, jmsg_t *out, err_t *err)
 {
   for (;;)
     {
@@ -357,6 +358,8 @@ await_reply (sbx_runtime_t *rt, code_ctx_t *c, void *sock, const char *parent, c
         return err_make (err, ETIMEDOUT, "the kernel did not answer `%s` in time", type);
       if (atomic_load (&c->closing))
         return err_make (err, ECANCELED, "the context is being deleted");
+      if (cancel != NULL && cancel->cancelled (cancel->arg))
+        return err_make (err, ECANCELED, "the call was cancelled while the kernel started; it was stopped");
       if (code_kernel_exited (rt, c))
         return err_make (err, EIO, "%s", c->restart_reason);
       if (code_kernel_links (c, err) < 0)
@@ -386,7 +389,7 @@ await_reply (sbx_runtime_t *rt, code_ctx_t *c, void *sock, const char *parent, c
  * that the first cell's output is not lost (a SUB socket sees only what is
  * published after its subscription reached the kernel). */
 static int
-await_iopub (sbx_runtime_t *rt, code_ctx_t *c, int64_t deadline, err_t *err)
+await_iopub (sbx_runtime_t *rt, code_ctx_t *c, int64_t deadline, const code_cancel_t *cancel, err_t *err)
 {
   for (;;)
     {
@@ -397,14 +400,14 @@ await_iopub (sbx_runtime_t *rt, code_ctx_t *c, int64_t deadline, err_t *err)
       if (rc < 0)
         return -1;
       jmsg_t m = {0};
-      if (await_reply (rt, c, c->shell, id, "kernel_info_reply", deadline, &m, err) < 0)
+      if (await_reply (rt, c, c->shell, id, "kernel_info_reply", deadline, cancel, &m, err) < 0)
         return -1;
       jmsg_clear (&m);
       int64_t until = code_mono_ms () + 500;
       if (until > deadline)
         until = deadline;
       err_t e = ERR_INIT;
-      rc = await_reply (rt, c, c->iopub, id, "status", until, &m, &e);
+      rc = await_reply (rt, c, c->iopub, id, "status", until, cancel, &m, &e);
       if (rc == 0)
         {
           jmsg_clear (&m);
@@ -422,7 +425,7 @@ await_iopub (sbx_runtime_t *rt, code_ctx_t *c, int64_t deadline, err_t *err)
 /* One try at starting c's kernel on fresh ports (run_mu held; none
  * running). */
 static int
-kernel_start_once (sbx_runtime_t *rt, code_ctx_t *c, err_t *err)
+kernel_start_once (sbx_runtime_t *rt, code_ctx_t *c, const code_cancel_t *cancel, err_t *err)
 {
   code_spec_t spec = {0};
   if (code_spec_load (rt, c->sid, c->info.language, &spec, err) < 0)
@@ -446,6 +449,8 @@ kernel_start_once (sbx_runtime_t *rt, code_ctx_t *c, err_t *err)
     rc = kernel_argv (&spec, conn, &argv, err);
   if (rc == 0)
     rc = code_env_merge (spec.env, c->env, &env, err);
+  if (rc == 0 && cancel != NULL && cancel->cancelled (cancel->arg))
+    rc = err_make (err, ECANCELED, "the call was cancelled before the kernel started");
   if (rc == 0)
     {
       sbx_exec_req_t req
@@ -460,7 +465,7 @@ kernel_start_once (sbx_runtime_t *rt, code_ctx_t *c, err_t *err)
   if (rc == 0 && j.error != 0)
     rc = err_make_sys (err, j.error, "ZMQ sockets to the kernel");
   if (rc == 0)
-    rc = await_iopub (rt, c, code_mono_ms () + CODE_START_MS, err);
+    rc = await_iopub (rt, c, code_mono_ms () + CODE_START_MS, cancel, err);
   if (rc < 0)
     code_kernel_close (rt, c);
   return rc;
@@ -468,19 +473,23 @@ kernel_start_once (sbx_runtime_t *rt, code_ctx_t *c, err_t *err)
 
 /* Starts c's kernel (run_mu held; none running): again on other ports when
  * the kernel exited because one of its ports was taken, KERNEL_START_TRIES
- * tries in all. */
+ * tries in all. A start the caller cancelled stops at once, within
+ * CODE_POLL_MS of the cancel: the kernel is killed and its sockets and
+ * threads closed. */
 #define KERNEL_START_TRIES 3
 int
-code_kernel_start (sbx_runtime_t *rt, code_ctx_t *c, err_t *err)
+code_kernel_start (sbx_runtime_t *rt, code_ctx_t *c, const code_cancel_t *cancel, err_t *err)
 {
   for (int i = 1;; i++)
     {
       err_t e = ERR_INIT;
-      if (kernel_start_once (rt, c, &e) == 0)
+      if (kernel_start_once (rt, c, cancel, &e) == 0)
         return 0;
       if (i == KERNEL_START_TRIES || e.status != EIO || e.msg == NULL
           || strstr (e.msg, "Address already in use") == NULL)
         {
+          if (e.status == ECANCELED)
+            snprintf (c->restart_reason, sizeof c->restart_reason, "the kernel's last start was cancelled");
           *err = e;
           return err_wrap (err, "start kernel `%s`", c->info.language);
         }

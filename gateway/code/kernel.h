@@ -58,17 +58,30 @@ typedef struct code_info_s
   bool is_default;
 } code_info_t;
 
+/* How a call that waits (a kernel's start) learns its caller left: NULL,
+ * or `cancelled` asked every CODE_POLL_MS with `arg`. */
+typedef struct code_cancel_s
+{
+  bool (*cancelled) (void *arg);
+  void *arg;
+} code_cancel_t;
+
 /* Starts a context in sandbox `sid`: its kernel is ready on return.
  * ENOENT no sandbox or no kernelspec `language`, EAGAIN
- * SANDBOX_MAX_CONTEXTS, EINVAL bad language, cwd or env. */
+ * SANDBOX_MAX_CONTEXTS, EINVAL bad language, cwd or env, ECANCELED
+ * `cancel` said so while the kernel started (it is then stopped and the
+ * context dropped). `cancel` may be NULL. */
 int code_create (sbx_runtime_t *rt, const char *sid, const char *language, const char *cwd, char *const *env,
-                 code_info_t *out, err_t *err);
+                 const code_cancel_t *cancel, code_info_t *out, err_t *err);
 /* The contexts of sandbox `sid` (*out freed by the caller), and the names
  * of the kernelspecs its image has (each and the array freed by the
  * caller). */
 int code_list (sbx_runtime_t *rt, const char *sid, code_info_t **out, size_t *n, char ***languages, size_t *n_lang,
                err_t *err);
-int code_restart (sbx_runtime_t *rt, const char *sid, const char *cid, code_info_t *out, err_t *err);
+/* ECANCELED as code_create's (the context stays, without a kernel: its
+ * next cell starts one). */
+int code_restart (sbx_runtime_t *rt, const char *sid, const char *cid, const code_cancel_t *cancel, code_info_t *out,
+                  err_t *err);
 int code_delete (sbx_runtime_t *rt, const char *sid, const char *cid, err_t *err);
 /* Has the runtime tell the code layer of every sandbox that ends (its end
  * hook: deleted for any reason, expired, or dead), so that its contexts,
@@ -140,7 +153,9 @@ typedef struct code_run_req_s
 
 /* Runs a cell, its events to `sink`, END last. 0 when the cell ran (errors
  * of the code itself are events), -1 with *err when it could not (ENOENT,
- * EPROTO a kernel that broke the protocol, ECANCELED). */
+ * EPROTO a kernel that broke the protocol, EMSGSIZE one whose frame was
+ * over JMSG_FRAME_MAX, ECANCELED the caller left: also while a kernel for
+ * the cell started, which then stops within CODE_POLL_MS). */
 int code_run (sbx_runtime_t *rt, const code_run_req_t *req, const code_sink_t *sink, err_t *err);
 
 #endif

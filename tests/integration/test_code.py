@@ -21,7 +21,7 @@ import pytest
 
 from tests.lib import code
 from tests.lib.client import LAUNCH_TIMEOUT_S, new_id, pb, sandbox_client
-from tests.lib.gateway import holder_pids, running_gateway
+from tests.lib.gateway import commands_in, holder_pids, running_gateway
 from tests.lib.procs import wait_until
 from tests.lib.shim import running_shim
 
@@ -161,6 +161,28 @@ def test_a_cell_ignoring_sigint_past_its_timeout_restarts_the_kernel(client, sid
         code.delete(client, sid, cid)
 
 
+def test_a_cancelled_cell_ignoring_sigint_stops_its_kernel_and_the_next_cell_starts_one(gwc, client, sid):
+    """Nobody waits for a new kernel after a cancel: the one that did not
+    stop is stopped, and the next cell starts a fresh one and says why."""
+    cid = code.create(client, sid).context_id
+    try:
+        code.run(client, sid, "kept = 1", context_id=cid)
+        threads = zmq_threads(gwc.pid)
+        call = code.run_call(client, sid, "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                             "time.sleep(100)", context_id=cid)
+        threading.Timer(1.0, call.cancel).start()
+        with pytest.raises(grpc.RpcError) as e:
+            list(call)
+        assert e.value.code() == grpc.StatusCode.CANCELLED
+        # CODE_INTERRUPT_GRACE_MS (3 s) after the interrupt, the kernel goes.
+        assert wait_until(lambda: zmq_threads(gwc.pid) == threads - 2, 8, interval=0.1)
+        cell = code.run(client, sid, "kept", context_id=cid)
+        assert cell.error.name == "NameError" and cell.end.restarted
+        assert "did not stop" in cell.end.message, cell.end.message
+    finally:
+        code.delete(client, sid, cid)
+
+
 def test_a_kernel_killed_by_the_memory_limit_is_a_clear_error_and_restarts(client, sid):
     cid = code.create(client, sid).context_id
     try:
@@ -277,6 +299,37 @@ def test_a_kernel_that_exits_at_start_is_named_with_its_last_words(client, sid):
     assert e.value.code() == grpc.StatusCode.INTERNAL
     assert "exited with status 3: ImportError: no module named nothing_here" in e.value.details()
     assert [c for c in code.contexts(client, sid).contexts if c.language == "dies"] == []
+
+
+@pytest.mark.parametrize("call", ["CreateContext", "RunCode"])
+def test_cancelling_a_call_while_its_kernel_starts_stops_the_start(gwc, client, sid, call):
+    """A kernel that never answers (a copy of sleep, one process): the call
+    is cancelled after 1 s of its start (CODE_START_MS is 60 s); the gateway
+    stops the start within a couple of seconds — the kernel killed, its ZMQ
+    threads gone, no context left — and the sandbox's code runs after."""
+    client.exec(sid, ["cp", "/bin/sleep", "/root/slow-kernel"])
+    _spec(client, sid, "slow", ["/root/slow-kernel", "300"])
+    client.ids()
+    threads = zmq_threads(gwc.pid)
+    if call == "CreateContext":
+        rpc = client.stub.CreateContext.future(pb.CreateContextRequest(sandbox_id=sid, language="slow"),
+                                               metadata=client.md, timeout=120)
+    else:
+        rpc = code.run_call(client, sid, "1", language="slow")
+    try:
+        assert wait_until(lambda: "slow-kernel" in commands_in(gwc, sid), 10, interval=0.1), commands_in(gwc, sid)
+        time.sleep(1)
+        assert zmq_threads(gwc.pid) == threads + 2  # the start is under way
+        rpc.cancel()
+        t0 = time.monotonic()
+        assert wait_until(lambda: "slow-kernel" not in commands_in(gwc, sid) and zmq_threads(gwc.pid) == threads,
+                          10, interval=0.05), (commands_in(gwc, sid), zmq_threads(gwc.pid), threads)
+        took = time.monotonic() - t0
+        assert took < 2, took
+    finally:
+        rpc.cancel()
+    assert [c for c in code.contexts(client, sid).contexts if c.language == "slow"] == []
+    assert code.run(client, sid, "6 * 7").main.text == "42"
 
 
 def test_unknown_language_is_not_found(client, sid):
