@@ -58,8 +58,9 @@ unlink_locked (code_ctx_t *c)
       }
 }
 
-/* Unlinks *pp from the registry (reg_mu held), marks it removed and
- * closing, and pushes it on *dead to be released after the lock. */
+/* Unlinks *pp, whose sandbox has ended, from the registry (reg_mu held),
+ * marks it removed, closing and its sandbox ended, and pushes it on *dead
+ * to be released after the lock. */
 static void
 take_locked (code_ctx_t **pp, code_ctx_t **dead)
 {
@@ -67,6 +68,7 @@ take_locked (code_ctx_t **pp, code_ctx_t **dead)
   *pp = c->next;
   c->removed = true;
   atomic_store (&c->closing, true);
+  atomic_store (&c->sandbox_ended, true);
   c->next = *dead;
   *dead = c;
 }

@@ -28,7 +28,8 @@ struct code_ctx_s
   code_info_t info;
   char **env; /* the caller's, "K=V", NULL-terminated */
   atomic_bool closing;
-  pthread_mutex_t run_mu; /* one user of the kernel at a time */
+  atomic_bool sandbox_ended; /* its sandbox is gone or dead: nothing is done inside it any more */
+  pthread_mutex_t run_mu;    /* one user of the kernel at a time */
   /* The kernel (run_mu). */
   sbx_proc_t *proc;
   void *zctx, *shell, *control, *iopub;
@@ -41,6 +42,10 @@ struct code_ctx_s
   char session[37];
   bool interrupt_message;   /* interrupt_mode "message" */
   char restart_reason[400]; /* why the last kernel died, "" */
+  /* The kernel's connection file (it holds the key) is in the sandbox:
+   * removed once the kernel answers, else when the kernel is closed. */
+  bool conn_file_present;
+  char conn_file[128];
 };
 
 /* The context a cell runs in, held (made, with its kernel, for a default
@@ -87,6 +92,8 @@ void code_spec_free (code_spec_t *s);
 int code_list_languages (sbx_runtime_t *rt, const char *sid, char ***out, size_t *n, err_t *err);
 /* Writes `data` to sandbox file `path` (mode 0600, parents made). */
 int code_sandbox_write (sbx_runtime_t *rt, const char *sid, const char *path, const char *data, err_t *err);
+/* Removes sandbox file `path` (ENOENT when it is not there). */
+int code_sandbox_remove (sbx_runtime_t *rt, const char *sid, const char *path, err_t *err);
 /* Whether `s` is a language or file name: [A-Za-z0-9._-], not starting
  * with '.', 1..max bytes. */
 bool code_name_valid (const char *s, size_t max);

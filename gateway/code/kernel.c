@@ -16,6 +16,7 @@
 #include <zmq.h>
 
 #include "common/cleanup.h"
+#include "common/log.h"
 #include "gateway/code/internal.h"
 
 /* How long a new kernel may take to answer kernel_info. */
@@ -132,6 +133,22 @@ zjob_main (void *arg)
     }
 }
 
+/* Removes the kernel's connection file from the sandbox, if it is there
+ * and the sandbox has not ended (best effort: a failure is logged). */
+static void
+conn_file_remove (sbx_runtime_t *rt, code_ctx_t *c)
+{
+  if (!c->conn_file_present)
+    return;
+  c->conn_file_present = false;
+  if (atomic_load (&c->sandbox_ended))
+    return;
+  err_t e = ERR_INIT;
+  if (code_sandbox_remove (rt, c->sid, c->conn_file, &e) < 0 && e.status == ENOENT)
+    err_release (&e);
+  err_warn_release (&e, "remove the connection file `%s` of context `%s`", c->conn_file, c->info.id);
+}
+
 void
 code_kernel_close (sbx_runtime_t *rt, code_ctx_t *c)
 {
@@ -143,6 +160,7 @@ code_kernel_close (sbx_runtime_t *rt, code_ctx_t *c)
       sbx_proc_put (rt, c->proc);
       c->proc = NULL;
     }
+  conn_file_remove (rt, c);
   void **socks[] = {&c->shell, &c->control, &c->iopub, &c->link_mon[0], &c->link_mon[1]};
   for (size_t i = 0; i < sizeof socks / sizeof socks[0]; i++)
     if (*socks[i] != NULL)
@@ -438,15 +456,15 @@ kernel_start_once (sbx_runtime_t *rt, code_ctx_t *c, const code_cancel_t *cancel
   c->restart_reason[0] = '\0';
   zjob_t j = {.c = c};
   pick_ports (j.ports);
-  char conn[128];
-  snprintf (conn, sizeof conn, CONN_DIR "/kernel-%s.json", c->info.id);
+  snprintf (c->conn_file, sizeof c->conn_file, CONN_DIR "/kernel-%s.json", c->info.id);
   cleanup_free char *cj = connection_json (c, j.ports);
   char **argv = NULL, **env = NULL;
   int rc = cj == NULL ? err_make (err, ENOMEM, "connection file: out of memory") : 0;
   if (rc == 0)
-    rc = code_sandbox_write (rt, c->sid, conn, cj, err);
+    rc = code_sandbox_write (rt, c->sid, c->conn_file, cj, err);
+  c->conn_file_present = true; /* even after a failed write: a part may be there */
   if (rc == 0)
-    rc = kernel_argv (&spec, conn, &argv, err);
+    rc = kernel_argv (&spec, c->conn_file, &argv, err);
   if (rc == 0)
     rc = code_env_merge (spec.env, c->env, &env, err);
   if (rc == 0 && cancel != NULL && cancel->cancelled (cancel->arg))
@@ -468,6 +486,10 @@ kernel_start_once (sbx_runtime_t *rt, code_ctx_t *c, const code_cancel_t *cancel
     rc = await_iopub (rt, c, code_mono_ms () + CODE_START_MS, cancel, err);
   if (rc < 0)
     code_kernel_close (rt, c);
+  else
+    /* The kernel has read it and bound its ports: the key need not stay
+     * where any process of the sandbox can read it. */
+    conn_file_remove (rt, c);
   return rc;
 }
 

@@ -299,6 +299,7 @@ def test_a_kernel_that_exits_at_start_is_named_with_its_last_words(client, sid):
     assert e.value.code() == grpc.StatusCode.INTERNAL
     assert "exited with status 3: ImportError: no module named nothing_here" in e.value.details()
     assert [c for c in code.contexts(client, sid).contexts if c.language == "dies"] == []
+    assert connection_files(client, sid) == []  # a failed start removes it too
 
 
 @pytest.mark.parametrize("call", ["CreateContext", "RunCode"])
@@ -329,7 +330,33 @@ def test_cancelling_a_call_while_its_kernel_starts_stops_the_start(gwc, client, 
     finally:
         rpc.cancel()
     assert [c for c in code.contexts(client, sid).contexts if c.language == "slow"] == []
+    assert connection_files(client, sid) == []
     assert code.run(client, sid, "6 * 7").main.text == "42"
+
+
+KERNELS_DIR = "/tmp/.sandbox-kernels"
+
+
+def connection_files(client, sid) -> list[str]:
+    """The connection files in the sandbox (each holds its kernel's key)."""
+    return client.sh_out(sid, f"ls -A {KERNELS_DIR} 2>/dev/null || true").split()
+
+
+def test_the_connection_file_is_gone_once_the_kernel_answers(client, sid):
+    """The kernel reads its connection file (ports and HMAC key) at start;
+    once it answers, the gateway removes it: the key is not left where any
+    process of the sandbox can read it."""
+    cid = code.create(client, sid).context_id
+    try:
+        cell = code.run(client, sid, "import os, sys\nf = sys.argv[sys.argv.index('-f') + 1]\n"
+                        "(os.path.basename(f), os.path.exists(f))", context_id=cid)
+        assert cell.main.text == f"('kernel-{cid}.json', False)", cell.events
+        assert connection_files(client, sid) == []
+        code.restart(client, sid, cid)
+        assert connection_files(client, sid) == []
+        assert code.run(client, sid, "1 + 2", context_id=cid).main.text == "3"
+    finally:
+        code.delete(client, sid, cid)
 
 
 def test_unknown_language_is_not_found(client, sid):
