@@ -151,7 +151,7 @@ send_result (rpc_call_t *call, const code_event_t *ev, err_t *err)
   Sandbox__V1__CodeEvent pb = SANDBOX__V1__CODE_EVENT__INIT;
   pb.event_case = SANDBOX__V1__CODE_EVENT__EVENT_RESULT;
   pb.result = &r;
-  int rc = rpc_call_send (call, &pb.base, err);
+  int rc = rpc_call_send_start (call, &pb.base, err);
   for (int i = 0; i < CODE_MIME_N; i++)
     free (owned[i]);
   return rc;
@@ -175,7 +175,7 @@ send_error (rpc_call_t *call, const code_event_t *ev, err_t *err)
   Sandbox__V1__CodeEvent pb = SANDBOX__V1__CODE_EVENT__INIT;
   pb.event_case = SANDBOX__V1__CODE_EVENT__EVENT_ERROR;
   pb.error = &e;
-  int rc = rpc_call_send (call, &pb.base, err);
+  int rc = rpc_call_send_start (call, &pb.base, err);
   for (size_t i = 0; i < ev->n_traceback; i++)
     free (owned[i]);
   return rc;
@@ -209,7 +209,15 @@ send_event (void *vcall, const code_event_t *ev, err_t *err)
       pb.end = &end;
       break;
     }
-  return rpc_call_send (call, &pb.base, err);
+  return rpc_call_send_start (call, &pb.base, err);
+}
+
+/* Whether the client has taken the last event (one is under way at a
+ * time: rpc_call_send_start). */
+static int
+event_taken (void *vcall, int wait_ms, err_t *err)
+{
+  return rpc_call_send_wait_for (vcall, wait_ms, err);
 }
 
 int
@@ -224,6 +232,6 @@ api_run_code (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
                       .language = req->language,
                       .code = req->code,
                       .timeout_seconds = req->timeout_seconds};
-  code_sink_t sink = {.event = send_event, .cancelled = call_cancelled, .ctx = call};
+  code_sink_t sink = {.event = send_event, .ready = event_taken, .cancelled = call_cancelled, .ctx = call};
   return code_run (ctx->rt, &r, &sink, err);
 }

@@ -136,8 +136,14 @@ typedef struct code_event_s
 
 typedef struct code_sink_s
 {
-  /* -1: the consumer is gone (the cell is then interrupted). */
+  /* -1: the consumer is gone (the cell is then interrupted). It may keep
+   * the event under way after it returns (its data copied). */
   int (*event) (void *ctx, const code_event_t *ev, err_t *err);
+  /* Whether the consumer has taken the last event, waiting up to
+   * `wait_ms`: 1 yes, 0 not yet (the cell reads nothing more from the
+   * kernel meanwhile, but its timeout, cancellation and the kernel's exit
+   * still act), -1 gone. NULL: event returns only once it is taken. */
+  int (*ready) (void *ctx, int wait_ms, err_t *err);
   bool (*cancelled) (void *ctx);
   void *ctx;
 } code_sink_t;

@@ -180,7 +180,25 @@ interrupt (cell_t *cl)
   err_warn_release (&e, "interrupt the kernel of `%s`", c->info.id);
 }
 
-/* Reads what is there on shell and iopub. */
+/* Whether the consumer has taken the last event (waiting up to
+ * CODE_POLL_MS): while it has not, nothing more is read from the kernel,
+ * whose messages wait in their bounded queues (CODE_QUEUE_MAX). */
+static bool
+consumer_ready (cell_t *cl)
+{
+  if (cl->gone || cl->sink->ready == NULL)
+    return true;
+  err_t e = ERR_INIT;
+  int r = cl->sink->ready (cl->sink->ctx, CODE_POLL_MS, &e);
+  if (r < 0)
+    {
+      cl->gone = true;
+      err_release (&e);
+    }
+  return r != 0;
+}
+
+/* Reads what is there on shell and iopub: at most one event. */
 static int
 drain (cell_t *cl, err_t *err)
 {
@@ -286,6 +304,8 @@ cell_run (cell_t *cl, const code_run_req_t *req, outcome_t *o, err_t *err)
           code_kernel_close (cl->rt, c);
           return -1;
         }
+      if (!consumer_ready (cl))
+        continue;
       if (drain (cl, err) < 0)
         return -1;
     }
@@ -327,6 +347,9 @@ code_run (sbx_runtime_t *rt, const code_run_req_t *req, const code_sink_t *sink,
                 before, m[0] ? "; " : "", m);
       o.restarted = true;
     }
+  /* The last events go once the context is free: a consumer that does not
+   * read holds up its own call only. */
+  pthread_mutex_unlock (&c->run_mu);
   if (rc == 0 && o.died)
     {
       code_event_t ev = {.kind = CODE_EV_ERROR, .ename = "KernelDied", .evalue = o.message};
@@ -343,7 +366,6 @@ code_run (sbx_runtime_t *rt, const code_run_req_t *req, const code_sink_t *sink,
                          .message = o.message};
       rc = sink->event (sink->ctx, &ev, err);
     }
-  pthread_mutex_unlock (&c->run_mu);
   code_ctx_unref (c, rt);
   return rc;
 }
