@@ -31,6 +31,7 @@
 #include "gateway/api/api.h"
 #include "gateway/api/health.h"
 #include "gateway/api/reflection.h"
+#include "gateway/code/kernel.h"
 #include "gateway/config.h"
 #include "gateway/runtime/runtime.h"
 #include "gateway/snapshot/drain.h"
@@ -173,6 +174,8 @@ start (gateway_t *g, err_t *err)
   if (gcs_tokens_new (c->gcs_credentials, c->gcs_metadata_host, &g->google, &gerr) < 0)
     err_warn_release (&gerr, "SANDBOX_REGISTRY_GOOGLE_HOSTS: no Google credentials (their registries are pulled "
                              "anonymously)");
+  /* A sandbox's code contexts end with it, however it ends. */
+  code_attach (g->rt);
   img_cache_opts_t io = {.state_dir = c->state_dir,
                          .auth_file = c->registry_auth_file,
                          .insecure_registries = c->insecure_registries,

@@ -337,12 +337,10 @@ rpc_call_send_raw (rpc_call_t *c, grpc_slice *slices, size_t n, err_t *err)
   return bb == NULL ? -1 : send_buffer (c, bb, err);
 }
 
-int
-rpc_call_send_raw_start (rpc_call_t *c, grpc_slice *slices, size_t n, err_t *err)
+/* Starts sending `bb` (always taken over) once the previous send is done. */
+static int
+start_buffer (rpc_call_t *c, grpc_byte_buffer *bb, err_t *err)
 {
-  grpc_byte_buffer *bb = raw_buffer (c, slices, n, err);
-  if (bb == NULL)
-    return -1;
   if (rpc_call_send_wait (c, err) < 0)
     {
       grpc_byte_buffer_destroy (bb);
@@ -359,6 +357,25 @@ rpc_call_send_raw_start (rpc_call_t *c, grpc_slice *slices, size_t n, err_t *err
   c->send_bb = bb;
   c->sending = true;
   return 0;
+}
+
+int
+rpc_call_send_raw_start (rpc_call_t *c, grpc_slice *slices, size_t n, err_t *err)
+{
+  grpc_byte_buffer *bb = raw_buffer (c, slices, n, err);
+  return bb == NULL ? -1 : start_buffer (c, bb, err);
+}
+
+int
+rpc_call_send_start (rpc_call_t *c, const ProtobufCMessage *msg, err_t *err)
+{
+  rpc_call_first_message_done (c);
+  if (c->finished || c->peer_gone)
+    return err_make (err, ECANCELED, "%s: the call has ended", c->path);
+  grpc_byte_buffer *bb = NULL;
+  if (rpc_pack (msg, c->server->max_message, &bb, err) < 0)
+    return -1;
+  return start_buffer (c, bb, err);
 }
 
 int

@@ -300,6 +300,9 @@ int rpc_call_send_raw (rpc_call_t *call, grpc_slice *slices, size_t n, err_t *er
  * first waits until the transport has taken the previous one (its failure
  * is this call's). */
 int rpc_call_send_raw_start (rpc_call_t *call, grpc_slice *slices, size_t n, err_t *err);
+/* rpc_call_send without waiting, as rpc_call_send_raw_start: `msg` is
+ * packed (copied) before it returns. */
+int rpc_call_send_start (rpc_call_t *call, const ProtobufCMessage *msg, err_t *err);
 
 /* Waits until the transport has taken the message of the last
  * rpc_call_send_raw_start: 0, or -1 with ECANCELED when the client has

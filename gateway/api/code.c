@@ -21,6 +21,15 @@ context_to_proto (const code_info_t *in, Sandbox__V1__CodeContext *out)
   out->is_default = in->is_default;
 }
 
+/* Whether the client left (cancelled, or its deadline passed): what stops a
+ * kernel's start and interrupts a cell (code_cancel_t, code_sink_t). */
+static bool
+call_cancelled (void *vcall)
+{
+  rpc_call_t *call = vcall;
+  return rpc_call_cancelled (call) || rpc_call_deadline_ms_left (call) <= 0;
+}
+
 static int
 reply_context (rpc_call_t *call, const code_info_t *info, err_t *err)
 {
@@ -40,7 +49,8 @@ api_create_context (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   if (api_env_from_context (req->env, req->n_env, &env, err) < 0)
     return -1;
   code_info_t info;
-  int rc = code_create (ctx->rt, req->sandbox_id, req->language, req->cwd, env, &info, err);
+  code_cancel_t cancel = {.cancelled = call_cancelled, .arg = call};
+  int rc = code_create (ctx->rt, req->sandbox_id, req->language, req->cwd, env, &cancel, &info, err);
   api_env_free (env);
   if (rc < 0)
     return -1;
@@ -94,7 +104,8 @@ api_restart_context (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     return -1;
   const Sandbox__V1__RestartContextRequest *req = (const Sandbox__V1__RestartContextRequest *) m;
   code_info_t info;
-  if (code_restart (ctx->rt, req->sandbox_id, req->context_id, &info, err) < 0)
+  code_cancel_t cancel = {.cancelled = call_cancelled, .arg = call};
+  if (code_restart (ctx->rt, req->sandbox_id, req->context_id, &cancel, &info, err) < 0)
     return -1;
   return reply_context (call, &info, err);
 }
@@ -140,7 +151,7 @@ send_result (rpc_call_t *call, const code_event_t *ev, err_t *err)
   Sandbox__V1__CodeEvent pb = SANDBOX__V1__CODE_EVENT__INIT;
   pb.event_case = SANDBOX__V1__CODE_EVENT__EVENT_RESULT;
   pb.result = &r;
-  int rc = rpc_call_send (call, &pb.base, err);
+  int rc = rpc_call_send_start (call, &pb.base, err);
   for (int i = 0; i < CODE_MIME_N; i++)
     free (owned[i]);
   return rc;
@@ -164,7 +175,7 @@ send_error (rpc_call_t *call, const code_event_t *ev, err_t *err)
   Sandbox__V1__CodeEvent pb = SANDBOX__V1__CODE_EVENT__INIT;
   pb.event_case = SANDBOX__V1__CODE_EVENT__EVENT_ERROR;
   pb.error = &e;
-  int rc = rpc_call_send (call, &pb.base, err);
+  int rc = rpc_call_send_start (call, &pb.base, err);
   for (size_t i = 0; i < ev->n_traceback; i++)
     free (owned[i]);
   return rc;
@@ -198,14 +209,15 @@ send_event (void *vcall, const code_event_t *ev, err_t *err)
       pb.end = &end;
       break;
     }
-  return rpc_call_send (call, &pb.base, err);
+  return rpc_call_send_start (call, &pb.base, err);
 }
 
-static bool
-run_cancelled (void *vcall)
+/* Whether the client has taken the last event (one is under way at a
+ * time: rpc_call_send_start). */
+static int
+event_taken (void *vcall, int wait_ms, err_t *err)
 {
-  rpc_call_t *call = vcall;
-  return rpc_call_cancelled (call) || rpc_call_deadline_ms_left (call) <= 0;
+  return rpc_call_send_wait_for (vcall, wait_ms, err);
 }
 
 int
@@ -220,6 +232,6 @@ api_run_code (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
                       .language = req->language,
                       .code = req->code,
                       .timeout_seconds = req->timeout_seconds};
-  code_sink_t sink = {.event = send_event, .cancelled = run_cancelled, .ctx = call};
+  code_sink_t sink = {.event = send_event, .ready = event_taken, .cancelled = call_cancelled, .ctx = call};
   return code_run (ctx->rt, &r, &sink, err);
 }

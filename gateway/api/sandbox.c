@@ -9,7 +9,6 @@
 #include "common/labels.h"
 #include "common/log.h"
 #include "gateway/api/internal.h"
-#include "gateway/code/kernel.h"
 #include "gateway/snapshot/session.h"
 
 int
@@ -106,7 +105,6 @@ api_delete (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     return -1;
   Sandbox__V1__DeleteRequest *req = (Sandbox__V1__DeleteRequest *) m;
   int rc = sbx_delete (ctx->rt, req->sandbox_id, err);
-  code_forget_sandbox (ctx->rt, req->sandbox_id);
   bool snapshot_deleted = false;
   if (req->delete_snapshot && (rc == 0 || err->status == ENOENT))
     {

@@ -1,6 +1,7 @@
 /* code/contexts: the registry of code contexts — made, found, counted
  * against SANDBOX_MAX_CONTEXTS and SANDBOX_MAX_CONTEXTS_TOTAL, listed,
- * restarted, deleted, and dropped with their sandbox — and the public
+ * restarted, deleted, and dropped with their sandbox (the runtime's end
+ * hook) — and the public
  * calls of kernel.h that act on contexts. The kernels themselves are
  * kernel.c's. Threading: any thread; reg_mu guards the list and the
  * reference counts and is never held across I/O; a context's run_mu is
@@ -57,8 +58,9 @@ unlink_locked (code_ctx_t *c)
       }
 }
 
-/* Unlinks *pp from the registry (reg_mu held), marks it removed and
- * closing, and pushes it on *dead to be released after the lock. */
+/* Unlinks *pp, whose sandbox has ended, from the registry (reg_mu held),
+ * marks it removed, closing and its sandbox ended, and pushes it on *dead
+ * to be released after the lock. */
 static void
 take_locked (code_ctx_t **pp, code_ctx_t **dead)
 {
@@ -66,6 +68,7 @@ take_locked (code_ctx_t **pp, code_ctx_t **dead)
   *pp = c->next;
   c->removed = true;
   atomic_store (&c->closing, true);
+  atomic_store (&c->sandbox_ended, true);
   c->next = *dead;
   *dead = c;
 }
@@ -96,38 +99,6 @@ release_list (code_ctx_t *dead, sbx_runtime_t *rt)
       code_ctx_unref (dead, rt);
       dead = n;
     }
-}
-
-/* Drops the contexts of sandboxes that are gone without a Delete (the
- * idle reaper), so that their ZMQ threads do not wait for the id's next
- * use. sbx_list renews no idle timer. Best effort. */
-static void
-sweep_gone (sbx_runtime_t *rt)
-{
-  sbx_info_t *all = NULL;
-  size_t n = 0;
-  err_t e = ERR_INIT;
-  if (sbx_list (rt, &all, &n, &e) < 0)
-    {
-      err_release (&e);
-      return;
-    }
-  code_ctx_t *dead = NULL;
-  pthread_mutex_lock (&reg_mu);
-  for (code_ctx_t **pp = &reg_head; *pp != NULL;)
-    {
-      code_ctx_t *c = *pp;
-      bool live = false;
-      for (size_t i = 0; i < n && !live; i++)
-        live = strcmp (all[i].id, c->sid) == 0 && all[i].created_ms == c->sbx_created_ms;
-      if (!live)
-        take_locked (pp, &dead);
-      else
-        pp = &c->next;
-    }
-  pthread_mutex_unlock (&reg_mu);
-  free (all);
-  release_list (dead, rt);
 }
 
 /* The sandbox (renewing its idle timer), stale contexts dropped. */
@@ -249,17 +220,16 @@ ctx_remove (sbx_runtime_t *rt, code_ctx_t *c)
 
 static int
 create_started (sbx_runtime_t *rt, const char *sid, const char *lang, const char *cwd, char *const *env,
-                bool is_default, code_ctx_t **out, err_t *err)
+                bool is_default, const code_cancel_t *cancel, code_ctx_t **out, err_t *err)
 {
   int64_t created;
   if (sandbox_checked (rt, sid, &created, err) < 0)
     return -1;
-  sweep_gone (rt);
   code_ctx_t *c = NULL;
   if (ctx_new (rt, sid, created, lang, cwd, env, is_default, &c, err) < 0)
     return -1;
   pthread_mutex_lock (&c->run_mu);
-  int rc = code_kernel_start (rt, c, err);
+  int rc = code_kernel_start (rt, c, cancel, err);
   pthread_mutex_unlock (&c->run_mu);
   if (rc < 0)
     {
@@ -273,10 +243,10 @@ create_started (sbx_runtime_t *rt, const char *sid, const char *lang, const char
 
 int
 code_create (sbx_runtime_t *rt, const char *sid, const char *language, const char *cwd, char *const *env,
-             code_info_t *out, err_t *err)
+             const code_cancel_t *cancel, code_info_t *out, err_t *err)
 {
   code_ctx_t *c = NULL;
-  if (create_started (rt, sid, language && language[0] ? language : "python3", cwd, env, false, &c, err) < 0)
+  if (create_started (rt, sid, language && language[0] ? language : "python3", cwd, env, false, cancel, &c, err) < 0)
     return -1;
   *out = c->info;
   code_ctx_unref (c, rt);
@@ -324,14 +294,15 @@ ctx_get (sbx_runtime_t *rt, const char *sid, const char *cid, code_ctx_t **out, 
 }
 
 int
-code_restart (sbx_runtime_t *rt, const char *sid, const char *cid, code_info_t *out, err_t *err)
+code_restart (sbx_runtime_t *rt, const char *sid, const char *cid, const code_cancel_t *cancel, code_info_t *out,
+              err_t *err)
 {
   code_ctx_t *c = NULL;
   if (ctx_get (rt, sid, cid, &c, err) < 0)
     return -1;
   pthread_mutex_lock (&c->run_mu);
   code_kernel_close (rt, c);
-  int rc = code_kernel_start (rt, c, err);
+  int rc = code_kernel_start (rt, c, cancel, err);
   pthread_mutex_unlock (&c->run_mu);
   *out = c->info;
   code_ctx_unref (c, rt);
@@ -354,17 +325,37 @@ code_delete (sbx_runtime_t *rt, const char *sid, const char *cid, err_t *err)
   return 0;
 }
 
-void
-code_forget_sandbox (sbx_runtime_t *rt, const char *sid)
+/* The runtime's end hook: sandbox `sid` created at `created` has ended
+ * (deleted, expired or dead), so its contexts go. A running cell holds
+ * its context and sees `closing` within CODE_POLL_MS; the kernel is
+ * closed with the last reference (here when none runs). */
+static void
+sandbox_ended (void *ctx, sbx_runtime_t *rt, const char *sid, int64_t created)
 {
+  (void) ctx;
+  code_ctx_t *dead = NULL;
   pthread_mutex_lock (&reg_mu);
-  code_ctx_t *dead = stale_locked (sid, INT64_MIN);
+  for (code_ctx_t **pp = &reg_head; *pp != NULL;)
+    {
+      code_ctx_t *c = *pp;
+      if (strcmp (c->sid, sid) == 0 && c->sbx_created_ms == created)
+        take_locked (pp, &dead);
+      else
+        pp = &c->next;
+    }
   pthread_mutex_unlock (&reg_mu);
   release_list (dead, rt);
 }
 
+void
+code_attach (sbx_runtime_t *rt)
+{
+  sbx_set_end_hook (rt, sandbox_ended, NULL);
+}
+
 int
-code_ctx_for_run (sbx_runtime_t *rt, const char *sid, const char *cid, const char *lang, code_ctx_t **out, err_t *err)
+code_ctx_for_run (sbx_runtime_t *rt, const char *sid, const char *cid, const char *lang, const code_cancel_t *cancel,
+                  code_ctx_t **out, err_t *err)
 {
   if (cid != NULL && cid[0] != '\0')
     return ctx_get (rt, sid, cid, out, err);
@@ -374,5 +365,5 @@ code_ctx_for_run (sbx_runtime_t *rt, const char *sid, const char *cid, const cha
   *out = ctx_find (sid, "", lang);
   if (*out != NULL)
     return 0;
-  return create_started (rt, sid, lang, NULL, NULL, true, out, err);
+  return create_started (rt, sid, lang, NULL, NULL, true, cancel, out, err);
 }

@@ -21,7 +21,8 @@
 #include "common/err.h"
 
 /* The largest frame the gateway accepts from a kernel (ZMQ_MAXMSGSIZE: a
- * bigger one drops the connection): a 1-megapixel PNG in base64 fits. */
+ * bigger one drops the connection for good, which code_kernel_links
+ * notices): a 1-megapixel PNG in base64 fits. */
 #define JMSG_FRAME_MAX (8 * 1024 * 1024)
 /* The most frames of one message (identities and buffers included). */
 #define JMSG_FRAMES_MAX 32

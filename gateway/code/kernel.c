@@ -16,6 +16,7 @@
 #include <zmq.h>
 
 #include "common/cleanup.h"
+#include "common/log.h"
 #include "gateway/code/internal.h"
 
 /* How long a new kernel may take to answer kernel_info. */
@@ -56,8 +57,39 @@ zsock (void *zctx, int type)
   return s;
 }
 
+/* The connections code_kernel_links watches, by index of link_mon. */
+static const char *const link_names[2] = {"shell", "iopub"};
+/* The most monitor events read per look (a reconnecting socket makes one
+ * per retry, ZMQ_RECONNECT_IVL apart). */
+#define CODE_LINK_EVENTS_MAX 16
+
+/* A PAIR socket told when `sock`'s connection drops and when libzmq
+ * reconnects it; NULL on failure (errno). */
+static void *
+link_monitor (void *zctx, void *sock, int i)
+{
+  char ep[32];
+  snprintf (ep, sizeof ep, "inproc://link-%d", i);
+  if (zmq_socket_monitor (sock, ep, ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED) < 0)
+    return NULL;
+  void *m = zmq_socket (zctx, ZMQ_PAIR);
+  if (m == NULL)
+    return NULL;
+  int zero = 0;
+  zmq_setsockopt (m, ZMQ_LINGER, &zero, sizeof zero);
+  if (zmq_connect (m, ep) < 0)
+    {
+      int e = errno;
+      zmq_close (m);
+      errno = e;
+      return NULL;
+    }
+  return m;
+}
+
 /* On a thread inside the sandbox's network namespace: the ZMQ context (its
- * I/O thread starts here, so it stays in the namespace) and the sockets. */
+ * I/O thread starts here, so it stays in the namespace), the sockets and
+ * the monitors of shell's and iopub's connections. */
 static void
 zjob_main (void *arg)
 {
@@ -79,6 +111,13 @@ zjob_main (void *arg)
       return;
     }
   zmq_setsockopt (c->iopub, ZMQ_SUBSCRIBE, "", 0);
+  void *watched[2] = {c->shell, c->iopub};
+  for (int i = 0; i < 2; i++)
+    if ((c->link_mon[i] = link_monitor (c->zctx, watched[i], i)) == NULL)
+      {
+        j->error = errno;
+        return;
+      }
   char ep[64];
   void *socks[] = {c->shell, c->iopub, NULL, c->control};
   for (int i = 0; i < 4; i++)
@@ -94,6 +133,22 @@ zjob_main (void *arg)
     }
 }
 
+/* Removes the kernel's connection file from the sandbox, if it is there
+ * and the sandbox has not ended (best effort: a failure is logged). */
+static void
+conn_file_remove (sbx_runtime_t *rt, code_ctx_t *c)
+{
+  if (!c->conn_file_present)
+    return;
+  c->conn_file_present = false;
+  if (atomic_load (&c->sandbox_ended))
+    return;
+  err_t e = ERR_INIT;
+  if (code_sandbox_remove (rt, c->sid, c->conn_file, &e) < 0 && e.status == ENOENT)
+    err_release (&e);
+  err_warn_release (&e, "remove the connection file `%s` of context `%s`", c->conn_file, c->info.id);
+}
+
 void
 code_kernel_close (sbx_runtime_t *rt, code_ctx_t *c)
 {
@@ -105,18 +160,80 @@ code_kernel_close (sbx_runtime_t *rt, code_ctx_t *c)
       sbx_proc_put (rt, c->proc);
       c->proc = NULL;
     }
-  void **socks[] = {&c->shell, &c->control, &c->iopub};
-  for (int i = 0; i < 3; i++)
+  conn_file_remove (rt, c);
+  void **socks[] = {&c->shell, &c->control, &c->iopub, &c->link_mon[0], &c->link_mon[1]};
+  for (size_t i = 0; i < sizeof socks / sizeof socks[0]; i++)
     if (*socks[i] != NULL)
       {
         zmq_close (*socks[i]);
         *socks[i] = NULL;
       }
+  c->link_dropped_ms[0] = c->link_dropped_ms[1] = 0;
   if (c->zctx != NULL)
     {
       zmq_ctx_term (c->zctx);
       c->zctx = NULL;
     }
+}
+
+/* The next event on monitor `m` without waiting: ZMQ_EVENT_*, 0 when none
+ * is there. An event is two frames: (event, value) in 6 bytes, then the
+ * endpoint. */
+static unsigned
+link_event (void *m)
+{
+  unsigned ev = 0;
+  bool more = true;
+  for (int part = 0; more; part++)
+    {
+      zmq_msg_t msg;
+      zmq_msg_init (&msg);
+      if (zmq_msg_recv (&msg, m, ZMQ_DONTWAIT) < 0)
+        {
+          zmq_msg_close (&msg);
+          return ev;
+        }
+      if (part == 0 && zmq_msg_size (&msg) >= 2)
+        {
+          uint16_t v;
+          memcpy (&v, zmq_msg_data (&msg), sizeof v);
+          ev = v;
+        }
+      more = zmq_msg_more (&msg);
+      zmq_msg_close (&msg);
+    }
+  return ev;
+}
+
+int
+code_kernel_links (code_ctx_t *c, err_t *err)
+{
+  int64_t now = code_mono_ms ();
+  for (int i = 0; i < 2; i++)
+    {
+      if (c->link_mon[i] == NULL)
+        continue;
+      for (int k = 0; k < CODE_LINK_EVENTS_MAX; k++)
+        {
+          unsigned ev = link_event (c->link_mon[i]);
+          if (ev == 0)
+            break;
+          if (ev == ZMQ_EVENT_DISCONNECTED && c->link_dropped_ms[i] == 0)
+            c->link_dropped_ms[i] = now;
+          else if (ev == ZMQ_EVENT_CONNECT_RETRIED)
+            c->link_dropped_ms[i] = 0; /* the peer closed its end: libzmq reconnects */
+        }
+      if (c->link_dropped_ms[i] != 0 && now - c->link_dropped_ms[i] >= CODE_LINK_GRACE_MS)
+        {
+          snprintf (c->restart_reason, sizeof c->restart_reason,
+                    "the kernel's `%s` connection was dropped: it sent a frame over the gateway's %d MiB cap "
+                    "(JMSG_FRAME_MAX) or bytes that are not ZMTP",
+                    link_names[i], JMSG_FRAME_MAX >> 20);
+          return err_make (err, EMSGSIZE, "%s; the kernel was stopped and the context's next cell starts a new one",
+                           c->restart_reason);
+        }
+    }
+  return 0;
 }
 
 /* The last non-empty line of what the exited kernel wrote to stderr (a
@@ -245,11 +362,12 @@ pick_ports (unsigned ports[5])
 }
 
 /* Waits for a message on `sock` answering `parent` of type `type`
- * (other messages are dropped), until `deadline`; checks the kernel's exit
- * and the context's closing. */
+ * (other messages are dropped), until `deadline`; checks the kernel's exit,
+ * its connections, the context's closing and the caller's cancellation
+ * (`cancel`, may be NULL). */
 static int
 await_reply (sbx_runtime_t *rt, code_ctx_t *c, void *sock, const char *parent, const char *type, int64_t deadline,
-             jmsg_t *out, err_t *err)
+             const code_cancel_t *cancel, jmsg_t *out, err_t *err)
 {
   for (;;)
     {
@@ -258,8 +376,12 @@ await_reply (sbx_runtime_t *rt, code_ctx_t *c, void *sock, const char *parent, c
         return err_make (err, ETIMEDOUT, "the kernel did not answer `%s` in time", type);
       if (atomic_load (&c->closing))
         return err_make (err, ECANCELED, "the context is being deleted");
+      if (cancel != NULL && cancel->cancelled (cancel->arg))
+        return err_make (err, ECANCELED, "the call was cancelled while the kernel started; it was stopped");
       if (code_kernel_exited (rt, c))
         return err_make (err, EIO, "%s", c->restart_reason);
+      if (code_kernel_links (c, err) < 0)
+        return -1;
       zmq_pollitem_t it = {.socket = sock, .events = ZMQ_POLLIN};
       int r = zmq_poll (&it, 1, left < CODE_POLL_MS ? (long) left : CODE_POLL_MS);
       if (r < 0 && errno != EINTR)
@@ -285,7 +407,7 @@ await_reply (sbx_runtime_t *rt, code_ctx_t *c, void *sock, const char *parent, c
  * that the first cell's output is not lost (a SUB socket sees only what is
  * published after its subscription reached the kernel). */
 static int
-await_iopub (sbx_runtime_t *rt, code_ctx_t *c, int64_t deadline, err_t *err)
+await_iopub (sbx_runtime_t *rt, code_ctx_t *c, int64_t deadline, const code_cancel_t *cancel, err_t *err)
 {
   for (;;)
     {
@@ -296,14 +418,14 @@ await_iopub (sbx_runtime_t *rt, code_ctx_t *c, int64_t deadline, err_t *err)
       if (rc < 0)
         return -1;
       jmsg_t m = {0};
-      if (await_reply (rt, c, c->shell, id, "kernel_info_reply", deadline, &m, err) < 0)
+      if (await_reply (rt, c, c->shell, id, "kernel_info_reply", deadline, cancel, &m, err) < 0)
         return -1;
       jmsg_clear (&m);
       int64_t until = code_mono_ms () + 500;
       if (until > deadline)
         until = deadline;
       err_t e = ERR_INIT;
-      rc = await_reply (rt, c, c->iopub, id, "status", until, &m, &e);
+      rc = await_reply (rt, c, c->iopub, id, "status", until, cancel, &m, &e);
       if (rc == 0)
         {
           jmsg_clear (&m);
@@ -321,7 +443,7 @@ await_iopub (sbx_runtime_t *rt, code_ctx_t *c, int64_t deadline, err_t *err)
 /* One try at starting c's kernel on fresh ports (run_mu held; none
  * running). */
 static int
-kernel_start_once (sbx_runtime_t *rt, code_ctx_t *c, err_t *err)
+kernel_start_once (sbx_runtime_t *rt, code_ctx_t *c, const code_cancel_t *cancel, err_t *err)
 {
   code_spec_t spec = {0};
   if (code_spec_load (rt, c->sid, c->info.language, &spec, err) < 0)
@@ -334,17 +456,19 @@ kernel_start_once (sbx_runtime_t *rt, code_ctx_t *c, err_t *err)
   c->restart_reason[0] = '\0';
   zjob_t j = {.c = c};
   pick_ports (j.ports);
-  char conn[128];
-  snprintf (conn, sizeof conn, CONN_DIR "/kernel-%s.json", c->info.id);
+  snprintf (c->conn_file, sizeof c->conn_file, CONN_DIR "/kernel-%s.json", c->info.id);
   cleanup_free char *cj = connection_json (c, j.ports);
   char **argv = NULL, **env = NULL;
   int rc = cj == NULL ? err_make (err, ENOMEM, "connection file: out of memory") : 0;
   if (rc == 0)
-    rc = code_sandbox_write (rt, c->sid, conn, cj, err);
+    rc = code_sandbox_write (rt, c->sid, c->conn_file, cj, err);
+  c->conn_file_present = true; /* even after a failed write: a part may be there */
   if (rc == 0)
-    rc = kernel_argv (&spec, conn, &argv, err);
+    rc = kernel_argv (&spec, c->conn_file, &argv, err);
   if (rc == 0)
     rc = code_env_merge (spec.env, c->env, &env, err);
+  if (rc == 0 && cancel != NULL && cancel->cancelled (cancel->arg))
+    rc = err_make (err, ECANCELED, "the call was cancelled before the kernel started");
   if (rc == 0)
     {
       sbx_exec_req_t req
@@ -359,27 +483,35 @@ kernel_start_once (sbx_runtime_t *rt, code_ctx_t *c, err_t *err)
   if (rc == 0 && j.error != 0)
     rc = err_make_sys (err, j.error, "ZMQ sockets to the kernel");
   if (rc == 0)
-    rc = await_iopub (rt, c, code_mono_ms () + CODE_START_MS, err);
+    rc = await_iopub (rt, c, code_mono_ms () + CODE_START_MS, cancel, err);
   if (rc < 0)
     code_kernel_close (rt, c);
+  else
+    /* The kernel has read it and bound its ports: the key need not stay
+     * where any process of the sandbox can read it. */
+    conn_file_remove (rt, c);
   return rc;
 }
 
 /* Starts c's kernel (run_mu held; none running): again on other ports when
  * the kernel exited because one of its ports was taken, KERNEL_START_TRIES
- * tries in all. */
+ * tries in all. A start the caller cancelled stops at once, within
+ * CODE_POLL_MS of the cancel: the kernel is killed and its sockets and
+ * threads closed. */
 #define KERNEL_START_TRIES 3
 int
-code_kernel_start (sbx_runtime_t *rt, code_ctx_t *c, err_t *err)
+code_kernel_start (sbx_runtime_t *rt, code_ctx_t *c, const code_cancel_t *cancel, err_t *err)
 {
   for (int i = 1;; i++)
     {
       err_t e = ERR_INIT;
-      if (kernel_start_once (rt, c, &e) == 0)
+      if (kernel_start_once (rt, c, cancel, &e) == 0)
         return 0;
       if (i == KERNEL_START_TRIES || e.status != EIO || e.msg == NULL
           || strstr (e.msg, "Address already in use") == NULL)
         {
+          if (e.status == ECANCELED)
+            snprintf (c->restart_reason, sizeof c->restart_reason, "the kernel's last start was cancelled");
           *err = e;
           return err_wrap (err, "start kernel `%s`", c->info.language);
         }

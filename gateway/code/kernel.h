@@ -19,12 +19,16 @@
  * elsewhere, as Forward does, so the I/O thread itself must be inside.)
  *
  * Nothing the kernel sends is trusted: frames are bounded (ZMQ_MAXMSGSIZE,
- * JMSG_FRAME_MAX), queues are bounded (ZMQ_RCVHWM), every message is
- * signature-checked before it is parsed, and every wait has a deadline.
+ * JMSG_FRAME_MAX: libzmq drops the connection of a kernel that sends a
+ * bigger one, which a monitor of the connection notices, and the call
+ * fails at once with EMSGSIZE), queues are bounded (ZMQ_RCVHWM), every
+ * message is signature-checked before it is parsed, and every wait has a
+ * deadline.
  *
  * Contexts are the gateway's bookkeeping of kernels: they die with their
- * sandbox (Delete, the idle reaper; a relaunched id has new ones) and a
- * snapshot does not carry them.
+ * sandbox however it ends (the runtime's end hook: Delete, an expiry, its
+ * pid 1 dying; a relaunched id has new ones) and a snapshot does not carry
+ * them.
  *
  * Threading: any thread. A registry mutex guards the list; each context has
  * a run mutex held while one call (a cell, a restart) uses its kernel.
@@ -54,20 +58,36 @@ typedef struct code_info_s
   bool is_default;
 } code_info_t;
 
+/* How a call that waits (a kernel's start) learns its caller left: NULL,
+ * or `cancelled` asked every CODE_POLL_MS with `arg`. */
+typedef struct code_cancel_s
+{
+  bool (*cancelled) (void *arg);
+  void *arg;
+} code_cancel_t;
+
 /* Starts a context in sandbox `sid`: its kernel is ready on return.
  * ENOENT no sandbox or no kernelspec `language`, EAGAIN
- * SANDBOX_MAX_CONTEXTS, EINVAL bad language, cwd or env. */
+ * SANDBOX_MAX_CONTEXTS, EINVAL bad language, cwd or env, ECANCELED
+ * `cancel` said so while the kernel started (it is then stopped and the
+ * context dropped). `cancel` may be NULL. */
 int code_create (sbx_runtime_t *rt, const char *sid, const char *language, const char *cwd, char *const *env,
-                 code_info_t *out, err_t *err);
+                 const code_cancel_t *cancel, code_info_t *out, err_t *err);
 /* The contexts of sandbox `sid` (*out freed by the caller), and the names
  * of the kernelspecs its image has (each and the array freed by the
  * caller). */
 int code_list (sbx_runtime_t *rt, const char *sid, code_info_t **out, size_t *n, char ***languages, size_t *n_lang,
                err_t *err);
-int code_restart (sbx_runtime_t *rt, const char *sid, const char *cid, code_info_t *out, err_t *err);
+/* ECANCELED as code_create's (the context stays, without a kernel: its
+ * next cell starts one). */
+int code_restart (sbx_runtime_t *rt, const char *sid, const char *cid, const code_cancel_t *cancel, code_info_t *out,
+                  err_t *err);
 int code_delete (sbx_runtime_t *rt, const char *sid, const char *cid, err_t *err);
-/* Forgets every context of sandbox `sid` (it was deleted). */
-void code_forget_sandbox (sbx_runtime_t *rt, const char *sid);
+/* Has the runtime tell the code layer of every sandbox that ends (its end
+ * hook: deleted for any reason, expired, or dead), so that its contexts,
+ * their kernels' ZMQ sockets and threads go with it at once. Once, before
+ * any sandbox exists. */
+void code_attach (sbx_runtime_t *rt);
 /* How many contexts sandbox `sid` (created at `created_ms`) has. */
 size_t code_count (const char *sid, int64_t created_ms);
 
@@ -116,8 +136,14 @@ typedef struct code_event_s
 
 typedef struct code_sink_s
 {
-  /* -1: the consumer is gone (the cell is then interrupted). */
+  /* -1: the consumer is gone (the cell is then interrupted). It may keep
+   * the event under way after it returns (its data copied). */
   int (*event) (void *ctx, const code_event_t *ev, err_t *err);
+  /* Whether the consumer has taken the last event, waiting up to
+   * `wait_ms`: 1 yes, 0 not yet (the cell reads nothing more from the
+   * kernel meanwhile, but its timeout, cancellation and the kernel's exit
+   * still act), -1 gone. NULL: event returns only once it is taken. */
+  int (*ready) (void *ctx, int wait_ms, err_t *err);
   bool (*cancelled) (void *ctx);
   void *ctx;
 } code_sink_t;
@@ -133,7 +159,9 @@ typedef struct code_run_req_s
 
 /* Runs a cell, its events to `sink`, END last. 0 when the cell ran (errors
  * of the code itself are events), -1 with *err when it could not (ENOENT,
- * EPROTO a kernel that broke the protocol, ECANCELED). */
+ * EPROTO a kernel that broke the protocol, EMSGSIZE one whose frame was
+ * over JMSG_FRAME_MAX, ECANCELED the caller left: also while a kernel for
+ * the cell started, which then stops within CODE_POLL_MS). */
 int code_run (sbx_runtime_t *rt, const code_run_req_t *req, const code_sink_t *sink, err_t *err);
 
 #endif

@@ -4,8 +4,11 @@
  * and the timeout interrupt the kernel (SIGINT to its process group, or
  * interrupt_request on control when its kernelspec says
  * interrupt_mode "message"); a kernel that does not stop within
- * CODE_INTERRUPT_GRACE_MS is restarted. State: per call, on the caller's
- * thread, with the context's run mutex held. */
+ * CODE_INTERRUPT_GRACE_MS is restarted (stopped, when the call was
+ * cancelled: the next cell starts a new one). A kernel whose connection libzmq
+ * dropped (a frame over JMSG_FRAME_MAX) fails the call at once and is
+ * stopped; the next cell starts a new one. State: per call, on the
+ * caller's thread, with the context's run mutex held. */
 #include <errno.h>
 #include <openssl/evp.h>
 #include <signal.h>
@@ -177,7 +180,25 @@ interrupt (cell_t *cl)
   err_warn_release (&e, "interrupt the kernel of `%s`", c->info.id);
 }
 
-/* Reads what is there on shell and iopub. */
+/* Whether the consumer has taken the last event (waiting up to
+ * CODE_POLL_MS): while it has not, nothing more is read from the kernel,
+ * whose messages wait in their bounded queues (CODE_QUEUE_MAX). */
+static bool
+consumer_ready (cell_t *cl)
+{
+  if (cl->gone || cl->sink->ready == NULL)
+    return true;
+  err_t e = ERR_INIT;
+  int r = cl->sink->ready (cl->sink->ctx, CODE_POLL_MS, &e);
+  if (r < 0)
+    {
+      cl->gone = true;
+      err_release (&e);
+    }
+  return r != 0;
+}
+
+/* Reads what is there on shell and iopub: at most one event. */
 static int
 drain (cell_t *cl, err_t *err)
 {
@@ -252,20 +273,23 @@ cell_run (cell_t *cl, const code_run_req_t *req, outcome_t *o, err_t *err)
         }
       if (grace != 0 && now >= grace)
         {
-          snprintf (o->message, sizeof o->message,
-                    "%s; the kernel did not stop within %d ms of an interrupt and was restarted: the context's "
-                    "variables are gone",
-                    timed_out ? "timed out" : "cancelled", CODE_INTERRUPT_GRACE_MS);
-          if (timed_out)
-            snprintf (o->message, sizeof o->message,
-                      "timed out after %u s; the kernel did not stop within %d ms of an interrupt and was restarted: "
-                      "the context's variables are gone",
-                      timeout, CODE_INTERRUPT_GRACE_MS);
           code_kernel_close (cl->rt, c);
+          if (!timed_out)
+            {
+              /* The caller is gone: nobody waits for a new kernel, so the
+               * next cell starts one (and says why). */
+              snprintf (c->restart_reason, sizeof c->restart_reason,
+                        "a cancelled cell did not stop within %d ms of an interrupt and its kernel was stopped",
+                        CODE_INTERRUPT_GRACE_MS);
+              return 0;
+            }
+          snprintf (o->message, sizeof o->message,
+                    "timed out after %u s; the kernel did not stop within %d ms of an interrupt and was restarted: "
+                    "the context's variables are gone",
+                    timeout, CODE_INTERRUPT_GRACE_MS);
           o->restarted = true;
-          if (code_kernel_start (cl->rt, c, err) < 0)
-            return -1;
-          return 0;
+          code_cancel_t cancel = {.cancelled = cl->sink->cancelled, .arg = cl->sink->ctx};
+          return code_kernel_start (cl->rt, c, &cancel, err);
         }
       if (code_kernel_exited (cl->rt, c))
         {
@@ -273,6 +297,15 @@ cell_run (cell_t *cl, const code_run_req_t *req, outcome_t *o, err_t *err)
           snprintf (o->message, sizeof o->message, "%s; the context's next cell restarts it", c->restart_reason);
           return 0;
         }
+      if (code_kernel_links (c, err) < 0)
+        {
+          /* Unreachable now: the next cell starts a new kernel and says
+           * why (restart_reason). */
+          code_kernel_close (cl->rt, c);
+          return -1;
+        }
+      if (!consumer_ready (cl))
+        continue;
       if (drain (cl, err) < 0)
         return -1;
     }
@@ -285,8 +318,9 @@ int
 code_run (sbx_runtime_t *rt, const code_run_req_t *req, const code_sink_t *sink, err_t *err)
 {
   const char *lang = req->language && req->language[0] ? req->language : "python3";
+  code_cancel_t cancel = {.cancelled = sink->cancelled, .arg = sink->ctx};
   code_ctx_t *c = NULL;
-  if (code_ctx_for_run (rt, req->sid, req->cid, lang, &c, err) < 0)
+  if (code_ctx_for_run (rt, req->sid, req->cid, lang, &cancel, &c, err) < 0)
     return -1;
   pthread_mutex_lock (&c->run_mu);
   int64_t start = code_mono_ms ();
@@ -298,7 +332,7 @@ code_run (sbx_runtime_t *rt, const code_run_req_t *req, const code_sink_t *sink,
       /* Its kernel died (or a restart failed): a fresh one. */
       snprintf (before, sizeof before, "%s", c->restart_reason[0] ? c->restart_reason : "the kernel was not running");
       code_kernel_close (rt, c);
-      rc = code_kernel_start (rt, c, err);
+      rc = code_kernel_start (rt, c, &cancel, err);
     }
   cell_t cl = {.rt = rt, .c = c, .sink = sink};
   if (rc == 0)
@@ -313,6 +347,9 @@ code_run (sbx_runtime_t *rt, const code_run_req_t *req, const code_sink_t *sink,
                 before, m[0] ? "; " : "", m);
       o.restarted = true;
     }
+  /* The last events go once the context is free: a consumer that does not
+   * read holds up its own call only. */
+  pthread_mutex_unlock (&c->run_mu);
   if (rc == 0 && o.died)
     {
       code_event_t ev = {.kind = CODE_EV_ERROR, .ename = "KernelDied", .evalue = o.message};
@@ -329,7 +366,6 @@ code_run (sbx_runtime_t *rt, const code_run_req_t *req, const code_sink_t *sink,
                          .message = o.message};
       rc = sink->event (sink->ctx, &ev, err);
     }
-  pthread_mutex_unlock (&c->run_mu);
   code_ctx_unref (c, rt);
   return rc;
 }

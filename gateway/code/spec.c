@@ -1,7 +1,7 @@
 /* code/spec: what a context reads and writes inside its sandbox through
  * the file API — kernelspecs (kernel.json under the Jupyter data
  * directories, parsed and bounded), the list of the languages the image
- * has, and the connection file — and the small string-vector helpers the
+ * has, and the connection file (written, then removed) — and the small string-vector helpers the
  * other files share. It never resolves a sandbox path on the host side.
  * State: none; any thread. */
 #include <errno.h>
@@ -93,6 +93,19 @@ code_sandbox_write (sbx_runtime_t *rt, const char *sid, const char *path, const 
     rc = sbx_file_send_end (f, err);
   if (rc == 0)
     rc = sbx_file_next (f, &msg, err) < 0 ? -1 : 0;
+  sbx_file_close (f);
+  return rc;
+}
+
+int
+code_sandbox_remove (sbx_runtime_t *rt, const char *sid, const char *path, err_t *err)
+{
+  sbx_file_req_t req = {.id = sid, .op = SBX_FILE_REMOVE, .path = path};
+  sbx_file_t *f = NULL;
+  if (sbx_file_start (rt, &req, never_gone, NULL, &f, err) < 0)
+    return -1;
+  sbx_file_msg_t msg;
+  int rc = sbx_file_next (f, &msg, err) < 0 ? -1 : 0;
   sbx_file_close (f);
   return rc;
 }

@@ -201,6 +201,10 @@ struct sbx_runtime_s
   /* What ends an expired sandbox that is to be persisted (lifetime.c). */
   sbx_expire_fn expire;
   void *expire_ctx;
+  /* Told of every sandbox that ends (registry.c, reaper.c); set before
+   * any sandbox exists, then only read. */
+  sbx_end_fn ended;
+  void *ended_ctx;
   /* Spare memory groups made ahead of launches (cgroup v1; launch.c),
    * under mu: their numbers, and the next number to make. */
   unsigned spares[SBX_SPARES];
@@ -241,6 +245,10 @@ struct sbx_runtime_s
   struct sbx_proc_s *procs;
   int proc_threads; /* detached processes' threads still running */
 };
+
+/* registry.c: calls the end hook (sbx_set_end_hook), if any, for sandbox
+ * `id` created at `created_ms`; rt->mu not held. */
+void sbx_tell_ended (sbx_runtime_t *rt, const char *id, int64_t created_ms);
 
 /* proc.c: drops every process record of sandbox `sid` (being deleted). */
 void sbx_proc_forget_sandbox (sbx_runtime_t *rt, const char *sid);

@@ -110,9 +110,10 @@ sbx_clean_leftovers (sbx_runtime_t *rt)
 #define DEAD_PER_TICK 16
 
 /* Sandboxes whose pid 1 died (the OOM killer, or a kill from the host)
- * are marked dead and their processes killed: the holder is found a
- * zombie (waited for without reaping: only what marks it dead reaps it, so
- * its pid is never reused under a delete's kill). */
+ * are marked dead and their processes killed, and the end hook is told:
+ * the holder is found a zombie (waited for without reaping: only what
+ * marks it dead reaps it, so its pid is never reused under a delete's
+ * kill). */
 static void
 find_dead_holders (sbx_runtime_t *rt)
 {
@@ -120,6 +121,7 @@ find_dead_holders (sbx_runtime_t *rt)
   {
     char id[SBX_ID_MAX + 1];
     pid_t holder;
+    int64_t created_ms;
   } dead[DEAD_PER_TICK];
   size_t n = 0;
   pthread_mutex_lock (&rt->mu);
@@ -138,6 +140,7 @@ find_dead_holders (sbx_runtime_t *rt)
       else
         snprintf (s->dead_reason, sizeof s->dead_reason, "its pid 1 exited with status %d", si.si_status);
       snprintf (dead[n].id, sizeof dead[n].id, "%s", s->id);
+      dead[n].created_ms = s->created_ms;
       dead[n++].holder = s->holder;
       s->holder = 0; /* reaped below, and by nothing else */
     }
@@ -148,6 +151,7 @@ find_dead_holders (sbx_runtime_t *rt)
       err_t err = ERR_INIT;
       if (sbx_cg_kill (&rt->cg, dead[i].id, NULL, &err) < 0)
         err_warn_release (&err, "dead sandbox `%s`", dead[i].id);
+      sbx_tell_ended (rt, dead[i].id, dead[i].created_ms);
       log_fields (SEV_WARNING, json_pack ("{s:s}", "sandbox_id", dead[i].id),
                   "the sandbox's pid 1 died: the sandbox is dead until deleted or restored");
     }

@@ -1,5 +1,6 @@
 /* runtime/registry: sandbox ids, the registry of live sandboxes, references
- * held by execs and layer users, and get/list/delete (see runtime.h and
+ * held by execs and layer users, get/list/delete, and the end hook that
+ * tells other layers of every sandbox that ends (see runtime.h and
  * internal.h for the locking rules). */
 #include <errno.h>
 #include <stdio.h>
@@ -442,6 +443,26 @@ lock_ready (sbx_runtime_t *rt, const char *id, err_t *err)
   return NULL;
 }
 
+void
+sbx_set_end_hook (sbx_runtime_t *rt, sbx_end_fn fn, void *ctx)
+{
+  pthread_mutex_lock (&rt->mu);
+  rt->ended = fn;
+  rt->ended_ctx = ctx;
+  pthread_mutex_unlock (&rt->mu);
+}
+
+void
+sbx_tell_ended (sbx_runtime_t *rt, const char *id, int64_t created_ms)
+{
+  pthread_mutex_lock (&rt->mu);
+  sbx_end_fn fn = rt->ended;
+  void *ctx = rt->ended_ctx;
+  pthread_mutex_unlock (&rt->mu);
+  if (fn != NULL)
+    fn (ctx, rt, id, created_ms);
+}
+
 int
 sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
 {
@@ -453,6 +474,7 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
    * sandbox thaws: frozen tasks do not die (cgroup v1). */
   sbx_cancel_layer_users_locked (s, ENOENT, "the sandbox was deleted");
   pid_t holder = s->holder;
+  int64_t created_ms = s->created_ms;
   pid_t slirp = s->slirp;
   int slirp_exit_fd = take_fd (&s->slirp_exit_fd);
   s->slirp = 0;
@@ -472,6 +494,8 @@ sbx_delete (sbx_runtime_t *rt, const char *id, err_t *err)
   sbx_net_stop (slirp, slirp_exit_fd);
   sbx_egress_release (rt, id);
   sbx_teardown (rt, id, state, holder);
+  /* What other layers keep beside it goes now, whatever ended it. */
+  sbx_tell_ended (rt, id, created_ms);
 
   /* Its calls saw their commands die and let go, but one may be held by
    * its client (an exec whose last output is not read): the delete waits

@@ -151,6 +151,18 @@ typedef void (*sbx_expire_fn) (void *ctx, sbx_runtime_t *rt, const char *id, con
  * sandbox is deleted without persisting. */
 void sbx_set_expire_hook (sbx_runtime_t *rt, sbx_expire_fn fn, void *ctx);
 
+/* Told that sandbox `id` (created at `created_ms`, as sbx_info_t has it)
+ * has ended: deleted for any reason (Delete, an expiry, a Connect that
+ * replaces it, the shutdown) or dead (its pid 1 died). Its processes are
+ * killed by then. Called on the thread that ended it (a caller of
+ * sbx_delete, the idler, the reaper), with none of the runtime's locks
+ * held; it must not wait for a sandbox. A dead sandbox is told again when
+ * it is deleted. What other layers keep beside a sandbox (code contexts)
+ * goes with it here; the runtime knows nothing of them. */
+typedef void (*sbx_end_fn) (void *ctx, sbx_runtime_t *rt, const char *id, int64_t created_ms);
+/* Sets the hook (before any sandbox exists); NULL: none. */
+void sbx_set_end_hook (sbx_runtime_t *rt, sbx_end_fn fn, void *ctx);
+
 typedef struct sbx_info_s
 {
   char id[SBX_ID_MAX + 1];

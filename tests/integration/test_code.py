@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import struct
 import threading
 import time
 import zlib
+from pathlib import Path
 
 import grpc
 import pytest
 
 from tests.lib import code
-from tests.lib.client import sandbox_client
-from tests.lib.gateway import running_gateway
+from tests.lib.client import LAUNCH_TIMEOUT_S, new_id, pb, sandbox_client
+from tests.lib.gateway import commands_in, holder_pids, running_gateway
+from tests.lib.procs import wait_until
 from tests.lib.shim import running_shim
 
 MAX_CONTEXTS = 4
@@ -157,6 +161,28 @@ def test_a_cell_ignoring_sigint_past_its_timeout_restarts_the_kernel(client, sid
         code.delete(client, sid, cid)
 
 
+def test_a_cancelled_cell_ignoring_sigint_stops_its_kernel_and_the_next_cell_starts_one(gwc, client, sid):
+    """Nobody waits for a new kernel after a cancel: the one that did not
+    stop is stopped, and the next cell starts a fresh one and says why."""
+    cid = code.create(client, sid).context_id
+    try:
+        code.run(client, sid, "kept = 1", context_id=cid)
+        threads = zmq_threads(gwc.pid)
+        call = code.run_call(client, sid, "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                             "time.sleep(100)", context_id=cid)
+        threading.Timer(1.0, call.cancel).start()
+        with pytest.raises(grpc.RpcError) as e:
+            list(call)
+        assert e.value.code() == grpc.StatusCode.CANCELLED
+        # CODE_INTERRUPT_GRACE_MS (3 s) after the interrupt, the kernel goes.
+        assert wait_until(lambda: zmq_threads(gwc.pid) == threads - 2, 8, interval=0.1)
+        cell = code.run(client, sid, "kept", context_id=cid)
+        assert cell.error.name == "NameError" and cell.end.restarted
+        assert "did not stop" in cell.end.message, cell.end.message
+    finally:
+        code.delete(client, sid, cid)
+
+
 def test_a_kernel_killed_by_the_memory_limit_is_a_clear_error_and_restarts(client, sid):
     cid = code.create(client, sid).context_id
     try:
@@ -165,6 +191,26 @@ def test_a_kernel_killed_by_the_memory_limit_is_a_clear_error_and_restarts(clien
         assert "out of memory" in cell.error.value and "restarts" in cell.end.message
         cell = code.run(client, sid, "3 * 3", context_id=cid)
         assert cell.main.text == "9" and cell.end.restarted and "out of memory" in cell.end.message
+    finally:
+        code.delete(client, sid, cid)
+
+
+def test_output_over_the_frame_cap_fails_the_cell_at_once_and_the_next_cell_says_it_restarted(client, sid):
+    """One stream message of 20 MiB is over JMSG_FRAME_MAX (8 MiB): libzmq
+    drops the iopub connection for good, the call fails then (not at its
+    timeout), and the next cell runs on a new kernel and says why."""
+    cid = code.create(client, sid).context_id
+    try:
+        code.run(client, sid, "kept = 1", context_id=cid)
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as e:
+            code.run(client, sid, "print('x' * (20 << 20))", context_id=cid, timeout_seconds=60)
+        assert time.monotonic() - t0 < 10
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "`iopub` connection was dropped" in e.value.details() and "JMSG_FRAME_MAX" in e.value.details()
+        cell = code.run(client, sid, "kept", context_id=cid)
+        assert cell.error is not None and cell.error.name == "NameError"
+        assert cell.end.restarted and "JMSG_FRAME_MAX" in cell.end.message, cell.end.message
     finally:
         code.delete(client, sid, cid)
 
@@ -253,6 +299,64 @@ def test_a_kernel_that_exits_at_start_is_named_with_its_last_words(client, sid):
     assert e.value.code() == grpc.StatusCode.INTERNAL
     assert "exited with status 3: ImportError: no module named nothing_here" in e.value.details()
     assert [c for c in code.contexts(client, sid).contexts if c.language == "dies"] == []
+    assert connection_files(client, sid) == []  # a failed start removes it too
+
+
+@pytest.mark.parametrize("call", ["CreateContext", "RunCode"])
+def test_cancelling_a_call_while_its_kernel_starts_stops_the_start(gwc, client, sid, call):
+    """A kernel that never answers (a copy of sleep, one process): the call
+    is cancelled after 1 s of its start (CODE_START_MS is 60 s); the gateway
+    stops the start within a couple of seconds — the kernel killed, its ZMQ
+    threads gone, no context left — and the sandbox's code runs after."""
+    client.exec(sid, ["cp", "/bin/sleep", "/root/slow-kernel"])
+    _spec(client, sid, "slow", ["/root/slow-kernel", "300"])
+    client.ids()
+    threads = zmq_threads(gwc.pid)
+    if call == "CreateContext":
+        rpc = client.stub.CreateContext.future(pb.CreateContextRequest(sandbox_id=sid, language="slow"),
+                                               metadata=client.md, timeout=120)
+    else:
+        rpc = code.run_call(client, sid, "1", language="slow")
+    try:
+        assert wait_until(lambda: "slow-kernel" in commands_in(gwc, sid), 10, interval=0.1), commands_in(gwc, sid)
+        time.sleep(1)
+        assert zmq_threads(gwc.pid) == threads + 2  # the start is under way
+        rpc.cancel()
+        t0 = time.monotonic()
+        assert wait_until(lambda: "slow-kernel" not in commands_in(gwc, sid) and zmq_threads(gwc.pid) == threads,
+                          10, interval=0.05), (commands_in(gwc, sid), zmq_threads(gwc.pid), threads)
+        took = time.monotonic() - t0
+        assert took < 2, took
+    finally:
+        rpc.cancel()
+    assert [c for c in code.contexts(client, sid).contexts if c.language == "slow"] == []
+    assert connection_files(client, sid) == []
+    assert code.run(client, sid, "6 * 7").main.text == "42"
+
+
+KERNELS_DIR = "/tmp/.sandbox-kernels"
+
+
+def connection_files(client, sid) -> list[str]:
+    """The connection files in the sandbox (each holds its kernel's key)."""
+    return client.sh_out(sid, f"ls -A {KERNELS_DIR} 2>/dev/null || true").split()
+
+
+def test_the_connection_file_is_gone_once_the_kernel_answers(client, sid):
+    """The kernel reads its connection file (ports and HMAC key) at start;
+    once it answers, the gateway removes it: the key is not left where any
+    process of the sandbox can read it."""
+    cid = code.create(client, sid).context_id
+    try:
+        cell = code.run(client, sid, "import os, sys\nf = sys.argv[sys.argv.index('-f') + 1]\n"
+                        "(os.path.basename(f), os.path.exists(f))", context_id=cid)
+        assert cell.main.text == f"('kernel-{cid}.json', False)", cell.events
+        assert connection_files(client, sid) == []
+        code.restart(client, sid, cid)
+        assert connection_files(client, sid) == []
+        assert code.run(client, sid, "1 + 2", context_id=cid).main.text == "3"
+    finally:
+        code.delete(client, sid, cid)
 
 
 def test_unknown_language_is_not_found(client, sid):
@@ -299,6 +403,79 @@ def test_the_total_cap_spans_sandboxes_and_deleting_one_frees_its_share(gateway_
         cell = code.run(c, third, "6 * 7")
         assert cell.main is not None and cell.main.text == "42"
         assert c.get(third).context_count == 1
+
+
+def zmq_threads(pid: int) -> int:
+    """The gateway's libzmq threads (ZMQbg/IO/0 and ZMQbg/Reaper: two per
+    context)."""
+    n = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            n += (task / "comm").read_text().startswith("ZMQbg")
+        except OSError:
+            pass  # the thread ended meanwhile
+    return n
+
+
+def fds(pid: int) -> list[str]:
+    """What the gateway's descriptors are (readlink of /proc/<pid>/fd/*)."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass  # closed meanwhile
+    return sorted(out)
+
+
+def zmq_kinds(links: list[str]) -> list[str]:
+    """Of `links`, the kinds a ZMQ context and its sockets hold (TCP sockets,
+    its mailboxes' eventfds, its poller's epoll): a dead sandbox keeps its
+    disk and its processes' pidfds until it is deleted, not these."""
+    return [x for x in links if x.startswith(("socket:", "anon_inode:[eventfd]", "anon_inode:[eventpoll]"))]
+
+
+def ends_by_idle(client, gw, sid):
+    """Its idle TTL (3 s) passes; only List is polled (Get renews it)."""
+    assert wait_until(lambda: sid not in client.ids(), 15, interval=0.2), f"{sid} did not expire"
+
+
+def ends_by_holder_death(client, gw, sid):
+    """Its pid 1 is killed from the host: the sandbox is dead until deleted."""
+    os.kill(holder_pids(gw, expect=sid)[sid], signal.SIGKILL)
+    assert wait_until(lambda: client.get(sid).dead, 10, interval=0.2), f"{sid} is not dead"
+
+
+@pytest.mark.parametrize("ends", [ends_by_idle, ends_by_holder_death], ids=["idle_ttl", "holder_died"])
+def test_contexts_end_at_once_with_their_sandbox_however_it_ends(gwc, client, ends):
+    """Not only Delete: a sandbox that idles out or whose pid 1 dies takes
+    its contexts (their kernels' ZMQ sockets and threads) with it, without
+    waiting for another context to be made."""
+    client.ids()  # the client's connection is made before the count
+    threads, links = zmq_threads(gwc.pid), fds(gwc.pid)
+    sid = new_id("ctx-end")
+    client.created.append(sid)
+    ttl = 3 if ends is ends_by_idle else 0
+    client.stub.Launch(pb.LaunchRequest(sandbox_id=sid, idle_ttl_seconds=ttl,
+                                        persist_on_expiry=pb.PERSIST_ON_EXPIRY_NO),
+                       metadata=client.md, timeout=LAUNCH_TIMEOUT_S)
+    try:
+        code.create(client, sid)
+        assert code.run(client, sid, "1 + 1").main.text == "2"  # a second, default context
+        assert client.get(sid).context_count == 2
+        assert zmq_threads(gwc.pid) == threads + 4
+        ends(client, gwc, sid)
+        # The reaper and the idler look once a second.
+        assert wait_until(lambda: zmq_threads(gwc.pid) == threads, 5, interval=0.1), (threads, zmq_threads(gwc.pid))
+        assert wait_until(lambda: len(zmq_kinds(fds(gwc.pid))) <= len(zmq_kinds(links)), 5, interval=0.1), \
+            (zmq_kinds(links), zmq_kinds(fds(gwc.pid)))
+        if sid in client.ids():
+            assert client.get(sid).context_count == 0
+            client.delete(sid)
+        assert wait_until(lambda: len(fds(gwc.pid)) <= len(links), 5, interval=0.1), (links, fds(gwc.pid))
+    finally:
+        if sid in client.ids():
+            client.delete(sid)
 
 
 # --- REST (sandbox-shim) --------------------------------------------------------

@@ -1,20 +1,23 @@
 """Hostile kernels: a kernelspec whose program speaks ZMQ badly (wrong
 signatures, frames over the gateway's cap, an endless iopub flood, no
-answer at all). Each call ends cleanly with a clear error or a restart,
-the gateway's memory stays bounded, and another sandbox's code runs
-meanwhile."""
+answer at all). Each call ends cleanly with a clear error or a restart
+(a frame over the cap at once, not at a timeout), the gateway's memory
+stays bounded, and another sandbox's code runs meanwhile."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
+from pathlib import Path
 
 import grpc
 import pytest
 
 from tests.lib import code
 from tests.lib.client import sandbox_client
-from tests.lib.gateway import running_gateway
+from tests.lib.gateway import cgroup_pids, running_gateway
+from tests.lib.procs import RssSampler, wait_until
 
 # Starts like a kernel (kernel_info answered, signed), then misbehaves on
 # execute_request as its first argument says.
@@ -43,7 +46,8 @@ def frames(msg_type, parent, content, good=True):
 def handle(idents, parts):
     header = json.loads(parts[parts.index(b"<IDS|MSG>") + 2])
     if header["msg_type"] == "kernel_info_request":
-        shell.send_multipart(idents + frames("kernel_info_reply", header, {"status": "ok"}))
+        big = {"banner": "b" * (20 << 20)} if mode == "oversized-info" else {}
+        shell.send_multipart(idents + frames("kernel_info_reply", header, {"status": "ok", **big}))
         iopub.send_multipart(frames("status", header, {"execution_state": "idle"}))
     elif header["msg_type"] == "execute_request":
         if mode == "badsig":
@@ -51,8 +55,9 @@ def handle(idents, parts):
             shell.send_multipart(idents + frames("execute_reply", header, {"status": "ok"}, good=False))
         elif mode == "oversized":
             iopub.send_multipart(frames("stream", header, {"name": "stdout", "text": "y" * (20 << 20)}))
-        elif mode == "flood":
-            chunk = {"name": "stdout", "text": "z" * 65536}
+        elif mode in ("flood", "bigflood"):
+            # bigflood: each message just under the gateway's 8 MiB frame cap.
+            chunk = {"name": "stdout", "text": "z" * (65536 if mode == "flood" else (8 << 20) - 4096)}
             while True:
                 iopub.send_multipart(frames("stream", header, chunk))
         elif mode == "garbage":
@@ -67,7 +72,7 @@ while True:
         handle(parts[:d], parts)
 '''
 
-MODES = ["badsig", "oversized", "flood", "garbage", "silent"]
+MODES = ["badsig", "oversized", "oversized-info", "flood", "bigflood", "garbage", "silent"]
 SPEC_DIR = "/root/.local/share/jupyter/kernels"
 
 
@@ -107,11 +112,43 @@ def test_a_kernel_sending_garbage_fails_the_call_only(client, sid):
     assert "not a Jupyter message" in e.value.details() or "signature" in e.value.details()
 
 
-@pytest.mark.parametrize("mode", ["oversized", "silent"])
-def test_a_kernel_that_never_answers_in_bounds_times_out_and_is_restarted(client, sid, mode):
-    cell = code.run(client, sid, "1", language=f"fake-{mode}", timeout_seconds=2, timeout=60)
+def test_a_kernel_that_never_answers_times_out_and_is_restarted(client, sid):
+    cell = code.run(client, sid, "1", language="fake-silent", timeout_seconds=2, timeout=60)
     assert cell.end.restarted and "did not stop" in cell.end.message
     assert cell.stdout == ""
+
+
+def oversized_refused(e: grpc.RpcError, link: str) -> bool:
+    return (e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and f"`{link}` connection was dropped" in e.details()
+            and "8 MiB cap (JMSG_FRAME_MAX)" in e.details())
+
+
+def test_a_frame_over_the_cap_fails_the_cell_at_once_and_the_next_cell_restarts_the_kernel(client, sid):
+    """libzmq drops the connection of a peer that sends a frame over
+    ZMQ_MAXMSGSIZE without a word; the gateway notices the drop and fails the
+    call then, not at the cell's timeout (60 s here)."""
+    cid = code.create(client, sid, language="fake-oversized").context_id
+    try:
+        for _ in range(2):  # the second cell starts a new kernel first
+            t0 = time.monotonic()
+            with pytest.raises(grpc.RpcError) as e:
+                code.run(client, sid, "1", context_id=cid, timeout_seconds=60, timeout=90)
+            took = time.monotonic() - t0
+            assert oversized_refused(e.value, "iopub"), e.value.details()
+            assert took < 10, took
+        assert cid in [c.context_id for c in code.contexts(client, sid).contexts]
+    finally:
+        code.delete(client, sid, cid)
+
+
+def test_a_frame_over_the_cap_at_start_fails_the_start_at_once(client, sid):
+    t0 = time.monotonic()
+    with pytest.raises(grpc.RpcError) as e:
+        code.create(client, sid, language="fake-oversized-info", timeout=90)
+    took = time.monotonic() - t0
+    assert oversized_refused(e.value, "shell"), e.value.details()
+    assert took < 10, took  # not the start's 60 s (CODE_START_MS)
+    assert [c for c in code.contexts(client, sid).contexts if c.language == "fake-oversized-info"] == []
 
 
 def test_an_endless_iopub_flood_costs_bounded_memory_and_other_sandboxes_run(gwh, client, sid):
@@ -144,3 +181,49 @@ def test_an_endless_iopub_flood_costs_bounded_memory_and_other_sandboxes_run(gwh
     assert received[0] > (8 << 20)
     assert beside is not None and beside.main.text == "2"
     assert (peak[0] - before) < 256 * 1024, (before, peak[0])
+
+
+
+def kernel_pids(gw, sid: str, mode: str) -> set[int]:
+    """Host pids of the fake kernels of `mode` in sandbox `sid`."""
+    found = set()
+    for pid in cgroup_pids(gw, sid):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"/root/fake_kernel.py" in argv and mode.encode() in argv:
+            found.add(pid)
+    return found
+
+
+@pytest.mark.parametrize("mode", ["flood", "bigflood"])
+def test_a_client_that_stops_reading_a_flood_still_has_its_cell_timed_out_in_bounded_memory(gwh, client, sid, mode):
+    """The kernel floods iopub (64 KiB messages, or ones just under the
+    8 MiB frame cap) and the client stops reading: the gateway reads no
+    more from the kernel meanwhile (one event under way, the kernel's
+    queues bounded), yet the cell's timeout still interrupts, then restarts
+    the kernel while the client reads nothing, and the gateway's peak RSS
+    (sampled every 50 ms) stays within a generous bound."""
+    others = kernel_pids(gwh, sid, mode)  # of other tests' contexts
+    cid = code.create(client, sid, language=f"fake-{mode}").context_id
+    try:
+        with RssSampler(gwh, interval=0.05) as rss:
+            call = code.run_call(client, sid, "1", context_id=cid, timeout_seconds=3, timeout=90)
+            got = 0
+            events = iter(call)
+            while got < (16 << 20):
+                ev = next(events)
+                got += len(ev.stdout)
+            first = kernel_pids(gwh, sid, mode) - others
+            assert len(first) == 1, first
+            # Not reading: 3 s to the timeout, CODE_INTERRUPT_GRACE_MS (3 s)
+            # to the restart (the fake kernel ignores SIGINT).
+            assert wait_until(lambda: kernel_pids(gwh, sid, mode) - others - first, 20, interval=0.2), "not restarted"
+            stalled_peak = rss.peak_kib
+            end = [ev for ev in events if ev.WhichOneof("event") == "end"]
+            assert end and end[0].end.restarted and "timed out" in end[0].end.message, end
+        growth = (stalled_peak - rss.start_kib) / 1024
+        assert growth < 192 and rss.growth_mib < 192, (rss.start_kib, stalled_peak, rss.peak_kib, rss.samples)
+    finally:
+        code.delete(client, sid, cid)
