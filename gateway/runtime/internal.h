@@ -2,7 +2,9 @@
  * runtime/ sees — the sandbox record, the runtime's state, and the steps
  * each file offers the others.
  *
- *   registry.c  ids, the registry, acquire/release, get/list/delete, layers
+ *   registry.c  ids, the registry, acquire/release, get/delete
+ *   registry_info.c  a record's info and usage, List
+ *   layer_users.c    a sandbox's layer lent to readers, frozen or not
  *   runtime.c   new/stop/destroy
  *   launch.c    launch and restore (through sandbox-helper)
  *   pool.c      the warm pool; pool_shape.c a claim's resources

@@ -1,8 +1,9 @@
 """A sandbox's lifetime: its own idle TTL expires it, Extend postpones it,
 its most lifetime ends it even while a command runs, and with
 persist_on_expiry (the default with a store configured) its snapshot is
-left in the store so that Connect restores it. Out-of-range lifetimes are
-refused and change nothing.
+left in the store so that Connect restores it. A connect through the shim
+renews a live sandbox's idle timer. Out-of-range lifetimes are refused and
+change nothing.
 
 Only List is polled while waiting for an expiry: Get renews a sandbox's
 idle timer, List does not."""
@@ -19,6 +20,7 @@ from tests.lib.client import LAUNCH_TIMEOUT_S, SandboxClient, new_id, pb
 from tests.lib.gateway import running_gateway
 from tests.lib.grpc_clients import rpc_error
 from tests.lib.procs import wait_until
+from tests.lib.shim import running_shim
 
 MAX_IDLE_TTL = 60
 MAX_LIFETIME = 120
@@ -87,6 +89,36 @@ def test_extend_postpones_the_idle_expiry(client):
     time.sleep(4)  # past the launch's TTL
     assert listed(client, sid)
     wait_gone(client, sid, 7 + EXPIRY_SLACK_S)
+
+
+def shim_expiries(shim) -> dict[str, int]:
+    r = shim.request("GET", "/sandboxes")  # List: renews nothing
+    assert r.status == 200, (r.status, r.body)
+    return {s["sandbox_id"]: s["expires_at_ms"] for s in r.json()["sandboxes"]}
+
+
+def test_a_connect_through_the_shim_renews_the_idle_ttl(client):
+    kept = launch(client, idle_ttl_seconds=2, persist_on_expiry=NO).sandbox_id
+    left = launch(client, idle_ttl_seconds=2, persist_on_expiry=NO).sandbox_id
+    with running_shim(client.gw) as shim:
+        before = shim_expiries(shim)[kept]
+        time.sleep(1)
+        r = shim.request("POST", f"/sandboxes/{kept}/connect")
+        assert r.status == 200 and r.json()["outcome"] == "live", (r.status, r.body)
+        after = shim_expiries(shim)[kept]
+        assert after >= before + 800, (before, after)
+        # Kept alive past several TTLs by connects alone; its neighbour,
+        # never connected, expires meanwhile.
+        t_end = time.monotonic() + 3 * 2 + EXPIRY_SLACK_S
+        while time.monotonic() < t_end:
+            r = shim.request("POST", f"/sandboxes/{kept}/connect")
+            assert r.status == 200 and r.json()["outcome"] == "live", (r.status, r.body)
+            time.sleep(0.5)
+        now = shim_expiries(shim)
+        assert kept in now and left not in now, now
+        # Without connects it expires too.
+        took = wait_gone(client, kept, 2 + EXPIRY_SLACK_S)
+        assert took >= 1.0, took
 
 
 def test_extend_sets_a_new_end_of_life(client):

@@ -171,6 +171,32 @@ def test_launch_env_is_seen_by_exec_and_run_and_a_request_env_wins(client):
     assert client.sh_out(sid, "cat /root/note") == "written"
 
 
+def test_launch_env_is_seen_by_a_run_on_a_terminal_and_wins_over_its_term_default(client):
+    sid = launch(client, env={"GREETING": "from-launch", "TERM": "vt100"}).sandbox_id
+    pty = pb.PtySize(rows=24, cols=80)
+    s = RunSession(client, pb.ProcessStart(sandbox_id=sid, argv=["sh", "-c", 'echo "$GREETING $TERM"'], pty=pty))
+    assert s.output().strip() == "from-launch vt100"
+    s = RunSession(client, pb.ProcessStart(sandbox_id=sid, argv=["sh", "-c", 'echo "$GREETING $TERM"'], pty=pty,
+                                           env={"TERM": "xterm"}))
+    assert s.output().strip() == "from-launch xterm"
+    # Without a launch TERM, a terminal's default stays.
+    other = launch(client, env={"GREETING": "x"}).sandbox_id
+    s = RunSession(client, pb.ProcessStart(sandbox_id=other, argv=["sh", "-c", 'echo "$TERM"'], pty=pty))
+    assert s.output().strip() == "xterm-256color"
+
+
+def test_file_calls_under_a_launch_env_act_as_the_owner_from_root(client):
+    # A file call runs no command: the launch env (even HOME, PWD) does not
+    # move where a relative path lands, nor whose the file is.
+    sid = launch(client, env={"HOME": "/tmp", "PWD": "/tmp", "GREETING": "from-launch"}).sandbox_id
+    info = client.write_file(sid, "relative-note", b"written")
+    assert info.path == "/root/relative-note" and (info.uid, info.gid) == (0, 0), info
+    assert client.read_file(sid, "relative-note")[0] == b"written"
+    assert client.stat(sid, "/root/relative-note").size == len(b"written")
+    assert client.sh_out(sid, 'cat /root/relative-note; echo " $GREETING"; test ! -e "$HOME/relative-note"') == \
+        "written from-launch\n"
+
+
 def test_a_sandbox_without_launch_env_keeps_the_defaults(client):
     sid = launch(client).sandbox_id
     assert client.sh_out(sid, 'echo "$HOME ${GREETING-unset}"') == "/root unset\n"

@@ -1,17 +1,19 @@
 """The launch spec through the shim (additive REST): POST /sandboxes with
 resources, env, labels, idle_ttl and max_lifetime; GET /sandboxes?labels=
 filtering the fan-out over two gateways the same way; POST
-/sandboxes/{id}/extend. Bad input is 422 in the shim's error shape and
+/sandboxes/{id}/extend; the launch env seen by exec and detached processes. Bad input is 422 in the shim's error shape and
 launches nothing."""
 
 from __future__ import annotations
 
 import base64
+import json
 import urllib.parse
 
 import pytest
 
 from tests.lib.client import new_id
+from tests.lib.procs import wait_until
 from tests.lib.shim import start_shim
 
 SECRET = "shim-spec-secret"
@@ -82,6 +84,31 @@ def test_resources_env_and_extend_through_the_shim(pair):
     assert r.json()["expires_at_ms"] > before + 60_000
     r = shim.request("POST", f"/sandboxes/{sid}/extend", {"idle_ttl": 10 ** 7})
     assert r.status == 422 and "idle_ttl_seconds" in r.body.decode(), (r.status, r.body)
+
+
+def test_launch_env_is_seen_by_a_detached_process_and_a_file_call_through_the_shim(pair):
+    shim, made = pair
+    sid = new_id("shim-env")
+    r = shim.request("POST", "/sandboxes", {"sandbox_id": sid, "env": {"SPEC_VAR": "from-launch", "HOME": "/tmp"}})
+    assert r.status == 201, (r.status, r.body)
+    made.append(sid)
+    for name, env, want in (("seen", {}, b"from-launch /tmp\n"), ("mine", {"SPEC_VAR": "from-run"}, b"from-run /tmp\n")):
+        r = shim.request("POST", f"/sandboxes/{sid}/processes",
+                         {"argv": ["sh", "-c", 'echo "$SPEC_VAR $HOME"'], "env": env, "process_id": name})
+        assert r.status == 201, (r.status, r.body)
+        assert wait_until(lambda: not shim.request("GET", f"/sandboxes/{sid}/processes/{name}").json()["running"],
+                          10), name
+        r = shim.request("GET", f"/sandboxes/{sid}/processes/{name}/output")
+        assert r.status == 200, (r.status, r.body)
+        out = b"".join(base64.b64decode(e["stdout_b64"]) for e in map(json.loads, r.body.splitlines())
+                       if "stdout_b64" in e)
+        assert out == want, (name, r.body)
+    # A file call: a relative path is still taken from /root.
+    r = shim.request("PUT", f"/sandboxes/{sid}/files?path=note", b"written",
+                     headers={"Content-Type": "application/octet-stream"})
+    assert r.status in (200, 201), (r.status, r.body)
+    r = shim.request("POST", f"/sandboxes/{sid}/exec", {"argv": ["cat", "/root/note"]})
+    assert r.status == 200 and base64.b64decode(r.json()["stdout_b64"]) == b"written", r.body
 
 
 @pytest.mark.parametrize("body, where", [
