@@ -75,6 +75,24 @@ def test_state_is_kept_between_cells(client, sid, ctx):
     assert cell.end.execution_count == first.end.execution_count + 1
 
 
+def test_a_context_sees_the_launch_env_beneath_its_own(client):
+    """The launch env is the default of code contexts as of commands: a
+    context's own env wins over it, the default context has it as is."""
+    sid = new_id("cenv")
+    client.created.append(sid)
+    client.stub.Launch(pb.LaunchRequest(sandbox_id=sid, env={"FROM_LAUNCH": "launch", "BOTH": "launch"}),
+                       metadata=client.md, timeout=60)
+    try:
+        cell = code.run(client, sid, "import os; os.environ['FROM_LAUNCH'] + '/' + os.environ['BOTH']")
+        assert cell.error is None and cell.main.text == "'launch/launch'", cell.events
+        own = code.create(client, sid, env={"BOTH": "context"}).context_id
+        cell = code.run(client, sid, "import os; os.environ['FROM_LAUNCH'] + '/' + os.environ['BOTH']",
+                        context_id=own)
+        assert cell.error is None and cell.main.text == "'launch/context'", cell.events
+    finally:
+        client.delete(sid)
+
+
 def test_two_contexts_do_not_share_variables_and_restart_forgets(client, sid, ctx):
     other = code.create(client, sid).context_id
     try:
