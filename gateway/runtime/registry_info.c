@@ -16,8 +16,17 @@
 #include "common/cleanup.h"
 #include "gateway/runtime/internal.h"
 
+static void info_fill_locked (const sbx_t *s, sbx_info_t *out);
+
 void
 sbx_info_copy_locked (sbx_t *s, sbx_info_t *out)
+{
+  info_fill_locked (s, out);
+  s->refs++; /* keeps the record, its id and its disk descriptor */
+}
+
+static void
+info_fill_locked (const sbx_t *s, sbx_info_t *out)
 {
   memset (out, 0, sizeof *out);
   snprintf (out->id, sizeof out->id, "%s", s->id);
@@ -34,7 +43,6 @@ sbx_info_copy_locked (sbx_t *s, sbx_info_t *out)
   out->resources = s->res;
   out->lifetime = s->life;
   out->expires_at_ms = sbx_expires_at_locked (s);
-  s->refs++; /* keeps the record, its id and its disk descriptor */
 }
 
 void
@@ -110,43 +118,99 @@ list_release (sbx_runtime_t *rt, sbx_t **held, const sbx_info_t *v, const bool *
 /* A labels copy that could not be made (sbx_list_matching fails). */
 #define SBX_LABELS_OOM ((char **) -1)
 
-/* A List copies every record under the registry lock, referenced, and
- * reads the process counts and disks it must after it: the lock every exec
- * takes is never held across those reads, whatever the number of sandboxes.
- * With `labels`, only those `match` (NULL: all) accepts, each with a copy
- * of its labels, made after the lock (the records are referenced and
- * their labels never change). */
+/* Records a List copies per hold of the registry lock. */
+#define SBX_LIST_BATCH 128
+/* Room for sandboxes launched between sizing a List's arrays and taking
+ * the lock. */
+#define SBX_LIST_MARGIN 64
+
+/* References every live record (those `match` accepts) into *held, sized
+ * outside the lock: *k of them. */
+static int
+hold_live (sbx_runtime_t *rt, sbx_match_fn match, void *ctx, sbx_t ***held, size_t *k, err_t *err)
+{
+  size_t cap = 0;
+  sbx_t **v = NULL;
+  for (;;)
+    {
+      pthread_mutex_lock (&rt->mu);
+      size_t live = rt->count;
+      if (v != NULL && live <= cap)
+        break;
+      pthread_mutex_unlock (&rt->mu);
+      free (v);
+      cap = live + SBX_LIST_MARGIN;
+      if ((v = calloc (cap + 1, sizeof *v)) == NULL)
+        return err_make (err, ENOMEM, "list: out of memory");
+    }
+  size_t n = 0;
+  for (sbx_t *s = rt->list; s != NULL && n < cap; s = s->next)
+    if (s->ready && !s->deleting && (match == NULL || match (ctx, (const char *const *) s->labels)))
+      {
+        s->refs++; /* keeps the record, its id and its disk descriptor */
+        v[n++] = s;
+      }
+  pthread_mutex_unlock (&rt->mu);
+  *held = v;
+  *k = n;
+  return 0;
+}
+
+/* Drops the references hold_live took (a List that cannot go on). */
+static void
+unhold (sbx_runtime_t *rt, sbx_t **held, size_t k)
+{
+  size_t n_last = 0;
+  pthread_mutex_lock (&rt->mu);
+  for (size_t i = 0; i < k; i++)
+    if (sbx_unref_locked (rt, held[i]))
+      held[n_last++] = held[i];
+  pthread_mutex_unlock (&rt->mu);
+  for (size_t i = 0; i < n_last; i++)
+    sbx_free_record (held[i]);
+}
+
+/* A List references every live record under the registry lock (pointers
+ * only), then copies them SBX_LIST_BATCH at a time, each batch under the
+ * lock, and reads the process counts and disks it must after it: an exec,
+ * which takes that lock at its start and end, waits at most for one batch,
+ * whatever the number of sandboxes, and never for a read. With `labels`,
+ * only those `match` (NULL: all) accepts, each with a copy of its labels,
+ * made after the lock (the records are referenced and their labels never
+ * change). */
 static int
 list_some (sbx_runtime_t *rt, bool labels, sbx_match_fn match, void *ctx, sbx_info_t **out, size_t *n, err_t *err)
 {
-  pthread_mutex_lock (&rt->mu);
-  size_t cap = rt->count + 1;
-  sbx_info_t *v = calloc (cap, sizeof *v);
-  cleanup_free sbx_t **held = calloc (cap, sizeof *held);
-  cleanup_free bool *read = calloc (cap, sizeof *read);
-  if (v == NULL || held == NULL || read == NULL)
+  cleanup_free sbx_t **held = NULL;
+  size_t k = 0;
+  if (hold_live (rt, match, ctx, &held, &k, err) < 0)
+    return -1;
+  sbx_info_t *v = calloc (k + 1, sizeof *v);
+  cleanup_free bool *read = calloc (k + 1, sizeof *read);
+  if (v == NULL || read == NULL)
     {
-      pthread_mutex_unlock (&rt->mu);
       free (v);
+      unhold (rt, held, k);
       return err_make (err, ENOMEM, "list: out of memory");
     }
   int64_t now = sbx_mono_ms ();
-  size_t k = 0;
-  for (sbx_t *s = rt->list; s != NULL && k < cap; s = s->next)
-    if (s->ready && !s->deleting && (match == NULL || match (ctx, (const char *const *) s->labels)))
-      {
-        held[k] = s;
-        sbx_info_copy_locked (s, &v[k]);
-        read[k] = !usage_fresh_locked (s, now);
-        if (!read[k])
-          {
-            v[k].process_count = s->usage_processes;
-            v[k].disk_used_bytes = s->usage_disk_used;
-            v[k].disk_limit_bytes = s->usage_disk_limit;
-          }
-        k++;
-      }
-  pthread_mutex_unlock (&rt->mu);
+  for (size_t i = 0; i < k; i += SBX_LIST_BATCH)
+    {
+      pthread_mutex_lock (&rt->mu);
+      for (size_t j = i; j < k && j < i + SBX_LIST_BATCH; j++)
+        {
+          sbx_t *s = held[j];
+          info_fill_locked (s, &v[j]);
+          read[j] = !usage_fresh_locked (s, now);
+          if (!read[j])
+            {
+              v[j].process_count = s->usage_processes;
+              v[j].disk_used_bytes = s->usage_disk_used;
+              v[j].disk_limit_bytes = s->usage_disk_limit;
+            }
+        }
+      pthread_mutex_unlock (&rt->mu);
+    }
   int64_t read_ms = sbx_mono_ms ();
   for (size_t i = 0; i < k; i++)
     {
