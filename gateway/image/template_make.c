@@ -355,14 +355,33 @@ store_index (snap_store_t *st, made_t *m, err_t *err)
                                     : upload_bytes (st, io, text, strlen (text), err);
 }
 
+static int store_claimed_layer (img_cache_t *c, snap_store_t *st, made_t *m, const char *layer_path, const char *kept,
+                                err_t *err);
+
 /* The layer kept as blobs/<hex>, unpacked into layers/ while every blob is
  * stored (side by side: the unpack reads from disk, the store writes), and
  * index.json stored once both are done. */
 static int
 store_layout (img_cache_t *c, snap_store_t *st, made_t *m, const char *layer_path, err_t *err)
 {
-  char kept[PATH_MAX];
+  char kept[PATH_MAX], key[80];
   snprintf (kept, sizeof kept, "%s/blobs/%s", img_cache_root (c), m->hex);
+  /* The layer is claimed as a pull claims one: two templates of the same
+   * layer (or a pull of it) never unpack into one directory at once. */
+  snprintf (key, sizeof key, "layer:%s", m->hex);
+  int claimed = img_gate_claim (img_cache_gate (c), key, img_gate_now_ms () + IMG_PULL_MAX_MS);
+  if (claimed != 0)
+    return err_make (err, claimed, "the template's layer %s: another use of it ran too long", m->hex);
+  int rc = store_claimed_layer (c, st, m, layer_path, kept, err);
+  img_gate_release (img_cache_gate (c), key);
+  return rc < 0 ? -1 : store_index (st, m, err);
+}
+
+/* store_layout with the new layer claimed. */
+static int
+store_claimed_layer (img_cache_t *c, snap_store_t *st, made_t *m, const char *layer_path, const char *kept,
+                     err_t *err)
+{
   if (rename (layer_path, kept) < 0)
     return err_make_sys (err, errno, "rename `%s`", kept);
   unpack_t u = {.c = c, .hex = m->hex, .err = ERR_INIT};
@@ -382,7 +401,7 @@ store_layout (img_cache_t *c, snap_store_t *st, made_t *m, const char *layer_pat
       rc = -1;
     }
   err_release (&u.err);
-  return rc < 0 ? -1 : store_index (st, m, err);
+  return rc;
 }
 
 /* The cache's record of the template made: the base's defaults, its

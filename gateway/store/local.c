@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,11 @@ struct snap_reader_s
   int fd;
 };
 
+/* The path of `object` under the store's directory. No component of it
+ * below that directory may be a symbolic link (ELOOP): another writer of
+ * the directory cannot steer an operation out of it. A component planted
+ * between this check and the operation is not seen; the store's directory
+ * is the gateway's to give to writers it trusts that far. */
 static int
 object_path (const local_store_t *s, const char *object, char *out, size_t cap, err_t *err)
 {
@@ -52,7 +58,20 @@ object_path (const local_store_t *s, const char *object, char *out, size_t cap, 
     return err_make (err, EINVAL, "object name `%s` is not a relative name", object);
   if ((size_t) snprintf (out, cap, "%s/%s", s->dir, object) >= cap)
     return err_make (err, ENAMETOOLONG, "object name `%s` is too long", object);
-  return 0;
+  size_t base = strlen (s->dir) + 1;
+  for (char *p = out + base;; p++)
+    if (*p == '/' || *p == '\0')
+      {
+        char was = *p;
+        *p = '\0';
+        struct stat st;
+        bool link = lstat (out, &st) == 0 && S_ISLNK (st.st_mode);
+        *p = was;
+        if (link)
+          return err_make (err, ELOOP, "object `%s`: a symbolic link in the store's tree", object);
+        if (was == '\0')
+          return 0;
+      }
 }
 
 static int
@@ -168,10 +187,18 @@ local_reader_open (snap_store_t *store, const char *object, snap_reader_t **out,
   char path[PATH_MAX];
   if (object_path (s, object, path, sizeof path, err) < 0)
     return -1;
-  int fd = open (path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  /* Non-blocking, so that a FIFO planted under the name cannot hold the
+   * open; then it must be a regular file. */
+  int fd = open (path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     return errno == ENOENT ? err_make (err, ENOENT, "no snapshot `%s` in the local store", object)
                            : err_make_sys (err, errno, "open `%s`", path);
+  struct stat st;
+  if (fstat (fd, &st) < 0 || !S_ISREG (st.st_mode) || fcntl (fd, F_SETFL, O_RDONLY) < 0)
+    {
+      close (fd);
+      return err_make (err, EINVAL, "object `%s` in the local store is not a regular file", object);
+    }
   snap_reader_t *r = calloc (1, sizeof *r);
   if (r == NULL)
     {
@@ -211,6 +238,16 @@ local_remove (snap_store_t *store, const char *object, err_t *err)
     return errno == ENOENT ? err_make (err, ENOENT, "no snapshot `%s` in the local store", object)
                            : err_make_sys (err, errno, "remove `%s`", path);
   fsync_dir_of (path);
+  /* The directories it leaves empty go too (a name's last object gone,
+   * nothing of it is listed). */
+  size_t base = strlen (((local_store_t *) store)->dir);
+  for (char *slash = strrchr (path, '/'); slash != NULL && (size_t) (slash - path) > base;
+       slash = strrchr (path, '/'))
+    {
+      *slash = '\0';
+      if (rmdir (path) < 0)
+        break;
+    }
   return 0;
 }
 

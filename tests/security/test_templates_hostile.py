@@ -1,0 +1,156 @@
+"""Templates under attack: two creations of one layer at once, and a
+writer of the shared store that plants FIFOs and symbolic links or leaves
+names behind. Each gets a clear error or the right template, promptly,
+and nothing outside the store is touched."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+
+import grpc
+import pytest
+
+from tests.integration.test_templates import (create, delete, gw_env, layer, launch, layout_dir, made_on_image,
+                                              templates)
+from tests.lib.client import new_id, sandbox_client
+from tests.lib.gateway import running_gateway
+from tests.lib.images import busybox_layer, make_image, registry
+
+# A gateway call that a planted object could hang is given this long.
+PROMPT_S = 30
+
+
+@pytest.fixture(scope="module")
+def reg():
+    with registry() as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def store():
+    d = tempfile.mkdtemp(prefix="sgw-tpl-hostile-")
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tgw(reg, store, gateway_secret):
+    with running_gateway(gw_env(reg, store), secret=gateway_secret, check=True) as gw:
+        yield gw
+
+
+@pytest.fixture
+def c(tgw):
+    with sandbox_client(tgw) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def image_ref(reg):
+    img = make_image([busybox_layer(), layer([("dir", "work"), ("file", "etc/greeting", b"hello\n"),
+                                              ("file", "etc/doomed", b"x\n")])],
+                     env=["PATH=/bin", "GREETING=from-image"], workdir="/work")
+    return reg.push(img, "test/tpl-hostile", "v1"), img
+
+
+def test_two_templates_of_one_layer_made_at_once_both_hold_every_file(c, image_ref):
+    ref, _ = image_ref
+    src = new_id("trace")
+    launch(c, src, ref)
+    c.ok(src, "mkdir -p /root/many && cd /root/many && i=0; while [ $i -lt 3000 ]; do echo x > $i; i=$((i+1)); done",
+         timeout_seconds=120, rpc_timeout=150)
+    got: dict = {}
+
+    def make(name):
+        try:
+            got[name] = create(c, src, name).image_digest
+        except grpc.RpcError as e:
+            got[name] = e
+
+    threads = [threading.Thread(target=make, args=(n,)) for n in ("race-a", "race-b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert all(isinstance(v, str) for v in got.values()), got
+    for name in got:
+        sid = new_id("tracel")
+        launch(c, sid, f"template:{name}")
+        assert c.sh(sid, "ls /root/many | wc -l").out.strip() == "3000", name
+        c.delete(sid)
+
+
+def test_a_fifo_in_the_store_fails_listing_deleting_and_launching_at_once(c, image_ref, store):
+    _, t = made_on_image(c, image_ref, "tpl-fifo")
+    d = layout_dir(store, "tpl-fifo")
+    index = os.path.join(d, "index.json")
+    os.unlink(index)
+    os.mkfifo(index)
+    t0 = time.monotonic()
+    assert "tpl-fifo" not in templates(c)
+    with pytest.raises(grpc.RpcError) as e:
+        launch(c, new_id("tfifo"), "template:tpl-fifo")
+    assert e.value.code() != grpc.StatusCode.DEADLINE_EXCEEDED, e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        delete(c, "tpl-fifo")
+    assert e.value.code() != grpc.StatusCode.DEADLINE_EXCEEDED, e.value.details()
+    assert time.monotonic() - t0 < PROMPT_S
+    # The cache's gate was never held: other templates are made and listed.
+    made_on_image(c, image_ref, "tpl-after-fifo")
+    assert "tpl-after-fifo" in templates(c)
+
+
+def test_a_fifo_for_a_blob_fails_the_launch_at_once(c, image_ref, reg, store, gateway_secret):
+    _, t = made_on_image(c, image_ref, "tpl-fifo-blob")
+    import json
+    blobs = os.path.join(layout_dir(store, "tpl-fifo-blob"), "blobs", "sha256")
+    manifest = json.load(open(os.path.join(blobs, t.image_digest[7:])))
+    top = os.path.join(blobs, manifest["layers"][-1]["digest"][7:])
+    os.unlink(top)
+    os.mkfifo(top)
+    with running_gateway(gw_env(reg, store), secret=gateway_secret, check=True) as gw2, sandbox_client(gw2) as c2:
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as e:
+            launch(c2, new_id("tfifob"), "template:tpl-fifo-blob", timeout=PROMPT_S)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+        assert time.monotonic() - t0 < PROMPT_S
+
+
+def test_a_symlinked_template_directory_is_refused_and_its_target_untouched(c, image_ref, store, tmp_path):
+    target = tmp_path / "host"
+    target.mkdir()
+    (target / "keep").write_text("host file\n")
+    (target / "blobs" / "sha256").mkdir(parents=True)
+    (target / "blobs" / "sha256" / ("a" * 64)).write_text("host blob\n")
+    templates_dir = os.path.join(store, "sandbox-snapshots", "templates")
+    os.makedirs(templates_dir, exist_ok=True)
+    os.symlink(target, os.path.join(templates_dir, "evil"))
+    ref, _ = image_ref
+    sid = new_id("tevil")
+    launch(c, sid, ref)
+    with pytest.raises(grpc.RpcError) as e:
+        create(c, sid, "evil")
+    assert e.value.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT), \
+        e.value.details()
+    with pytest.raises(grpc.RpcError):
+        delete(c, "evil")
+    with pytest.raises(grpc.RpcError):
+        launch(c, new_id("tevil2"), "template:evil")
+    assert sorted(os.listdir(target)) == ["blobs", "keep"]
+    assert (target / "keep").read_text() == "host file\n"
+    assert (target / "blobs" / "sha256" / ("a" * 64)).exists()
+
+
+def test_a_deleted_template_leaves_no_name_behind(c, image_ref, store):
+    for i in range(3):
+        made_on_image(c, image_ref, f"tpl-gone-{i}")
+        delete(c, f"tpl-gone-{i}")
+    left = os.listdir(os.path.join(store, "sandbox-snapshots", "templates"))
+    assert not [n for n in left if n.startswith("tpl-gone-")], left
+    assert not [n for n in templates(c) if n.startswith("tpl-gone-")]
