@@ -154,3 +154,77 @@ def test_a_deleted_template_leaves_no_name_behind(c, image_ref, store):
     left = os.listdir(os.path.join(store, "sandbox-snapshots", "templates"))
     assert not [n for n in left if n.startswith("tpl-gone-")], left
     assert not [n for n in templates(c) if n.startswith("tpl-gone-")]
+
+
+def test_an_image_directory_removed_and_made_again_comes_back_as_the_sandbox_left_it(c, image_ref):
+    """The sandbox removes a directory of its image and makes it again with
+    other files (an opaque directory in its layer): a launch from its
+    template sees exactly the new files over the image's."""
+    ref, _ = image_ref
+    sid = new_id("topq")
+    launch(c, sid, ref)
+    c.ok(sid, "rm -rf /etc && mkdir /etc && echo new > /etc/only-new && rm -rf /work && mkdir /work && echo w > /work/w")
+    create(c, sid, "tpl-opaque")
+    new = new_id("topq2")
+    launch(c, new, "template:tpl-opaque")
+    r = c.sh(new, "ls -A /etc; cat /work/w")
+    assert r.out == "only-new\nw\n", r.describe()
+
+
+def test_creations_deletions_and_launches_racing_on_one_name_leave_it_whole_or_gone(c, image_ref):
+    """Several clients make, delete and launch one name at once, and six
+    creations at once meet the cap: no call hangs or crashes the gateway, a
+    creation past the cap is RESOURCE_EXHAUSTED, and at the end the name is
+    either a whole template that launches with its files or not listed."""
+    ref, _ = image_ref
+    src = new_id("tloop")
+    launch(c, src, ref)
+    c.ok(src, "echo raced > /etc/raced")
+    codes: list = []
+
+    def worker(kind):
+        for _ in range(6):
+            try:
+                if kind == "create":
+                    create(c, src, "tpl-raced")
+                elif kind == "delete":
+                    delete(c, "tpl-raced")
+                else:
+                    sid = new_id("tloopl")
+                    launch(c, sid, "template:tpl-raced")
+                    c.delete(sid)
+                codes.append("OK")
+            except grpc.RpcError as e:
+                codes.append(e.code().name)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in ("create", "create", "delete", "launch")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not any(t.is_alive() for t in threads)
+    assert set(codes) <= {"OK", "ALREADY_EXISTS", "NOT_FOUND", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT"}, codes
+    if "tpl-raced" in templates(c):
+        sid = new_id("tloopend")
+        launch(c, sid, "template:tpl-raced")
+        assert c.sh(sid, "cat /etc/raced").out == "raced\n"
+    many: list = []
+
+    made: list = []
+
+    def make(i):
+        try:
+            create(c, src, f"tpl-many-{i}")
+            many.append("OK")
+            made.append(f"tpl-many-{i}")
+        except grpc.RpcError as e:
+            many.append(e.code().name)
+
+    threads = [threading.Thread(target=make, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert set(many) <= {"OK", "RESOURCE_EXHAUSTED"} and "OK" in many, many
+    # Exactly the creations that answered OK are listed.
+    assert sorted(n for n in templates(c) if n.startswith("tpl-many-")) == sorted(made)
