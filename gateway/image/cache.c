@@ -33,10 +33,7 @@ struct img_cache_s
   uint64_t budget; /* SANDBOX_IMAGE_CACHE_MB in bytes; 0: none */
   img_gate_t gate; /* pulls side by side, removals alone (gate.h) */
   snap_store_t *store;
-  char *google_hosts;
-  int (*google_token) (void *ctx, char **token, err_t *err);
-  void (*google_token_put) (char *token);
-  void *google_ctx;
+  img_google_t google;
 };
 
 static const char *const subdirs[] = {"", "/blobs", "/layers", "/manifests", "/refs", "/tmp"};
@@ -64,10 +61,10 @@ img_cache_new (const img_cache_opts_t *o, img_cache_t **out, err_t *err)
   c->ca_file = o->ca_file != NULL ? strdup (o->ca_file) : NULL;
   c->rt = o->rt;
   c->store = o->store;
-  c->google_hosts = o->google_hosts != NULL ? strdup (o->google_hosts) : NULL;
-  c->google_token = o->google_token;
-  c->google_token_put = o->google_token_put;
-  c->google_ctx = o->google_ctx;
+  c->google = (img_google_t){.hosts = o->google_hosts != NULL ? strdup (o->google_hosts) : NULL,
+                             .token = o->google_token,
+                             .put = o->google_token_put,
+                             .ctx = o->google_ctx};
   c->budget = (uint64_t) o->cache_mb << 20;
   /* Before any thread pulls (curl's own lazy set-up is not thread-safe). */
   if (curl_global_init (CURL_GLOBAL_DEFAULT) != CURLE_OK)
@@ -86,7 +83,7 @@ img_cache_free (img_cache_t *c)
   free (c->auth_file);
   free (c->insecure);
   free (c->ca_file);
-  free (c->google_hosts);
+  free (c->google.hosts);
   free (c);
 }
 
@@ -119,33 +116,6 @@ write_json (const img_cache_t *c, const char *path, json_t *doc, err_t *err)
   snprintf (tmp, sizeof tmp, "%s/tmp/record.%d.%lu", c->root, (int) getpid (), (unsigned long) pthread_self ());
   if (json_dump_file (doc, tmp, JSON_COMPACT) < 0)
     return err_make (err, EIO, "write `%s`", tmp);
-  if (rename (tmp, path) < 0)
-    {
-      unlink (tmp);
-      return err_make_sys (err, errno, "rename `%s`", path);
-    }
-  return 0;
-}
-
-int
-img_keep_blob (img_cache_t *c, const char *digest, const void *data, size_t len, err_t *err)
-{
-  char tmp[PATH_MAX], path[PATH_MAX];
-  snprintf (path, sizeof path, "%s/blobs/%s", c->root, digest + 7);
-  snprintf (tmp, sizeof tmp, "%s/tmp/%s.kept.%lu", c->root, digest + 7, (unsigned long) pthread_self ());
-  cleanup_close int fd = open (tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0)
-    return err_make_sys (err, errno, "create `%s`", tmp);
-  for (size_t off = 0; off < len;)
-    {
-      ssize_t w = TEMP_FAILURE_RETRY (write (fd, (const char *) data + off, len - off));
-      if (w <= 0)
-        {
-          unlink (tmp);
-          return err_make_sys (err, w < 0 ? errno : EIO, "write `%s`", tmp);
-        }
-      off += (size_t) w;
-    }
   if (rename (tmp, path) < 0)
     {
       unlink (tmp);
@@ -302,35 +272,10 @@ img_cache_ca_file (const img_cache_t *c)
   return c->ca_file;
 }
 
-char *
-img_cache_google_basic (img_cache_t *c, const char *host)
+const img_google_t *
+img_cache_google (const img_cache_t *c)
 {
-  if (c->google_token == NULL || c->google_hosts == NULL)
-    return NULL;
-  bool listed = false;
-  cleanup_free char *list = strdup (c->google_hosts);
-  char *save = NULL;
-  for (char *p = list != NULL ? strtok_r (list, ",", &save) : NULL; p != NULL && !listed;
-       p = strtok_r (NULL, ",", &save))
-    listed = fnmatch (p, host, 0) == 0;
-  if (!listed)
-    return NULL;
-  char *token = NULL;
-  err_t err = ERR_INIT;
-  if (c->google_token (c->google_ctx, &token, &err) < 0)
-    {
-      err_warn_release (&err, "registry `%s`: no Google credentials; pulling anonymously", host);
-      return NULL;
-    }
-  cleanup_free char *plain = NULL;
-  char *out = NULL;
-  int n = asprintf (&plain, "oauth2accesstoken:%s", token);
-  c->google_token_put (token);
-  if (n > 0 && (out = malloc (4 * ((size_t) n / 3 + 1) + 1)) != NULL)
-    EVP_EncodeBlock ((unsigned char *) out, (const unsigned char *) plain, n);
-  if (plain != NULL)
-    OPENSSL_cleanse (plain, strlen (plain));
-  return out;
+  return &c->google;
 }
 
 img_gate_t *

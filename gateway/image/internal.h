@@ -14,11 +14,16 @@ const char *img_cache_root (const img_cache_t *c);
 sbx_runtime_t *img_cache_runtime (const img_cache_t *c);
 /* SANDBOX_REGISTRY_CA, or NULL. */
 const char *img_cache_ca_file (const img_cache_t *c);
-/* The Basic credentials (base64) of `oauth2accesstoken` and a Google
- * access token for `host` when it is one of SANDBOX_REGISTRY_GOOGLE_HOSTS
- * (caller frees), else NULL; a token that cannot be had is logged and NULL
- * (the pull goes on anonymously). */
-char *img_cache_google_basic (img_cache_t *c, const char *host);
+/* SANDBOX_REGISTRY_GOOGLE_HOSTS and where its tokens come from (see
+ * img_cache_opts_t); `token` NULL: none. */
+typedef struct img_google_s
+{
+  char *hosts;
+  int (*token) (void *ctx, char **token, err_t *err);
+  void (*put) (char *token);
+  void *ctx;
+} img_google_t;
+const img_google_t *img_cache_google (const img_cache_t *c);
 /* Where templates live, or NULL. */
 snap_store_t *img_cache_store (const img_cache_t *c);
 /* Who may touch the cache at once (gate.h). */

@@ -8,6 +8,8 @@
  * templates made on the image. Runs with its reference claimed (gate.h). */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <fnmatch.h>
 #include <jansson.h>
 #include <limits.h>
 #include <openssl/evp.h>
@@ -18,6 +20,7 @@
 #include <unistd.h>
 
 #include "common/cleanup.h"
+#include "common/log.h"
 #include "gateway/image/internal.h"
 #include "gateway/image/registry.h"
 
@@ -110,6 +113,33 @@ descriptor (json_t *d, const char *image, const char *what, const char **digest,
   if (*size > cap)
     return err_make (err, EINVAL, "image `%s`: its %s is %llu bytes, over the cap of %llu", image, what,
                      (unsigned long long) *size, (unsigned long long) cap);
+  return 0;
+}
+
+int
+img_keep_blob (img_cache_t *c, const char *digest, const void *data, size_t len, err_t *err)
+{
+  char tmp[PATH_MAX], path[PATH_MAX];
+  snprintf (path, sizeof path, "%s/blobs/%s", img_cache_root (c), digest + 7);
+  snprintf (tmp, sizeof tmp, "%s/tmp/%s.kept.%lu", img_cache_root (c), digest + 7, (unsigned long) pthread_self ());
+  cleanup_close int fd = open (tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return err_make_sys (err, errno, "create `%s`", tmp);
+  for (size_t off = 0; off < len;)
+    {
+      ssize_t w = TEMP_FAILURE_RETRY (write (fd, (const char *) data + off, len - off));
+      if (w <= 0)
+        {
+          unlink (tmp);
+          return err_make_sys (err, w < 0 ? errno : EIO, "write `%s`", tmp);
+        }
+      off += (size_t) w;
+    }
+  if (rename (tmp, path) < 0)
+    {
+      unlink (tmp);
+      return err_make_sys (err, errno, "rename `%s`", path);
+    }
   return 0;
 }
 
@@ -419,13 +449,49 @@ registry_get (void *ctx, const char *kind, const char *ref, const char *accept, 
   return img_reg_get (ctx, kind, ref, accept, max, sink, sink_ctx, ctype, err);
 }
 
+/* The Basic credentials (base64) of `oauth2accesstoken` and a Google
+ * access token, for the registries of SANDBOX_REGISTRY_GOOGLE_HOSTS
+ * (Artifact Registry); NULL for the others, and when no token could be
+ * had (logged: the pull goes on anonymously). */
+static char *
+google_basic (img_cache_t *c, const char *host)
+{
+  const img_google_t *g = img_cache_google (c);
+  if (g->token == NULL || g->hosts == NULL)
+    return NULL;
+  bool listed = false;
+  cleanup_free char *list = strdup (g->hosts);
+  char *save = NULL;
+  for (char *p = list != NULL ? strtok_r (list, ",", &save) : NULL; p != NULL && !listed;
+       p = strtok_r (NULL, ",", &save))
+    listed = fnmatch (p, host, 0) == 0;
+  char *token = NULL;
+  err_t err = ERR_INIT;
+  if (!listed)
+    return NULL;
+  if (g->token (g->ctx, &token, &err) < 0)
+    {
+      err_warn_release (&err, "registry `%s`: no Google credentials; pulling anonymously", host);
+      return NULL;
+    }
+  cleanup_free char *plain = NULL;
+  char *out = NULL;
+  int n = asprintf (&plain, "oauth2accesstoken:%s", token);
+  g->put (token);
+  if (n > 0 && (out = malloc (4 * ((size_t) n / 3 + 1) + 1)) != NULL)
+    EVP_EncodeBlock ((unsigned char *) out, (const unsigned char *) plain, n);
+  if (plain != NULL)
+    OPENSSL_cleanse (plain, strlen (plain));
+  return out;
+}
+
 int
 img_pull_locked (img_cache_t *c, const char *ref, const img_ref_t *p, const char *auth_file, const char *insecure,
                  const img_pull_opts_t *o, char *dg, err_t *err)
 {
   cleanup_free char *basic = credentials_for (auth_file, p->host);
   if (basic == NULL)
-    basic = img_cache_google_basic (c, p->host);
+    basic = google_basic (c, p->host);
   img_reg_opts_t ro = {.host = p->host,
                        .repo = p->repo,
                        .insecure = img_reg_host_listed (insecure, p->host),
