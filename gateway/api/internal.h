@@ -8,6 +8,7 @@
 #include "gateway/api/fields.h"
 #include "gateway/runtime/runtime.h"
 #include "gateway/snapshot/export.h"
+#include "gateway/snapshot/session.h"
 #include "sandbox/v1/sandbox.pb-c.h"
 
 typedef int (*api_handler_fn) (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
@@ -33,6 +34,11 @@ void api_bulk_leave (api_bulk_t *b);
 #define cleanup_bulk __attribute__ ((cleanup (api_bulk_leave)))
 int api_exec (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
 int api_status (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);
+
+/* snapshot.c: what stops an export streaming for `call`: a deleted
+ * sandbox or a freeze held too long cancels the call; the client's going
+ * (or its deadline) stops the export. */
+snap_canceller_t api_call_canceller (rpc_call_t *call);
 
 /* template.c */
 int api_create_template (rpc_call_t *call, const api_ctx_t *ctx, err_t *err);

@@ -170,12 +170,12 @@ cancel_call (void *ctx, int status, const char *why)
   rpc_call_cancel ((rpc_call_t *) ctx, rpc_status_from_errno (status), why);
 }
 
-/* Whether the client of an export or persist went (or its deadline
- * passed): asked by the export's walk, also while it sends nothing. */
-static bool
-call_gone (void *ctx)
+snap_canceller_t
+api_call_canceller (rpc_call_t *call)
 {
-  return rpc_call_cancelled ((rpc_call_t *) ctx);
+  /* The client's going (or its deadline) is asked by the export's walk,
+   * also while it sends nothing. */
+  return (snap_canceller_t){cancel_call, call, api_call_gone};
 }
 
 int
@@ -187,10 +187,9 @@ api_export (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
   Sandbox__V1__ExportSnapshotRequest *req = (Sandbox__V1__ExportSnapshotRequest *) m;
   snap_export_opts_t opts = {.skip_digest = req->skip_sha256};
   snap_export_result_t res;
+  snap_canceller_t stop = api_call_canceller (call);
   if (api_compression_from_proto (req->compression, &opts.compression, err) < 0
-      || snap_export_stoppable (ctx->rt, req->sandbox_id, &opts, export_sink, call,
-                                &(snap_canceller_t){cancel_call, call, call_gone}, &res, err)
-             < 0)
+      || snap_export_stoppable (ctx->rt, req->sandbox_id, &opts, export_sink, call, &stop, &res, err) < 0)
     return -1;
   Sandbox__V1__SnapshotChunk last = SANDBOX__V1__SNAPSHOT_CHUNK__INIT;
   last.last = true;
@@ -217,7 +216,7 @@ api_persist (rpc_call_t *call, const api_ctx_t *ctx, err_t *err)
     return -1;
   Sandbox__V1__PersistSnapshotRequest *req = (Sandbox__V1__PersistSnapshotRequest *) m;
   snap_persisted_t done;
-  snap_canceller_t stop = {cancel_call, call, call_gone};
+  snap_canceller_t stop = api_call_canceller (call);
   if (snap_persist (ctx->rt, ctx->store, req->sandbox_id, persist_progress, call, &stop, NULL, &done, err) < 0)
     return -1;
   cleanup_free char *object = done.object;

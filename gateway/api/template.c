@@ -71,19 +71,6 @@ to_file (void *ctx, const uint8_t *data, size_t len, err_t *err)
   return 0;
 }
 
-/* A deleted sandbox or a freeze held too long ends the call at once. */
-static void
-cancel_call (void *ctx, int status, const char *why)
-{
-  rpc_call_cancel ((rpc_call_t *) ctx, rpc_status_from_errno (status), why);
-}
-
-static bool
-call_gone (void *ctx)
-{
-  return rpc_call_cancelled ((rpc_call_t *) ctx);
-}
-
 /* The layer of `info`'s sandbox exported into a file, then made a
  * template and answered. */
 static int
@@ -98,8 +85,9 @@ make (rpc_call_t *call, const api_ctx_t *ctx, const Sandbox__V1__CreateTemplateR
    * unpacks is read at disk speed. */
   snap_export_opts_t opts = {.compression = SNAP_COMPRESSION_NONE};
   snap_export_result_t res;
-  int rc = snap_export_stoppable (ctx->rt, req->sandbox_id, &opts, to_file, &fd,
-                                  &(snap_canceller_t){cancel_call, call, call_gone}, &res, err);
+  /* A deleted sandbox, a freeze held too long or the client's going ends it. */
+  snap_canceller_t stop = api_call_canceller (call);
+  int rc = snap_export_stoppable (ctx->rt, req->sandbox_id, &opts, to_file, &fd, &stop, &res, err);
   close (fd);
   img_template_t t;
   if (rc == 0)

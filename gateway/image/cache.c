@@ -290,13 +290,6 @@ img_cache_store (const img_cache_t *c)
   return c->store;
 }
 
-int
-img_cached (img_cache_t *c, const char *ref, img_t *out)
-{
-  img_ref_t p = {0};
-  return cached (c, ref, &p, out);
-}
-
 /* The cached image of `ref`, when it is there and (with `gen`) of that
  * version. */
 static int

@@ -51,9 +51,6 @@ int img_keep_blob (img_cache_t *c, const char *digest, const void *data, size_t 
 int img_pull_from (img_cache_t *c, const img_src_t *src, const char *ref, const img_ref_t *p,
                    const img_pull_opts_t *o, json_t *record, char *dg, err_t *err);
 
-/* The cached image pulled as `ref` (by its ref record): 0, or -1 none. */
-int img_cached (img_cache_t *c, const char *ref, img_t *out);
-
 /* A pull, run inside the gate with `ref` claimed: the manifest digest into
  * dg once recorded. */
 typedef int (*img_pull_fn) (img_cache_t *c, const char *ref, const img_ref_t *p, const img_pull_opts_t *o, void *ctx,

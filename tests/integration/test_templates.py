@@ -66,9 +66,9 @@ def c(tgw):
 
 @pytest.fixture(scope="module")
 def image_ref(reg):
-    img = make_image([busybox_layer(), layer([("dir", "work"), ("file", "etc/greeting", b"hello\n"),
+    img = make_image([busybox_layer(), layer([("dir", "app"), ("file", "etc/greeting", b"hello\n"),
                                               ("file", "etc/doomed", b"x\n")])],
-                     env=["PATH=/bin", "GREETING=from-image"], workdir="/work")
+                     env=["PATH=/bin", "GREETING=from-image"], workdir="/app")
     return reg.push(img, "test/tpl-base", "v1"), img
 
 
@@ -116,7 +116,7 @@ def test_a_template_of_an_image_sandbox_launches_with_its_changes_and_the_images
     assert info.image == "template:tpl-basic" and info.image_digest == t.image_digest
     r = c.sh(new, "cat /opt/pkg/marker /etc/greeting; test -e /etc/doomed || echo gone; echo $GREETING; pwd")
     assert r.code == 0, r.describe()
-    assert r.out == "installed\nchanged\ngone\nfrom-image\n/work\n"
+    assert r.out == "installed\nchanged\ngone\nfrom-image\n/app\n"
     # Its own writes stay its own.
     c.ok(new, "echo mine > /opt/pkg/marker")
     assert c.sh(sid, "cat /opt/pkg/marker").out == "installed\n"

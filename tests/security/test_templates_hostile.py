@@ -1,62 +1,28 @@
-"""Templates under attack: two creations of one layer at once, and a
-writer of the shared store that plants FIFOs and symbolic links or leaves
+"""Templates under attack: what a sandbox plants in its layer, two
+creations of one layer at once, racing clients, and a writer of the shared
+store that plants FIFOs, symbolic links and oversized documents or leaves
 names behind. Each gets a clear error or the right template, promptly,
 and nothing outside the store is touched."""
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
-import tempfile
+import stat
 import threading
 import time
 
 import grpc
 import pytest
 
-from tests.integration.test_templates import (create, delete, gw_env, layer, launch, layout_dir, made_on_image,
-                                              templates)
+# The gateway, registry, store and base image of the template tests.
+from tests.integration.test_templates import c, image_ref, reg, store, tgw  # noqa: F401 (fixtures)
+from tests.integration.test_templates import create, delete, gw_env, launch, layout_dir, made_on_image, templates
 from tests.lib.client import new_id, sandbox_client
 from tests.lib.gateway import running_gateway
-from tests.lib.images import busybox_layer, make_image, registry
 
 # A gateway call that a planted object could hang is given this long.
 PROMPT_S = 30
-
-
-@pytest.fixture(scope="module")
-def reg():
-    with registry() as r:
-        yield r
-
-
-@pytest.fixture(scope="module")
-def store():
-    d = tempfile.mkdtemp(prefix="sgw-tpl-hostile-")
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def tgw(reg, store, gateway_secret):
-    with running_gateway(gw_env(reg, store), secret=gateway_secret, check=True) as gw:
-        yield gw
-
-
-@pytest.fixture
-def c(tgw):
-    with sandbox_client(tgw) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def image_ref(reg):
-    img = make_image([busybox_layer(), layer([("dir", "work"), ("file", "etc/greeting", b"hello\n"),
-                                              ("file", "etc/doomed", b"x\n")])],
-                     env=["PATH=/bin", "GREETING=from-image"], workdir="/work")
-    return reg.push(img, "test/tpl-hostile", "v1"), img
 
 
 def test_two_templates_of_one_layer_made_at_once_both_hold_every_file(c, image_ref):
@@ -108,7 +74,6 @@ def test_a_fifo_in_the_store_fails_listing_deleting_and_launching_at_once(c, ima
 
 def test_a_fifo_for_a_blob_fails_the_launch_at_once(c, image_ref, reg, store, gateway_secret):
     _, t = made_on_image(c, image_ref, "tpl-fifo-blob")
-    import json
     blobs = os.path.join(layout_dir(store, "tpl-fifo-blob"), "blobs", "sha256")
     manifest = json.load(open(os.path.join(blobs, t.image_digest[7:])))
     top = os.path.join(blobs, manifest["layers"][-1]["digest"][7:])
@@ -163,11 +128,11 @@ def test_an_image_directory_removed_and_made_again_comes_back_as_the_sandbox_lef
     ref, _ = image_ref
     sid = new_id("topq")
     launch(c, sid, ref)
-    c.ok(sid, "rm -rf /etc && mkdir /etc && echo new > /etc/only-new && rm -rf /work && mkdir /work && echo w > /work/w")
+    c.ok(sid, "rm -rf /etc && mkdir /etc && echo new > /etc/only-new && rm -rf /app && mkdir /app && echo w > /app/w")
     create(c, sid, "tpl-opaque")
     new = new_id("topq2")
     launch(c, new, "template:tpl-opaque")
-    r = c.sh(new, "ls -A /etc; cat /work/w")
+    r = c.sh(new, "ls -A /etc; cat /app/w")
     assert r.out == "only-new\nw\n", r.describe()
 
 
@@ -228,3 +193,45 @@ def test_creations_deletions_and_launches_racing_on_one_name_leave_it_whole_or_g
     assert set(many) <= {"OK", "RESOURCE_EXHAUSTED"} and "OK" in many, many
     # Exactly the creations that answered OK are listed.
     assert sorted(n for n in templates(c) if n.startswith("tpl-many-")) == sorted(made)
+
+
+def test_what_a_sandbox_plants_in_its_layer_stays_inside_its_template(c, image_ref, store, tgw):
+    """A setuid-root file, a link to the host's /etc/shadow, a hard link
+    and a 1 TiB sparse file in the sandbox's layer: on the host the
+    template's unpacked layer has nothing setuid owned by root, the link is
+    a link (the host's file never read or touched), and the sparse file
+    costs the store next to nothing; in a sandbox launched from it each is
+    what the sandbox made."""
+    ref, _ = image_ref
+    sid = new_id("tplant")
+    launch(c, sid, ref)
+    shadow = open("/etc/shadow", "rb").read()
+    c.ok(sid, "echo s > /suid && chmod 4755 /suid && ln -s /etc/shadow /shadow-link && echo h > /h1 && "
+              "ln /h1 /h2 && busybox dd if=/dev/zero of=/sparse bs=1 count=1 seek=1099511627775 2>/dev/null")
+    t = create(c, sid, "tpl-planted")
+    assert t.size_bytes < 64 << 20, t.size_bytes
+    layers = os.path.join(tgw.state_dir, "images", "layers")
+    for root, dirs, files in os.walk(layers):
+        for name in files:
+            st = os.lstat(os.path.join(root, name))
+            assert not (st.st_mode & (stat.S_ISUID | stat.S_ISGID) and st.st_uid == 0), (root, name)
+    assert open("/etc/shadow", "rb").read() == shadow
+    new = new_id("tplant2")
+    launch(c, new, "template:tpl-planted")
+    r = c.sh(new, "busybox stat -c '%a %s' /suid; busybox readlink /shadow-link; "
+                  "[ $(busybox stat -c %i /h1) = $(busybox stat -c %i /h2) ] && echo linked; "
+                  "busybox stat -c %s /sparse")
+    assert r.out == "4755 2\n/etc/shadow\nlinked\n1099511627776\n", r.describe()
+
+
+def test_an_index_100_times_its_cap_is_skipped_by_listings_and_refused_by_launches(c, image_ref, store):
+    """An index.json of 6.4 MiB (100 times what is read of one) written into
+    the store: listings leave the template out and launches refuse it,
+    reading no more than the cap."""
+    made_on_image(c, image_ref, "tpl-huge-index")
+    with open(os.path.join(layout_dir(store, "tpl-huge-index"), "index.json"), "wb") as f:
+        f.write(b" " * (100 * 64 * 1024))
+    assert "tpl-huge-index" not in templates(c)
+    with pytest.raises(grpc.RpcError) as e:
+        launch(c, new_id("thuge"), "template:tpl-huge-index")
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
